@@ -1,0 +1,52 @@
+"""The `tupe` command line: one sub-command per job, each defined next to the code it runs.
+
+Every sub-command module exposes `add_arguments(parser)` and `run(args) -> int`. A `TupeError` (or a
+`ValueError`/`FileNotFoundError` raised while validating user input) is printed as one line with exit code 2;
+`--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Adding a command touches this table and its own module only.
+COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tupe",
+        description="Pre-train, fine-tune, analyse and benchmark TUPE and baseline BERT encoders.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().split("\n\n")[0])
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tupe.errors import TupeError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._module.run(args) or 0)
+    except (TupeError, FileNotFoundError, ValueError) as err:
+        if getattr(args, "debug", False):
+            raise
+        print(f"tupe {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tupe {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
