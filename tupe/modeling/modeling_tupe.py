@@ -1,0 +1,391 @@
+"""The TUPE model family: a post-LayerNorm BERT encoder whose positional scheme is one config value.
+
+Read top to bottom: embeddings, attention (eager reference and SDPA), layer, encoder, heads. The positional
+scheme (positional.py) is evaluated once per forward pass; its content-free term is shared by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+
+try:  # transformers >= 5 initialises through these (they respect already-loaded weights)
+    from transformers import initialization as init
+except ImportError:  # pragma: no cover
+    init = nn.init
+
+from .configuration_tupe import TupeConfig
+from .positional import PositionalContext, RelativeBias, UntiedPositions, apply_rotary, build_scheme
+
+
+@dataclass
+class AttentionInputs:
+    """Per-forward tensors shared by all layers: the positional context and the masks built from it once."""
+
+    ctx: PositionalContext
+    padding: (
+        torch.Tensor | None
+    )  # (b, 1, 1, n) additive, 0 for tokens and dtype-min for padding; None if no padding
+    sdpa_mask: (
+        torch.Tensor | None
+    )  # content-free term + padding, (1 or b, h, n, n), for the unfolded SDPA path
+    use_fold: bool
+
+
+class TupeEmbeddings(nn.Module):
+    """Word embeddings, plus absolute positions for the schemes that add them to the input."""
+
+    def __init__(self, config: TupeConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(
+            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        self.LayerNorm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            if config.embedding_layer_norm
+            else None
+        )
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, ctx: PositionalContext) -> torch.Tensor:
+        x = self.word_embeddings(input_ids)  # (b, n, hidden)
+        if ctx.input_embedding is not None:
+            x = x + ctx.input_embedding
+        if self.LayerNorm is not None:
+            x = self.LayerNorm(x)
+        return self.dropout(x)
+
+
+class TupeSelfAttention(nn.Module):
+    """Multi-head self-attention with a fused QKV projection and the scheme's positional context."""
+
+    def __init__(self, config: TupeConfig):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(
+        self, x: torch.Tensor, inputs: AttentionInputs, implementation: str, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        b, n, _ = x.shape
+        q, k, v = (
+            self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        )  # 3 x (b, h, n, d)
+        ctx = inputs.ctx
+        if ctx.rotary is not None:
+            q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
+        if ctx.query_add is not None:
+            q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
+        dropout_p = self.dropout_p if self.training else 0.0
+
+        if implementation == "eager" or output_attentions:
+            # Reference path: the logits exactly as written in the spec, materialised.
+            logits = torch.matmul(q, k.transpose(-1, -2)) * ctx.logit_scale  # (b, h, n, n)
+            if ctx.bias is not None:
+                logits = logits + ctx.bias.to(logits.dtype)
+            if inputs.padding is not None:
+                logits = logits + inputs.padding.to(logits.dtype)
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(F.dropout(probs, dropout_p, self.training), v)
+        elif inputs.use_fold:
+            # Low-rank content-free term folded into the head dimension: no n x n tensor, flash kernels apply.
+            q_extra, k_extra = (t.to(q.dtype).expand(b, -1, -1, -1) for t in ctx.fold)
+            q = torch.cat([q * ctx.logit_scale, q_extra], dim=-1)
+            k = torch.cat([k, k_extra], dim=-1)
+            mask = None if inputs.padding is None else inputs.padding.to(q.dtype)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+            probs = None
+        else:
+            mask = None if inputs.sdpa_mask is None else inputs.sdpa_mask.to(q.dtype)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=ctx.logit_scale
+            )
+            probs = None
+        return out.transpose(1, 2).reshape(b, n, -1), probs
+
+
+class TupeLayer(GradientCheckpointingLayer):
+    """Post-LayerNorm transformer block (BERT / the released code)."""
+
+    def __init__(self, config: TupeConfig):
+        super().__init__()
+        self.attention = TupeSelfAttention(config)
+        self.attention_output = nn.Linear(config.hidden_size, config.hidden_size)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self, x, inputs: AttentionInputs, implementation: str = "sdpa", output_attentions: bool = False
+    ):
+        attn, probs = self.attention(x, inputs, implementation, output_attentions)
+        x = self.attention_norm(x + self.dropout(self.attention_output(attn)))
+        x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
+        return x, probs
+
+
+class TupePreTrainedModel(PreTrainedModel):
+    config_class = TupeConfig
+    config: TupeConfig
+    base_model_prefix = "tupe"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["TupeLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, UntiedPositions) and module.theta_positions is not None:
+            init.normal_(module.theta_positions, mean=0.0, std=std)
+        elif isinstance(module, RelativeBias):
+            init.normal_(module.bias.weight, mean=0.0, std=std)
+        elif isinstance(module, TupeLMHead):
+            init.zeros_(module.bias)
+
+    def _attn_implementation_name(self) -> str:
+        impl = getattr(self.config, "_attn_implementation", None) or "sdpa"
+        return "eager" if impl == "eager" else "sdpa"
+
+
+class TupeModel(TupePreTrainedModel):
+    """The encoder: embeddings, one positional scheme, `num_hidden_layers` blocks."""
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.embeddings = TupeEmbeddings(config)
+        self.positional = build_scheme(config)
+        self.layers = nn.ModuleList(TupeLayer(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def positional_logits(self, seq_len: int) -> torch.Tensor | None:
+        """The content-free term added to every layer's logits, (heads, seq_len, seq_len), after the [CLS] reset
+        where the scheme has one; None for schemes without such a term (bert-a, bert-a-d, rope)."""
+        self._check_length(seq_len)
+        return self.positional(seq_len).bias
+
+    def _check_length(self, n: int) -> None:
+        if n > self.config.max_position_embeddings:
+            raise ValueError(
+                f"input length {n} exceeds max_position_embeddings {self.config.max_position_embeddings}"
+            )
+
+    def _attention_inputs(
+        self, n: int, attention_mask: torch.Tensor | None, dtype, eager: bool
+    ) -> AttentionInputs:
+        ctx = self.positional(n)
+        padding = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            keep = attention_mask[:, None, None, :].to(torch.bool)
+            padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+                ~keep, torch.finfo(dtype).min
+            )
+        use_fold = not eager and ctx.fold is not None and getattr(self.config, "fold_positional", True)
+        sdpa_mask = None
+        if not eager and not use_fold:
+            if ctx.bias is not None:
+                sdpa_mask = ctx.bias.to(dtype)[None]  # (1, h, n, n): broadcast over the batch
+                if padding is not None:
+                    sdpa_mask = (sdpa_mask + padding).clamp(
+                        min=torch.finfo(dtype).min
+                    )  # once, for all layers
+            else:
+                sdpa_mask = padding
+        return AttentionInputs(ctx, padding, sdpa_mask, use_fold)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor
+        | None = None,  # accepted for tokenizer compatibility; TUPE has no segments
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput | tuple:
+        output_attentions = (
+            output_attentions if output_attentions is not None else self.config.output_attentions
+        )
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        n = input_ids.shape[1]
+        self._check_length(n)
+
+        implementation = self._attn_implementation_name()
+        compute_dtype = (
+            torch.get_autocast_dtype(input_ids.device.type)
+            if torch.is_autocast_enabled(input_ids.device.type)
+            else self.embeddings.word_embeddings.weight.dtype
+        )
+        inputs = self._attention_inputs(
+            n, attention_mask, compute_dtype, implementation == "eager" or output_attentions
+        )
+
+        x = self.embeddings(input_ids, inputs.ctx)
+        all_hidden = (x,) if output_hidden_states else None
+        all_attn = () if output_attentions else None
+        for layer in self.layers:
+            x, probs = layer(x, inputs, implementation, bool(output_attentions))
+            if output_hidden_states:
+                all_hidden += (x,)
+            if output_attentions:
+                all_attn += (probs,)
+        if not return_dict:
+            return tuple(t for t in (x, all_hidden, all_attn) if t is not None)
+        return BaseModelOutput(last_hidden_state=x, hidden_states=all_hidden, attentions=all_attn)
+
+
+class TupeLMHead(nn.Module):
+    """dense -> activation -> LayerNorm -> projection tied to the word embeddings, plus a bias."""
+
+    def __init__(self, config: TupeConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.LayerNorm(self.act(self.dense(x)))) + self.bias
+
+
+class TupeForMaskedLM(TupePreTrainedModel):
+    """Encoder + masked-LM head. With labels and `config.sparse_prediction`, the head (the most expensive matmul
+    at small sizes: hidden x vocab) runs on the masked positions only and `logits` is `(num_masked, vocab)`."""
+
+    _tied_weights_keys = {"lm_head.decoder.weight": "tupe.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.tupe = TupeModel(config)
+        self.lm_head = TupeLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head.decoder = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.tupe(
+            input_ids,
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden = outputs.last_hidden_state
+        loss = None
+        if labels is not None and self.config.sparse_prediction:
+            selected = labels != -100
+            logits = self.lm_head(hidden[selected])  # (num_masked, vocab)
+            targets = labels[selected]
+            # sum / count rather than mean, so a batch without masked tokens gives 0 instead of NaN
+            loss = F.cross_entropy(logits.float(), targets, reduction="sum") / selected.sum().clamp(min=1)
+        else:
+            logits = self.lm_head(hidden)  # (b, n, vocab)
+            if labels is not None:
+                loss = F.cross_entropy(
+                    logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100
+                )
+        if not return_dict:
+            out = (logits, outputs.hidden_states, outputs.attentions)
+            return ((loss,) if loss is not None else ()) + tuple(t for t in out if t is not None)
+        return MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+
+    @classmethod
+    def from_bert(cls, model_or_path, **config_overrides) -> TupeForMaskedLM:
+        """A `bert-a` model with the weights of a `transformers` `BertForMaskedLM` (an instance or a local path).
+
+        BERT adds a token-type embedding to every token; with all-zero token types that is a constant vector,
+        folded exactly into the position table (`p_i + t_0`). Pair inputs lose the segment-B embedding.
+        """
+        from .conversion import bert_to_tupe
+
+        return bert_to_tupe(cls, model_or_path, **config_overrides)
+
+
+class TupeForSequenceClassification(TupePreTrainedModel):
+    """Encoder + sentence head on token 0 ([CLS]): dropout -> dense -> tanh -> dropout -> linear, as in the
+    released code. `num_labels == 1` is regression (MSE), otherwise cross-entropy."""
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.tupe = TupeModel(config)
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.tupe(
+            input_ids,
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        cls = self.dropout(outputs.last_hidden_state[:, 0])
+        logits = self.classifier(self.dropout(torch.tanh(self.dense(cls))))
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
+            else:
+                loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1))
+        if not return_dict:
+            out = (logits, outputs.hidden_states, outputs.attentions)
+            return ((loss,) if loss is not None else ()) + tuple(t for t in out if t is not None)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )

@@ -1,0 +1,297 @@
+"""One small module per positional scheme, behind one interface.
+
+Every scheme turns a sequence length into a `PositionalContext`: what it adds to the input, to the queries and
+keys, or to the attention logits. The context is computed once per forward pass and shared by every layer, so
+adding a scheme touches this file only (plus its name in `configuration_tupe.POSITION_SCHEMES`).
+
+Notation (see `docs/model.md` and the spec): `d` head dimension, `p` the learned absolute position table,
+`U^Q, U^K` the untied positional projections shared by all layers, `b_{j-i}` a per-head relative bias.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from .configuration_tupe import POSITION_SCHEMES, TupeConfig
+
+
+@dataclass
+class PositionalContext:
+    """What a scheme contributes to one forward pass; shapes use n = sequence length, h = heads, d = head dim.
+
+    - logit_scale: factor on the content logits `q k^T` (1/sqrt(d), 1/sqrt(2d) or 1/sqrt(4d)).
+    - input_embedding (n, hidden): added to the word embeddings (BERT-style absolute positions).
+    - bias (h, n, n): the content-free logits added to every layer (after the [CLS] reset where there is one).
+    - query_add / key_add (h, n, d): added to every layer's queries / keys (BERT-A^d: `p U^Q`, `p U^K`).
+    - rotary (cos, sin), each (n, d): rotation of queries and keys (RoPE).
+    - fold (h, n, r) x 2: extra query / key columns whose products equal `bias` up to a per-query constant
+      (which cancels in the softmax), so attention can run without an n x n tensor. Already scaled.
+    """
+
+    logit_scale: float
+    input_embedding: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    query_add: torch.Tensor | None = None
+    key_add: torch.Tensor | None = None
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+    fold: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building blocks shared by several schemes
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int = 32, max_distance: int = 128):
+    """T5's bidirectional bucketing of `j - i` (key minus query).
+
+    Half the buckets per sign; offsets below `num_buckets // 4` in magnitude get a bucket each, larger ones are
+    log-spaced up to `max_distance` and saturate beyond it.
+    """
+    half = num_buckets // 2
+    bucket = (relative_position > 0).long() * half
+    distance = relative_position.abs()
+    max_exact = half // 2
+    # clamp(min=1) keeps log() finite for the small offsets, which take the exact branch anyway.
+    log_ratio = torch.log(distance.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (half - max_exact)).long()
+    large = large.clamp(max=half - 1)
+    return bucket + torch.where(distance < max_exact, distance, large)
+
+
+def toeplitz(values: torch.Tensor, n: int) -> torch.Tensor:
+    """(h, 2n-1) per-offset values, offset k - (n-1) at index k  ->  (h, n, n) with [i, j] = values[j - i + n - 1]."""
+    # unfold gives windows w[s, t] = values[s + t]; row s = n-1-i puts offset j - i at column j.
+    return values.unfold(-1, n, 1).flip(-2)
+
+
+class RelativeBias(nn.Module):
+    """`b_{j-i}`: one scalar per head and bucket, shared by all layers (T5 buckets).
+
+    With `cls_bucket`, the released TUPE-R code's extra bucket (index `num_buckets`) is used for the [CLS] row
+    and column, i.e. the relative part of the [CLS] reset.
+    """
+
+    def __init__(self, config: TupeConfig, cls_bucket: bool = False):
+        super().__init__()
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+        self.cls_bucket = cls_bucket
+        self.bias = nn.Embedding(self.num_buckets + int(cls_bucket), config.num_attention_heads)
+
+    def forward(self, n: int) -> torch.Tensor:
+        offsets = torch.arange(-(n - 1), n, device=self.bias.weight.device)
+        buckets = relative_position_bucket(offsets, self.num_buckets, self.max_distance)
+        bias = toeplitz(self.bias(buckets).t(), n)  # (h, n, n)
+        if self.cls_bucket:
+            cls = self.bias.weight[self.num_buckets][:, None]  # (h, 1)
+            bias = bias.clone()
+            bias[:, 0, :] = cls
+            bias[:, 1:, 0] = cls
+        return bias
+
+
+class UntiedPositions(nn.Module):
+    """TUPE's positional side: one table `p`, its own LayerNorm, and `U^Q`, `U^K` shared by all layers.
+
+    With `theta`, two extra learned position vectors `p_theta_1`, `p_theta_2` go through the same LayerNorm and
+    projections to give the [CLS] reset values (the released code stores them as extra rows of the table).
+    """
+
+    def __init__(self, config: TupeConfig, theta: bool = False):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)  # U^Q
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)  # U^K
+        self.theta_positions = nn.Parameter(torch.empty(2, config.hidden_size)) if theta else None
+
+    def _project(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m, hidden) positions -> (h, m, d) positional queries and keys."""
+        p = self.LayerNorm(p)
+        q = self.query(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
+        k = self.key(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
+        return q, k
+
+    def forward(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._project(self.embeddings.weight[:n])
+
+    def theta(self, scale: float) -> torch.Tensor:
+        """(h, 2): `theta_k = (p_theta_k U^Q)(p_theta_k U^K)^T * scale` for k = 1, 2."""
+        q, k = self._project(self.theta_positions)
+        return (q * k).sum(-1) * scale
+
+
+def cls_reset(v: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """`reset_theta(v)`: row 0 ([CLS] as query) -> theta_1, column 0 below it (others -> [CLS]) -> theta_2."""
+    v = v.clone()
+    v[:, 0, :] = theta[:, 0:1]
+    v[:, 1:, 0] = theta[:, 1:2]
+    return v
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The schemes
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class PositionalScheme(nn.Module):
+    """Interface: `forward(n)` returns the `PositionalContext` of a length-n input."""
+
+    name: ClassVar[str]
+    score_dims: ClassVar[int] = 1  # content logits are scaled by (score_dims * d) ** -0.5
+
+    def __init__(self, config: TupeConfig):
+        super().__init__()
+        self.logit_scale = (self.score_dims * config.head_dim) ** -0.5
+
+    def forward(self, n: int) -> PositionalContext:
+        raise NotImplementedError
+
+
+class BertA(PositionalScheme):
+    """BERT-A: `p_i` added to the word embedding at the input; plain scaled dot-product logits."""
+
+    name = "bert-a"
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+
+    def forward(self, n: int) -> PositionalContext:
+        return PositionalContext(self.logit_scale, input_embedding=self.embeddings.weight[:n])
+
+
+class BertR(BertA):
+    """BERT-R: BERT-A plus the relative bias `b_{j-i}` on every layer's logits."""
+
+    name = "bert-r"
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.relative = RelativeBias(config)
+
+    def forward(self, n: int) -> PositionalContext:
+        ctx = super().forward(n)
+        ctx.bias = self.relative(n)
+        return ctx
+
+
+class BertAd(PositionalScheme):
+    """BERT-A^d: the four terms of `(x W^Q + p U^Q)(x W^K + p U^K)^T / sqrt(4d)`, i.e. `p U` added to q and k."""
+
+    name = "bert-a-d"
+    score_dims = 4
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.untied = UntiedPositions(config)
+
+    def forward(self, n: int) -> PositionalContext:
+        q, k = self.untied(n)
+        return PositionalContext(self.logit_scale, query_add=q, key_add=k)
+
+
+class TupeA(PositionalScheme):
+    """TUPE-A: content logits / sqrt(2d) plus `reset_theta((p_i U^Q)(p_j U^K)^T / sqrt(2d))`."""
+
+    name = "tupe-a"
+    score_dims = 2
+    reset: ClassVar[bool] = True
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.untied = UntiedPositions(config, theta=self.reset)
+
+    def forward(self, n: int) -> PositionalContext:
+        q, k = self.untied(n)  # (h, n, d)
+        bias = torch.matmul(q, k.transpose(-1, -2)) * self.logit_scale
+        ctx = PositionalContext(self.logit_scale, bias=bias)
+        ctx.fold = (q * self.logit_scale, k)
+        if self.reset:
+            theta = self.untied.theta(self.logit_scale)
+            ctx.bias = cls_reset(bias, theta)
+            ctx.fold = self._fold_with_reset(q, k, theta)
+        return ctx
+
+    def _fold_with_reset(self, q, k, theta):
+        """Query `[s p U^Q, 1]` (zero for [CLS]), key `[p U^K, 0]` with `[0, theta_2]` for [CLS]: exact because the
+        [CLS] query row is a constant (`theta_1`) that cancels in the softmax."""
+        h, n, _ = q.shape
+        q_extra = torch.cat([q * self.logit_scale, q.new_ones(h, n, 1)], dim=-1)
+        q_extra = torch.cat([torch.zeros_like(q_extra[:, :1]), q_extra[:, 1:]], dim=1)
+        k_extra = torch.cat([k, k.new_zeros(h, n, 1)], dim=-1)
+        k_cls = torch.cat([k.new_zeros(h, 1, k.shape[-1]), theta[:, 1].reshape(h, 1, 1)], dim=-1)
+        k_extra = torch.cat([k_cls, k_extra[:, 1:]], dim=1)
+        return q_extra, k_extra
+
+
+class TupeATieCls(TupeA):
+    """TUPE-A without the [CLS] reset (ablation)."""
+
+    name = "tupe-a-tie-cls"
+    reset = False
+
+
+class TupeR(TupeA):
+    """TUPE-R: TUPE-A's term plus `b_{j-i}`, reset for [CLS] (the relative part via the code's extra bucket)."""
+
+    name = "tupe-r"
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.relative = RelativeBias(config, cls_bucket=self.reset)
+
+    def forward(self, n: int) -> PositionalContext:
+        ctx = super().forward(n)
+        ctx.bias = ctx.bias + self.relative(n)
+        ctx.fold = None  # a relative bias is not low-rank
+        return ctx
+
+
+class TupeRTieCls(TupeR):
+    """TUPE-R without the [CLS] reset (ablation)."""
+
+    name = "tupe-r-tie-cls"
+    reset = False
+
+
+class Rope(PositionalScheme):
+    """Rotary positions on queries and keys (no absolute table): the comparator modern encoders use."""
+
+    name = "rope"
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        d = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, n: int) -> PositionalContext:
+        t = torch.arange(n, device=self.inv_freq.device, dtype=torch.float32)
+        angles = torch.outer(t, self.inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # (n, d), GPT-NeoX "rotate half" layout
+        return PositionalContext(self.logit_scale, rotary=(angles.cos(), angles.sin()))
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (..., n, d) by position: pairs (x_k, x_{k + d/2}) turn by angle t * inv_freq_k."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
+
+
+SCHEMES: dict[str, type[PositionalScheme]] = {
+    cls.name: cls for cls in (BertA, BertR, BertAd, TupeA, TupeATieCls, TupeR, TupeRTieCls, Rope)
+}
+assert set(SCHEMES) == set(POSITION_SCHEMES), "keep configuration_tupe.POSITION_SCHEMES in sync with SCHEMES"
+
+
+def build_scheme(config: TupeConfig) -> PositionalScheme:
+    return SCHEMES[config.position_scheme](config)
