@@ -1,0 +1,465 @@
+"""The nine GLUE tasks: their file layouts, labels and metrics, and readers that turn them into plain lists.
+
+GLUE's TSV files are not CSV: sentences contain stray `"` characters, so they are read with quoting off (split on
+tabs, nothing else), MRPC's files start with a byte-order mark, and CoLA has no header. Every problem in a file is
+reported as one `TupeError` naming the file and line, because a silently skipped or misparsed row changes scores.
+The same tasks can be read from a `datasets` GLUE copy saved with `save_to_disk` (or from the hub, where it is
+reachable); labels get the same ids either way (the `datasets` GLUE ids).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tupe.errors import TupeError
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """How one GLUE task is laid out on disk and scored."""
+
+    name: str  # canonical name, as in the GLUE directory layout ("SST-2")
+    hf_name: str  # `datasets` config name ("sst2")
+    text_columns: tuple[
+        str, ...
+    ]  # TSV header names of sentence A (and B); for CoLA: column indices as strings
+    label_column: str
+    tsv_labels: tuple[str, ...]  # label strings in the TSV, in id order; () for regression
+    label_names: tuple[str, ...]  # human-readable names, in id order (the `datasets` ClassLabel names)
+    metrics: tuple[str, ...]  # metric names computed on every dev split
+    main_metric: str  # the paper's metric: used to pick the best learning rate
+    epochs: int  # the paper's epoch count
+    dev_files: dict[str, str] = field(default_factory=lambda: {"dev": "dev.tsv"})
+    hf_text_columns: tuple[str, ...] = ()
+    hf_dev_splits: dict[str, str] = field(default_factory=lambda: {"dev": "validation"})
+    header: bool = True
+    n_columns: int | None = None  # exact column count where the layout fixes it (CoLA, STS-B, ...)
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def is_regression(self) -> bool:
+        return not self.tsv_labels
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.is_regression else len(self.tsv_labels)
+
+    @property
+    def is_pair(self) -> bool:
+        return len(self.text_columns) == 2
+
+
+TASKS: dict[str, GlueTask] = {
+    t.name: t
+    for t in [
+        GlueTask(
+            name="CoLA",
+            hf_name="cola",
+            # no header; columns: source, label, original mark, sentence
+            text_columns=("3",),
+            label_column="1",
+            tsv_labels=("0", "1"),
+            label_names=("unacceptable", "acceptable"),
+            metrics=("mcc",),
+            main_metric="mcc",
+            epochs=10,
+            hf_text_columns=("sentence",),
+            header=False,
+            n_columns=4,
+        ),
+        GlueTask(
+            name="SST-2",
+            hf_name="sst2",
+            text_columns=("sentence",),
+            label_column="label",
+            tsv_labels=("0", "1"),
+            label_names=("negative", "positive"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            epochs=10,
+            hf_text_columns=("sentence",),
+            n_columns=2,
+            aliases=("SST2", "SST"),
+        ),
+        GlueTask(
+            name="MRPC",
+            hf_name="mrpc",
+            text_columns=("#1 String", "#2 String"),
+            label_column="Quality",
+            tsv_labels=("0", "1"),
+            label_names=("not_equivalent", "equivalent"),
+            metrics=("accuracy", "f1"),
+            main_metric="accuracy",
+            epochs=10,
+            hf_text_columns=("sentence1", "sentence2"),
+            n_columns=5,
+        ),
+        GlueTask(
+            name="STS-B",
+            hf_name="stsb",
+            text_columns=("sentence1", "sentence2"),
+            label_column="score",
+            tsv_labels=(),
+            label_names=(),
+            metrics=("pearson", "spearman"),
+            main_metric="pearson",
+            epochs=10,
+            hf_text_columns=("sentence1", "sentence2"),
+            n_columns=10,
+            aliases=("STSB", "STS"),
+        ),
+        GlueTask(
+            name="QQP",
+            hf_name="qqp",
+            text_columns=("question1", "question2"),
+            label_column="is_duplicate",
+            tsv_labels=("0", "1"),
+            label_names=("not_duplicate", "duplicate"),
+            metrics=("accuracy", "f1"),
+            main_metric="accuracy",
+            epochs=5,
+            hf_text_columns=("question1", "question2"),
+            n_columns=6,
+        ),
+        GlueTask(
+            name="MNLI",
+            hf_name="mnli",
+            text_columns=("sentence1", "sentence2"),
+            label_column="gold_label",
+            tsv_labels=("entailment", "neutral", "contradiction"),
+            label_names=("entailment", "neutral", "contradiction"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            epochs=5,
+            dev_files={"dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv"},
+            hf_text_columns=("premise", "hypothesis"),
+            hf_dev_splits={"dev_matched": "validation_matched", "dev_mismatched": "validation_mismatched"},
+        ),
+        GlueTask(
+            name="QNLI",
+            hf_name="qnli",
+            text_columns=("question", "sentence"),
+            label_column="label",
+            tsv_labels=("entailment", "not_entailment"),
+            label_names=("entailment", "not_entailment"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            epochs=5,
+            hf_text_columns=("question", "sentence"),
+            n_columns=4,
+        ),
+        GlueTask(
+            name="RTE",
+            hf_name="rte",
+            text_columns=("sentence1", "sentence2"),
+            label_column="label",
+            tsv_labels=("entailment", "not_entailment"),
+            label_names=("entailment", "not_entailment"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            epochs=10,
+            hf_text_columns=("sentence1", "sentence2"),
+            n_columns=4,
+        ),
+        GlueTask(
+            name="WNLI",
+            hf_name="wnli",
+            text_columns=("sentence1", "sentence2"),
+            label_column="label",
+            tsv_labels=("0", "1"),
+            label_names=("not_entailment", "entailment"),
+            metrics=("accuracy",),
+            main_metric="accuracy",
+            epochs=10,
+            hf_text_columns=("sentence1", "sentence2"),
+            n_columns=4,
+        ),
+    ]
+}
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def get_task(name: str) -> GlueTask:
+    """Look a task up by any common spelling (`SST-2`, `sst2`, `sts-b`, ...)."""
+    for task in TASKS.values():
+        if _norm(name) in {_norm(task.name), task.hf_name, *(_norm(a) for a in task.aliases)}:
+            return task
+    raise TupeError(f"unknown GLUE task {name!r}; choose from {', '.join(TASKS)}")
+
+
+@dataclass
+class Split:
+    """One split of a task as plain lists. `labels` are ids (int) or scores (float, STS-B)."""
+
+    source: str  # where it came from (a file path, or a `datasets` split description)
+    text_a: list[str]
+    text_b: list[str] | None
+    labels: list[int] | list[float]
+    index: list[int]  # line number in the file (1-based), or the dataset's row index
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, rows: list[int]) -> Split:
+        """The rows at the given positions, in that order (for `--max-train-samples`)."""
+        return Split(
+            source=self.source,
+            text_a=[self.text_a[i] for i in rows],
+            text_b=None if self.text_b is None else [self.text_b[i] for i in rows],
+            labels=[self.labels[i] for i in rows],  # type: ignore[misc]
+            index=[self.index[i] for i in rows],
+        )
+
+
+@dataclass
+class TaskData:
+    task: GlueTask
+    train: Split
+    dev: dict[str, Split]  # "dev", or MNLI's "dev_matched" and "dev_mismatched"
+    source: str
+
+
+def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
+    value = raw.strip()
+    if task.is_regression:
+        try:
+            score = float(value)
+        except ValueError:
+            raise TupeError(
+                f"{where}: score {raw!r} is not a number (column {task.label_column!r})"
+            ) from None
+        if not math.isfinite(score) or not 0.0 <= score <= 5.0:
+            raise TupeError(f"{where}: score {raw!r} is outside the STS-B range 0-5")
+        return score
+    try:
+        return task.tsv_labels.index(value)
+    except ValueError:
+        raise TupeError(
+            f"{where}: unknown label {raw!r} for {task.name} (expected one of: {', '.join(task.tsv_labels)})"
+        ) from None
+
+
+def read_tsv(task: GlueTask, path: str | Path) -> Split:
+    """Read one GLUE TSV file of `task` with quoting off; any malformed row is an error naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise TupeError(f"{path}: no such file (expected the GLUE {task.name} layout)")
+    try:
+        # utf-8-sig drops MRPC's byte-order mark; split on "\n" only (str.splitlines would also split on the
+        # form feeds and Unicode separators that a few GLUE sentences contain).
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    first_data_line = 1
+    if task.header:
+        if not lines:
+            raise TupeError(f"{path}:1: empty file, expected a header line")
+        header = [h.strip() for h in lines[0].rstrip("\r").split("\t")]
+        needed = (*task.text_columns, task.label_column)
+        for name in needed:
+            if name not in header:
+                raise TupeError(
+                    f"{path}:1: missing column {name!r} for {task.name} (header has: {', '.join(header)})"
+                )
+        if task.n_columns is not None and len(header) != task.n_columns:
+            raise TupeError(
+                f"{path}:1: {task.name} header has {len(header)} columns, expected {task.n_columns} "
+                f"({', '.join(header)})"
+            )
+        n_columns = len(header)
+        cols = [header.index(c) for c in task.text_columns]
+        label_col = header.index(task.label_column)
+        first_data_line = 2
+    else:
+        n_columns = task.n_columns or 0
+        cols = [int(c) for c in task.text_columns]
+        label_col = int(task.label_column)
+
+    text_a: list[str] = []
+    text_b: list[str] = []
+    labels: list[int | float] = []
+    index: list[int] = []
+    for lineno, line in enumerate(lines[first_data_line - 1 :], start=first_data_line):
+        line = line.rstrip("\r")
+        if line == "":
+            continue
+        fields = line.split("\t")
+        where = f"{path}:{lineno}"
+        if len(fields) != n_columns:
+            raise TupeError(
+                f"{where}: malformed row: {len(fields)} tab-separated fields, expected {n_columns} "
+                f"for {task.name}"
+            )
+        labels.append(_parse_label(task, fields[label_col], where))
+        text_a.append(fields[cols[0]])
+        if task.is_pair:
+            text_b.append(fields[cols[1]])
+        index.append(lineno)
+    if not labels:
+        raise TupeError(f"{path}: no examples")
+    return Split(str(path), text_a, text_b if task.is_pair else None, labels, index)  # type: ignore[arg-type]
+
+
+def _find_task_dir(task: GlueTask, root: Path) -> Path | None:
+    """`root/TASK` under any common spelling, or `root` itself if it holds the task's train.tsv."""
+    if root.is_dir():
+        for child in sorted(root.iterdir()):
+            if child.is_dir() and _norm(child.name) in {
+                _norm(task.name),
+                task.hf_name,
+                *(_norm(a) for a in task.aliases),
+            }:
+                return child
+    return None
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file()
+
+
+def _from_datasets(task: GlueTask, dsd, source: str) -> TaskData:  # noqa: ANN001 (a datasets.DatasetDict)
+    splits = {"train": "train", **task.hf_dev_splits}
+    out: dict[str, Split] = {}
+    for ours, theirs in splits.items():
+        if theirs not in dsd:
+            raise TupeError(f"{source}: no {theirs!r} split for {task.name} (has: {', '.join(dsd)})")
+        ds = dsd[theirs]
+        where = f"{source} [{theirs}]"
+        for col in (*task.hf_text_columns, "label"):
+            if col not in ds.column_names:
+                raise TupeError(
+                    f"{where}: missing column {col!r} for {task.name} (has: {', '.join(ds.column_names)})"
+                )
+        labels = list(ds["label"])
+        if task.is_regression:
+            labels = [float(x) for x in labels]
+            bad = [i for i, x in enumerate(labels) if not (math.isfinite(x) and 0.0 <= x <= 5.0)]
+            if bad:
+                raise TupeError(
+                    f"{where} row {bad[0]}: score {labels[bad[0]]!r} is outside the STS-B range 0-5"
+                )
+        else:
+            bad = [i for i, x in enumerate(labels) if not 0 <= int(x) < task.num_labels]
+            if bad:
+                raise TupeError(
+                    f"{where} row {bad[0]}: unknown label {labels[bad[0]]!r} for {task.name} "
+                    f"(expected 0..{task.num_labels - 1}; test splits have no labels)"
+                )
+            labels = [int(x) for x in labels]
+        text_a = [str(x) for x in ds[task.hf_text_columns[0]]]
+        text_b = [str(x) for x in ds[task.hf_text_columns[1]]] if task.is_pair else None
+        index = list(ds["idx"]) if "idx" in ds.column_names else list(range(len(labels)))
+        out[ours] = Split(where, text_a, text_b, labels, index)
+    return TaskData(task, out.pop("train"), out, source)
+
+
+def load_task(task: GlueTask | str, data_dir: str | Path) -> TaskData:
+    """Read `task`'s train and dev splits from `data_dir`.
+
+    `data_dir` may be: the GLUE root (holding `TASK/train.tsv`, `TASK/dev.tsv`), the task directory itself, a
+    `datasets` GLUE copy saved with `save_to_disk` (the task's DatasetDict, or a folder holding one per task under
+    its `datasets` name), or `hub:` / `hub:REPO` to load `nyu-mll/glue` (or REPO) from the Hugging Face hub.
+    """
+    task = get_task(task) if isinstance(task, str) else task
+    spec = str(data_dir)
+    if spec.startswith("hub:") or spec == "hub":
+        repo = spec[4:] or "nyu-mll/glue"
+        import datasets
+
+        try:
+            dsd = datasets.load_dataset(repo, task.hf_name)
+        except Exception as err:  # network, missing repo, ...: one line for the user
+            raise TupeError(f"could not load {repo!r} ({task.hf_name}) from the hub: {err}") from None
+        return _from_datasets(task, dsd, f"hub:{repo}/{task.hf_name}")
+
+    root = Path(data_dir)
+    if not root.exists():
+        raise TupeError(f"{root}: no such directory (expected a GLUE data directory)")
+    candidates = [c for c in (_find_task_dir(task, root), root) if c is not None]
+    for cand in candidates:
+        if (cand / "train.tsv").is_file():
+            train = read_tsv(task, cand / "train.tsv")
+            dev = {name: read_tsv(task, cand / fname) for name, fname in task.dev_files.items()}
+            return TaskData(task, train, dev, str(cand))
+        if _is_saved_dataset(cand):
+            import datasets
+
+            dsd = datasets.load_from_disk(str(cand))
+            if not isinstance(dsd, datasets.DatasetDict):
+                raise TupeError(f"{cand}: a single saved split; expected a DatasetDict with train/validation")
+            return _from_datasets(task, dsd, str(cand))
+    raise TupeError(
+        f"{root}: no {task.name} data found: expected {root}/{task.name}/train.tsv (GLUE layout), "
+        f"{root}/train.tsv, or a `datasets` DatasetDict saved with save_to_disk"
+    )
+
+
+def split_from_json(task: GlueTask, path: str | Path) -> Split:
+    """Read a split from JSON records (a list, a dict of records, or JSON lines).
+
+    Each record has `text_a`/`text_b`/`label` or the `datasets` column names; labels are the TSV strings, the
+    label names, or ids. This is the format of the MNLI sample shipped with some GLUE subsets.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TupeError(f"{path}: no such file")
+    text = path.read_text(encoding="utf-8-sig")
+    records: list[tuple[int, dict]] = []
+    try:
+        data = json.loads(text)
+        items = data.values() if isinstance(data, dict) else data
+        records = [(i, r) for i, r in enumerate(items)]
+        line_of = None
+    except json.JSONDecodeError:
+        line_of = {}
+        for lineno, line in enumerate(text.split("\n"), start=1):
+            if line.strip():
+                try:
+                    records.append((lineno, json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise TupeError(f"{path}:{lineno}: not JSON ({err.msg})") from None
+    cols_a = ("text_a", task.hf_text_columns[0], task.text_columns[0])
+    cols_b = ("text_b", *task.hf_text_columns[1:2], *task.text_columns[1:2])
+    text_a: list[str] = []
+    text_b: list[str] = []
+    labels: list[int | float] = []
+    index: list[int] = []
+    for pos, rec in records:
+        where = f"{path}:{pos}" if line_of is not None else f"{path} record {pos}"
+        if not isinstance(rec, dict):
+            raise TupeError(f"{where}: expected a JSON object")
+        a = next((rec[c] for c in cols_a if c in rec), None)
+        b = next((rec[c] for c in cols_b if c in rec), None) if task.is_pair else ""
+        if a is None or b is None or "label" not in rec:
+            raise TupeError(f"{where}: missing text_a/text_b/label for {task.name} (has: {', '.join(rec)})")
+        raw = rec["label"]
+        if not task.is_regression and isinstance(raw, int) and not isinstance(raw, bool):
+            if not 0 <= raw < task.num_labels:
+                raise TupeError(f"{where}: unknown label {raw!r} for {task.name}")
+            label: int | float = raw
+        elif not task.is_regression and str(raw) in task.label_names and str(raw) not in task.tsv_labels:
+            label = task.label_names.index(str(raw))
+        else:
+            label = _parse_label(task, str(raw), where)
+        text_a.append(str(a))
+        text_b.append(str(b))
+        labels.append(label)
+        index.append(pos)
+    if not labels:
+        raise TupeError(f"{path}: no examples")
+    return Split(str(path), text_a, text_b if task.is_pair else None, labels, index)  # type: ignore[arg-type]
+
+
+def read_split_file(task: GlueTask, path: str | Path) -> Split:
+    """A split from one file: `.json`/`.jsonl` records, anything else as the task's GLUE TSV layout."""
+    suffix = Path(path).suffix.lower()
+    return split_from_json(task, path) if suffix in {".json", ".jsonl"} else read_tsv(task, path)
