@@ -12,7 +12,10 @@ import importlib
 import sys
 
 # name -> (module, one-line help). Adding a command touches this table and its own module only.
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "glue": ("tupe.glue.finetune", "fine-tune a checkpoint on a GLUE task (the paper's lr x seed grid)"),
+    "report": ("tupe.glue.report", "GLUE results as a table like the paper's Table 1 (Markdown, CSV)"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,284 @@
+"""Collect `tupe glue` results into a table shaped like the paper's Table 1 (Markdown and CSV).
+
+One row per fine-tuned checkpoint (named by its position scheme and pre-training steps), the paper's columns
+(MNLI-m/mm, QNLI, QQP, SST, CoLA, MRPC, RTE, STS) with each task's best-learning-rate median x 100, and the
+average over the columns present. `--paper` adds the paper's BERT-Base rows (TUPE spec, section 6), averaged
+over the same columns so the numbers compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tupe.errors import TupeError
+
+# (column, task, dev split, metric): the paper's Table 1 order; WNLI is extra (the paper leaves it out).
+COLUMNS: list[tuple[str, str, str, str]] = [
+    ("MNLI-m", "MNLI", "dev_matched", "accuracy"),
+    ("MNLI-mm", "MNLI", "dev_mismatched", "accuracy"),
+    ("QNLI", "QNLI", "dev", "accuracy"),
+    ("QQP", "QQP", "dev", "accuracy"),
+    ("SST", "SST-2", "dev", "accuracy"),
+    ("CoLA", "CoLA", "dev", "mcc"),
+    ("MRPC", "MRPC", "dev", "accuracy"),
+    ("RTE", "RTE", "dev", "accuracy"),
+    ("STS", "STS-B", "dev", "pearson"),
+    ("WNLI", "WNLI", "dev", "accuracy"),
+]
+PAPER_COLUMNS = [c[0] for c in COLUMNS if c[0] != "WNLI"]
+
+# The paper's Table 1 (BERT-Base, GLUE dev), TUPE spec section 6: (name, scheme, steps, the 9 numbers).
+PAPER_ROWS: list[tuple[str, str, int, list[float]]] = [
+    ("BERT-A", "bert-a", 1_000_000, [84.93, 84.91, 91.34, 91.04, 92.88, 55.19, 88.29, 68.61, 89.43]),
+    ("BERT-R", "bert-r", 1_000_000, [85.81, 85.84, 92.16, 91.12, 92.90, 55.43, 89.26, 71.46, 88.94]),
+    ("TUPE-A", "tupe-a", 1_000_000, [86.05, 85.99, 91.92, 91.16, 93.19, 63.09, 88.37, 71.61, 88.88]),
+    ("TUPE-R", "tupe-r", 1_000_000, [86.21, 86.19, 92.17, 91.30, 93.26, 63.56, 89.89, 73.56, 89.23]),
+    ("TUPE-A mid", "tupe-a", 300_000, [84.76, 84.83, 90.96, 91.00, 92.25, 62.13, 87.10, 68.79, 88.16]),
+    ("TUPE-R mid", "tupe-r", 300_000, [84.86, 85.21, 91.23, 91.14, 92.41, 62.47, 87.29, 69.85, 88.63]),
+    (
+        "TUPE-A tie-cls",
+        "tupe-a-tie-cls",
+        1_000_000,
+        [85.91, 85.73, 91.90, 91.05, 93.17, 59.46, 88.53, 69.54, 88.97],
+    ),
+    ("BERT-A^d", "bert-a-d", 1_000_000, [85.26, 85.28, 91.56, 91.02, 92.70, 59.73, 88.46, 71.31, 87.47]),
+]
+
+SCHEME_NAMES = {
+    "bert-a": "BERT-A",
+    "bert-r": "BERT-R",
+    "bert-a-d": "BERT-A^d",
+    "tupe-a": "TUPE-A",
+    "tupe-r": "TUPE-R",
+    "tupe-a-tie-cls": "TUPE-A tie-cls",
+    "tupe-r-tie-cls": "TUPE-R tie-cls",
+    "rope": "RoPE",
+}
+
+
+def format_steps(steps: int | None) -> str:
+    if steps is None:
+        return "?"
+    if steps >= 1_000_000:
+        return f"{steps / 1_000_000:g}M"
+    if steps >= 1000:
+        return f"{steps / 1000:g}k"
+    return str(steps)
+
+
+@dataclass
+class Row:
+    name: str
+    scheme: str
+    steps: int | None
+    source: str  # "ours" or "paper"
+    model_path: str = ""
+    cells: dict[str, float] = field(default_factory=dict)  # column -> score x 100
+    incomplete: set[str] = field(default_factory=set)  # columns whose grid is not finished
+    details: dict[str, str] = field(default_factory=dict)  # task -> "best lr 2e-05, 5 seeds, f1 90.1"
+
+
+def find_results(paths: list[str]) -> list[Path]:
+    """Every results.json named, in a named folder, or anywhere below a named folder."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found.append(p)
+        elif (p / "results.json").is_file():
+            found.append(p / "results.json")
+        elif p.is_dir():
+            found.extend(sorted(p.rglob("results.json")))
+        else:
+            raise TupeError(f"{p}: no such file or directory")
+    if not found:
+        raise TupeError(f"no results.json under {', '.join(paths)} (run `tupe glue` first)")
+    return list(dict.fromkeys(found))
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise TupeError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    for key in ("task", "model", "best", "scheme"):
+        if key not in data:
+            raise TupeError(f"{path}: missing {key!r}; not a `tupe glue` results.json")
+    return data
+
+
+def build_rows(paths: list[Path]) -> list[Row]:
+    """One row per checkpoint (same weights), one cell per task column."""
+    rows: dict[str, Row] = {}
+    seen: dict[tuple[str, str], Path] = {}
+    for path in paths:
+        data = _load(path)
+        model = data["model"]
+        key = model.get("weights_sha256") or model["path"]
+        if (key, data["task"]) in seen:
+            raise TupeError(
+                f"{path}: a second {data['task']} result for {model['path']} (first: {seen[(key, data['task'])]}); "
+                "name one of them"
+            )
+        seen[(key, data["task"])] = path
+        row = rows.get(key)
+        if row is None:
+            steps = data.get("pretrain_steps")
+            name = SCHEME_NAMES.get(data["scheme"], data["scheme"])
+            row = rows[key] = Row(name, data["scheme"], steps, "ours", model["path"])
+        best = data["best"]
+        if best is None:
+            continue
+        for col, task, split, metric in COLUMNS:
+            if task == data["task"]:
+                value = best["median"].get(split, {}).get(metric)
+                if value is not None:
+                    row.cells[col] = 100.0 * value
+                    if not data.get("complete", False):
+                        row.incomplete.add(col)
+        others = [
+            f"{split.replace('dev_', '')} {m} {100 * v:.2f}"
+            if len(best["median"]) > 1
+            else f"{m} {100 * v:.2f}"
+            for split, ms in best["median"].items()
+            for m, v in ms.items()
+            if v is not None
+        ]
+        row.details[data["task"]] = (
+            f"best lr {best['lr']:g}, median of {best['n_seeds']} seeds: {', '.join(others)}"
+            + ("" if data.get("complete", False) else " (grid not finished)")
+        )
+    out = list(rows.values())
+    # Disambiguate rows that would print the same name.
+    names: dict[tuple[str, str], int] = {}
+    for r in out:
+        names[(r.name, format_steps(r.steps))] = names.get((r.name, format_steps(r.steps)), 0) + 1
+    for r in out:
+        if names[(r.name, format_steps(r.steps))] > 1:
+            r.name = f"{r.name} ({Path(r.model_path).name})"
+    return out
+
+
+def paper_rows() -> list[Row]:
+    return [
+        Row(name, scheme, steps, "paper", "", dict(zip(PAPER_COLUMNS, values)))
+        for name, scheme, steps, values in PAPER_ROWS
+    ]
+
+
+def table_columns(rows: list[Row]) -> list[str]:
+    present = {c for r in rows if r.source == "ours" for c in r.cells}
+    return [c for c, *_ in COLUMNS if c in present]
+
+
+def average(row: Row, columns: list[str]) -> tuple[float | None, bool]:
+    """Mean over the table's paper columns that the row has; the flag says whether some were missing."""
+    cols = [c for c in columns if c != "WNLI"]
+    values = [row.cells[c] for c in cols if c in row.cells]
+    if not values:
+        return None, True
+    return sum(values) / len(values), len(values) < len(cols)
+
+
+def render(rows: list[Row]) -> tuple[str, str]:
+    """(Markdown, CSV) for the rows; MNLI-m and -mm share one Markdown column like the paper."""
+    columns = table_columns(rows)
+    md_cols: list[str] = []
+    for c in columns:
+        if c in ("MNLI-m", "MNLI-mm"):
+            if "MNLI-m/mm" not in md_cols:
+                md_cols.append("MNLI-m/mm")
+        else:
+            md_cols.append(c)
+
+    def cell(row: Row, c: str) -> str:
+        if c == "MNLI-m/mm":
+            return "/".join(cell(row, x) for x in ("MNLI-m", "MNLI-mm"))
+        if c not in row.cells:
+            return "-"
+        return f"{row.cells[c]:.2f}" + ("†" if c in row.incomplete else "")
+
+    header = ["model", "steps", *md_cols, "Avg"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    partial = False
+    for r in rows:
+        avg, missing = average(r, columns)
+        partial |= missing and avg is not None
+        avg_s = "-" if avg is None else f"{avg:.2f}" + ("*" if missing else "")
+        name = r.name + (" (paper)" if r.source == "paper" else "")
+        lines.append(
+            "| " + " | ".join([name, format_steps(r.steps), *(cell(r, c) for c in md_cols), avg_s]) + " |"
+        )
+    notes = [
+        "",
+        "GLUE dev; each cell is the median over seeds at the best learning rate, x 100: Matthews correlation "
+        "(CoLA), Pearson (STS), accuracy (the rest).",
+        "Avg is the mean over the columns shown"
+        + (" except WNLI" if "WNLI" in columns else "")
+        + " (MNLI-m and -mm count separately, as in the paper).",
+    ]
+    if any(r.source == "paper" for r in rows):
+        notes.append(
+            "Paper rows: Ke et al. (ICLR 2021), Table 1, BERT-Base; their Avg recomputed over these columns."
+        )
+    if partial:
+        notes.append("* averaged over the columns this row has.")
+    if any(r.incomplete for r in rows):
+        notes.append("† the lr x seed grid of this cell is not finished.")
+    details = []
+    for r in rows:
+        for task, text in r.details.items():
+            details.append(f"- {r.name} {format_steps(r.steps)}, {task}: {text}")
+    md = "\n".join(lines + notes + ([""] + details if details else [])) + "\n"
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["model", "scheme", "steps", *columns, "Avg", "source", "model_path"])
+    for r in rows:
+        avg, _ = average(r, columns)
+        w.writerow(
+            [
+                r.name,
+                r.scheme,
+                "" if r.steps is None else r.steps,
+                *("" if c not in r.cells else f"{r.cells[c]:.4f}" for c in columns),
+                "" if avg is None else f"{avg:.4f}",
+                r.source,
+                r.model_path,
+            ]
+        )
+    return md, buf.getvalue()
+
+
+def make_report(paths: list[str], include_paper: bool = False) -> tuple[str, str]:
+    rows = build_rows(find_results(paths))
+    if include_paper:
+        rows = rows + paper_rows()
+    return render(rows)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="`tupe glue --out` folders (searched recursively)"
+    )
+    p.add_argument("--out", help="write the Markdown table here and the CSV next to it (.csv)")
+    p.add_argument("--paper", action="store_true", help="add the paper's BERT-Base rows for comparison")
+
+
+def run(args: argparse.Namespace) -> int:
+    md, csv_text = make_report(args.run_dirs, include_paper=args.paper)
+    print(md, end="")
+    if args.out:
+        out = Path(args.out)
+        md_path = out.with_suffix(".md") if out.suffix.lower() == ".csv" else out
+        csv_path = out.with_suffix(".csv")
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(md)
+        csv_path.write_text(csv_text)
+        print(f"wrote {md_path} and {csv_path}")
+    return 0
