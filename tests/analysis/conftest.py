@@ -1,0 +1,134 @@
+"""Tiny tokenizer, text and model directories made on the fly (nothing from a hub, nothing from /work/shared)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tupe import TupeConfig, TupeForMaskedLM
+
+WORDS = (
+    "the cat sat on the mat while a dog ran past the old house and the children laughed at the birds "
+    "in the garden near a river where boats moved slowly under grey clouds before the evening rain"
+).split()
+
+
+def make_text(num_words: int = 4000, seed: int = 0) -> str:
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(len(WORDS), (num_words,), generator=g).tolist()
+    sentences, cur = [], []
+    for k, i in enumerate(idx):
+        cur.append(WORDS[i])
+        if k % 11 == 10:
+            sentences.append(" ".join(cur).capitalize() + ".")
+            cur = []
+    return " ".join(sentences)
+
+
+def make_tokenizer(vocab_size: int = 300):
+    """Byte-level BPE following the project's tokenizer contract ([PAD]=0 [CLS]=1 [SEP]=2 [MASK]=3 [UNK]=4)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([make_text(2000, seed=1)], trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        unk_token="[UNK]",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def randomise(model: torch.nn.Module, seed: int = 0) -> None:
+    """Give every parameter (LayerNorm gains and biases too) generic values, so no term vanishes by accident."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("LayerNorm.weight") or name.endswith("_norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def tiny_config(scheme: str, **overrides) -> TupeConfig:
+    kwargs = dict(
+        vocab_size=300,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        position_scheme=scheme,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=16,
+    )
+    kwargs.update(overrides)
+    return TupeConfig(**kwargs)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "sample.txt"
+    path.write_text(make_text())
+    return path
+
+
+@pytest.fixture
+def tupe_dir(tmp_path, tokenizer):
+    """Save a tiny randomised TUPE model (+ tokenizer) of the given scheme; returns its directory."""
+
+    def make(scheme: str, with_tokenizer: bool = True, seed: int = 0):
+        torch.manual_seed(seed)
+        model = TupeForMaskedLM(tiny_config(scheme))
+        randomise(model, seed)
+        path = tmp_path / scheme
+        model.save_pretrained(path)
+        if with_tokenizer:
+            tokenizer.save_pretrained(path)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def bert_dir(tmp_path, tokenizer):
+    """A tiny randomised transformers BertForMaskedLM saved to disk with a tokenizer, as a user would have."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=300,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    model = BertForMaskedLM(config).eval()
+    randomise(model, 3)
+    path = tmp_path / "bert"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

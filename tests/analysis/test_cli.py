@@ -1,0 +1,137 @@
+"""`tupe analyze` end to end, as a user would run it, on TUPE and transformers BERT directories."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+import torch
+
+from tupe import TupeForMaskedLM
+from tupe.analysis import decompose, head_patterns
+from tupe.analysis.loading import load_tokenizer, read_text, text_blocks
+from tupe.cli import main
+
+
+def _images(html: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', html)]
+
+
+@pytest.mark.slow
+def test_analyze_transformers_bert_directory(bert_dir, text_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "analyze",
+            "--model",
+            str(bert_dir),
+            "--text",
+            str(text_file),
+            "--out",
+            str(out),
+            "--max-length",
+            "32",
+            "--num-blocks",
+            "6",
+        ]
+    )
+    assert rc == 0
+    assert (out / "decomposition.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = json.loads((out / "analysis.json").read_text())
+    assert result["position_scheme"] == "bert-a" and result["num_blocks"] == 6
+    dec = result["decomposition"]
+    assert dec["max_abs_error"] < 1e-9
+    # the numbers agree with a direct computation from the transformers weights
+    from transformers import BertForMaskedLM
+
+    bert = BertForMaskedLM.from_pretrained(bert_dir).eval()
+    blocks = text_blocks(read_text(text_file), load_tokenizer(bert_dir), 32, 6)
+    h = bert.config.num_attention_heads
+    with torch.no_grad():
+        x = bert.bert.embeddings(input_ids=blocks)
+        att = bert.bert.encoder.layer[0].attention.self
+        q = att.query(x).view(6, 32, h, -1).transpose(1, 2)
+        k = att.key(x).view(6, 32, h, -1).transpose(1, 2)
+        logits = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).mean((0, 1))
+    total = torch.tensor(dec["mean_maps"]["total"])
+    summed = sum(torch.tensor(dec["mean_maps"][t]) for t in ("word_word", "word_pos", "pos_word", "pos_pos"))
+    assert torch.allclose(total, logits, atol=1e-4)
+    assert torch.allclose(summed, logits, atol=1e-3)  # maps are rounded to 5 decimals in the JSON
+    assert "patterns" not in result  # bert-a has no content-free logit term
+    html = (out / "analysis.html").read_text()
+    assert len(_images(html)) == 1 and "word → position" in html
+    assert "row std" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_analyze_tupe_a_patterns_and_bert_r_both(tupe_dir, text_file, tmp_path):
+    model_dir = tupe_dir("tupe-a", with_tokenizer=False)
+    out = tmp_path / "tupe-a"
+    # content-free patterns need no text and no tokenizer
+    assert main(["analyze", "--model", str(model_dir), "--out", str(out), "--max-length", "24"]) == 0
+    result = json.loads((out / "analysis.json").read_text())
+    heads = result["patterns"]["heads"]
+    assert len(heads) == 4
+    model = TupeForMaskedLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        expected = head_patterns(model.tupe.positional_logits(24))
+    for got, want in zip(heads, expected):
+        assert got["label"] == want.label
+        assert got["entropy"] == pytest.approx(want.entropy, rel=1e-6)
+        assert got["from_cls_entropy"] == pytest.approx(1.0)  # TUPE-A's reset: [CLS] attends uniformly
+    assert {p.name for p in out.iterdir()} >= {"patterns.png", "patterns_zoom.png", "offset_profile.png"}
+    assert len(_images((out / "analysis.html").read_text())) == 3
+
+    r_dir = tupe_dir("bert-r")
+    out_r = tmp_path / "bert-r"
+    assert (
+        main(
+            [
+                "analyze",
+                "--model",
+                str(r_dir),
+                "--text",
+                str(text_file),
+                "--out",
+                str(out_r),
+                "--max-length",
+                "20",
+                "--num-blocks",
+                "4",
+            ]
+        )
+        == 0
+    )
+    result = json.loads((out_r / "analysis.json").read_text())
+    assert "decomposition" in result and "patterns" in result
+    model = TupeForMaskedLM.from_pretrained(r_dir)
+    blocks = text_blocks(read_text(text_file), load_tokenizer(r_dir), 20, 4)
+    dec = decompose(model, blocks)
+    for name, stats in dec.stats.items():
+        assert result["decomposition"]["stats"][name]["row_std"] == pytest.approx(stats["row_std"], rel=1e-6)
+
+
+def test_user_errors_are_one_line(tupe_dir, text_file, tmp_path, capsys):
+    no_tok = tupe_dir("bert-a", with_tokenizer=False)
+    rc = main(["analyze", "--model", str(no_tok), "--text", str(text_file), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no tokenizer" in err and "--tokenizer" in err and "Traceback" not in err
+    # bert-a needs text for its split
+    assert main(["analyze", "--model", str(no_tok), "--out", str(tmp_path / "o")]) == 2
+    assert "needs --text" in capsys.readouterr().err
+    assert main(["analyze", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    rope = tupe_dir("rope")
+    assert (
+        main(["analyze", "--model", str(rope), "--text", str(text_file), "--out", str(tmp_path / "o")]) == 2
+    )
+    assert "nothing to analyse" in capsys.readouterr().err
+    short = tmp_path / "short.txt"
+    short.write_text("a few words")
+    with_tok = tupe_dir("bert-a")
+    assert (
+        main(["analyze", "--model", str(with_tok), "--text", str(short), "--out", str(tmp_path / "o")]) == 2
+    )
+    assert "fewer than one block" in capsys.readouterr().err

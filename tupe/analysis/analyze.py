@@ -1,0 +1,179 @@
+"""Draw the paper's analysis figures for a checkpoint: the four-term split of the first layer's logits (Fig. 2)
+for models that add positions to the input, and each head's content-free attention pattern (Fig. 6) for models
+with a positional logit term. Writes PNGs, analysis.json and a self-contained analysis.html.
+
+Works on TUPE checkpoints and on `transformers` BERT directories (converted exactly to bert-a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from tupe.errors import TupeError
+
+from .decomposition import DECOMPOSABLE_SCHEMES, TERMS, decompose
+from .figures import decomposition_figure, offset_profile_figure, pattern_grid_figure
+from .loading import load_encoder, load_tokenizer, read_text, text_blocks
+from .patterns import DEFAULT_THRESHOLDS, PatternThresholds, head_patterns, offset_profile
+from .report import render_html
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", required=True, help="model directory (TUPE checkpoint or transformers BERT)"
+    )
+    parser.add_argument(
+        "--text",
+        help="text file (or directory of .txt files) to draw blocks from; needed for "
+        "the word/position split, optional for TUPE's content-free patterns",
+    )
+    parser.add_argument("--out", required=True, help="output directory (created)")
+    parser.add_argument("--tokenizer", help="tokenizer directory, if the model directory has none")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=128,
+        help="block length in tokens (default 128, capped at the model's max_position_embeddings)",
+    )
+    parser.add_argument(
+        "--num-blocks", type=int, default=32, help="blocks of text to average over (default 32)"
+    )
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--zoom", type=int, default=32, help="positions shown in the zoomed pattern grid")
+    parser.add_argument("--max-offset", type=int, default=16, help="offsets shown in the offset profile")
+    parser.add_argument("--title", help="name used in figure titles (default: the model directory's name)")
+
+
+def _round(t: torch.Tensor, digits: int = 5):
+    return torch.round(t.double() * 10**digits).div(10**digits).tolist()
+
+
+def analyze(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    text: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    max_length: int = 128,
+    num_blocks: int = 32,
+    batch_size: int = 8,
+    zoom: int = 32,
+    max_offset: int = 16,
+    title: str | None = None,
+    thresholds: PatternThresholds = DEFAULT_THRESHOLDS,
+) -> dict:
+    """Run the analysis and write its files; returns the JSON-able result (also in `out_dir/analysis.json`)."""
+    if max_length < 4 or num_blocks < 1 or batch_size < 1:
+        raise TupeError(
+            f"--max-length must be >= 4 and --num-blocks, --batch-size >= 1 (got {max_length}, "
+            f"{num_blocks}, {batch_size})"
+        )
+    encoder, description = load_encoder(model_dir)
+    config = encoder.config
+    scheme = config.position_scheme
+    n = min(max_length, config.max_position_embeddings)
+    title = title or Path(model_dir).resolve().name
+    result: dict = {
+        "title": title,
+        "model": str(model_dir),
+        "description": description,
+        "position_scheme": scheme,
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "num_heads": config.num_attention_heads,
+        "seq_len": n,
+    }
+    with torch.no_grad():
+        positional = encoder.positional_logits(n)
+    does_split = scheme in DECOMPOSABLE_SCHEMES
+    if not does_split and positional is None:
+        raise TupeError(
+            f"position_scheme {scheme!r} has neither input positions to split nor a content-free "
+            "logit term to draw; nothing to analyse"
+        )
+    if does_split and text is None:
+        raise TupeError(f"position_scheme {scheme!r}: the word/position split needs --text")
+
+    figures: dict[str, bytes] = {}
+    if text is not None:
+        tok = load_tokenizer(model_dir, tokenizer)
+        raw = read_text(text, max_chars=max(200_000, num_blocks * n * 12))
+        blocks = text_blocks(raw, tok, n, num_blocks, source=str(text))
+        if int(blocks.max()) >= config.vocab_size:
+            raise TupeError(
+                f"tokenizer gives id {int(blocks.max())} but the model's vocab_size is "
+                f"{config.vocab_size}: the tokenizer does not belong to this model"
+            )
+        result["text"] = str(text)
+        result["num_blocks"] = int(blocks.shape[0])
+        if does_split:
+            dec = decompose(encoder, blocks, batch_size=batch_size)
+            result["decomposition"] = {
+                "convention": "LayerNorm split with per-token statistics of w+p; LayerNorm bias, query/key "
+                "biases" + (" and relative bias" if scheme == "bert-r" else "") + " on the position side",
+                "max_abs_error": dec.max_abs_error,
+                "stats": dec.stats,
+                "mean_maps": {name: _round(dec.mean[name]) for name in (*TERMS, "total")},
+            }
+            figures["decomposition"] = decomposition_figure(dec, title)
+
+    if positional is not None:
+        pats = head_patterns(positional, thresholds)
+        probs = torch.softmax(positional.double(), dim=-1).float()
+        offsets, profile = offset_profile(positional, max_offset)
+        result["patterns"] = {
+            "thresholds": thresholds.__dict__ | {},
+            "heads": [p.as_dict() for p in pats],
+            "label_counts": dict(Counter(p.label for p in pats)),
+            "offsets": offsets,
+            "offset_profile": _round(profile),
+            "positional_logits": _round(positional.detach().float(), 4),
+        }
+        figures["patterns"] = pattern_grid_figure(probs, pats, title)
+        figures["patterns_zoom"] = pattern_grid_figure(probs, pats, title, zoom=zoom)
+        figures["offset_profile"] = offset_profile_figure(offsets, profile, pats, title)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, png in figures.items():
+        (out / f"{name}.png").write_bytes(png)
+    (out / "analysis.json").write_text(json.dumps(result, indent=1))
+    (out / "analysis.html").write_text(render_html(result, figures), encoding="utf-8")
+    result["files"] = sorted([f"{name}.png" for name in figures] + ["analysis.json", "analysis.html"])
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    result = analyze(
+        args.model,
+        args.out,
+        text=args.text,
+        tokenizer=args.tokenizer,
+        max_length=args.max_length,
+        num_blocks=args.num_blocks,
+        batch_size=args.batch_size,
+        zoom=args.zoom,
+        max_offset=args.max_offset,
+        title=args.title,
+    )
+    print(
+        f"{result['title']} ({result['position_scheme']}): wrote {', '.join(result['files'])} to {args.out}"
+    )
+    if "decomposition" in result:
+        st = result["decomposition"]["stats"]
+        print("first-layer term   row std (per head)   share of total")
+        for name in (*TERMS, "total"):
+            print(f"  {name:<10} {st[name]['row_std_per_head']:>12.4f} {st[name]['relative_row_std']:>16.3f}")
+        print(f"  four terms sum to the logits within {result['decomposition']['max_abs_error']:.1e}")
+    if "patterns" in result:
+        print("head  label     E[j-i]  entropy  +-2 mass  prev   next   to[CLS]")
+        for h in result["patterns"]["heads"]:
+            print(
+                f"  {h['head']:>2}  {h['label']:<8} {h['expected_offset']:>7.2f} {h['entropy']:>8.3f} "
+                f"{h['local_mass']:>9.3f} {h['previous_mass']:>6.3f} {h['next_mass']:>6.3f} {h['to_cls']:>8.3f}"
+            )
+    return 0
