@@ -40,7 +40,7 @@ def _first_layer_logits_from_qkv(model, ids: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("scheme", ["bert-a", "bert-r", "bert-a-d"])
+@pytest.mark.parametrize("scheme", ["bert-a", "bert-r", "bert-a-d", "tupe-a", "tupe-r"])
 def test_four_terms_sum_to_first_layer_logits(scheme):
     model = _model(scheme)
     ids = torch.randint(5, 300, (3, 20))
@@ -115,7 +115,21 @@ def test_uniform_term_has_zero_row_std():
         assert terms[name].abs().max() < 1e-12
 
 
-@pytest.mark.parametrize("scheme", ["tupe-a", "rope"])
-def test_split_refuses_schemes_without_input_positions(scheme):
-    with pytest.raises(TupeError, match="does not add positions"):
-        first_layer_terms(_model(scheme), torch.ones(1, 8, dtype=torch.long))
+def test_tupe_cross_terms_hold_only_the_biases():
+    """TUPE's input has no positions: with zero biases the cross terms vanish and position->position is exactly
+    the content-free term."""
+    model = _model("tupe-a")
+    with torch.no_grad():
+        model.tupe.layers[0].attention.qkv.bias.zero_()
+        model.tupe.embeddings.LayerNorm.bias.zero_()
+    ids = torch.randint(5, 300, (2, 16))
+    terms, _ = first_layer_terms(model, ids)
+    assert terms["word_pos"].abs().max() < 1e-12 and terms["pos_word"].abs().max() < 1e-12
+    with torch.no_grad():
+        expected = model.tupe.positional_logits(16).double()
+    assert torch.allclose(terms["pos_pos"], expected.expand_as(terms["pos_pos"]), atol=1e-6)
+
+
+def test_split_refuses_rope():
+    with pytest.raises(TupeError, match="no word/position split"):
+        first_layer_terms(_model("rope"), torch.ones(1, 8, dtype=torch.long))

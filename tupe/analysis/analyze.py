@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -46,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--zoom", type=int, default=32, help="positions shown in the zoomed pattern grid")
     parser.add_argument("--max-offset", type=int, default=16, help="offsets shown in the offset profile")
+    parser.add_argument(
+        "--no-json-maps",
+        action="store_true",
+        help="leave the n x n maps out of analysis.json (keeps only the numbers; much smaller)",
+    )
     parser.add_argument("--title", help="name used in figure titles (default: the model directory's name)")
 
 
@@ -65,6 +71,7 @@ def analyze(
     max_offset: int = 16,
     title: str | None = None,
     thresholds: PatternThresholds = DEFAULT_THRESHOLDS,
+    json_maps: bool = True,
 ) -> dict:
     """Run the analysis and write its files; returns the JSON-able result (also in `out_dir/analysis.json`)."""
     if max_length < 4 or num_blocks < 1 or batch_size < 1:
@@ -95,7 +102,7 @@ def analyze(
             f"position_scheme {scheme!r} has neither input positions to split nor a content-free "
             "logit term to draw; nothing to analyse"
         )
-    if does_split and text is None:
+    if does_split and positional is None and text is None:
         raise TupeError(f"position_scheme {scheme!r}: the word/position split needs --text")
 
     figures: dict[str, bytes] = {}
@@ -117,8 +124,11 @@ def analyze(
                 "biases" + (" and relative bias" if scheme == "bert-r" else "") + " on the position side",
                 "max_abs_error": dec.max_abs_error,
                 "stats": dec.stats,
-                "mean_maps": {name: _round(dec.mean[name]) for name in (*TERMS, "total")},
             }
+            if json_maps:
+                result["decomposition"]["mean_maps"] = {
+                    name: _round(dec.mean[name]) for name in (*TERMS, "total")
+                }
             figures["decomposition"] = decomposition_figure(dec, title)
 
     if positional is not None:
@@ -126,13 +136,14 @@ def analyze(
         probs = torch.softmax(positional.double(), dim=-1).float()
         offsets, profile = offset_profile(positional, max_offset)
         result["patterns"] = {
-            "thresholds": thresholds.__dict__ | {},
+            "thresholds": asdict(thresholds),
             "heads": [p.as_dict() for p in pats],
             "label_counts": dict(Counter(p.label for p in pats)),
             "offsets": offsets,
             "offset_profile": _round(profile),
-            "positional_logits": _round(positional.detach().float(), 4),
         }
+        if json_maps:
+            result["patterns"]["positional_logits"] = _round(positional.detach().float(), 4)
         figures["patterns"] = pattern_grid_figure(probs, pats, title)
         figures["patterns_zoom"] = pattern_grid_figure(probs, pats, title, zoom=zoom)
         figures["offset_profile"] = offset_profile_figure(offsets, profile, pats, title)
@@ -159,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         zoom=args.zoom,
         max_offset=args.max_offset,
         title=args.title,
+        json_maps=not args.no_json_maps,
     )
     print(
         f"{result['title']} ({result['position_scheme']}): wrote {', '.join(result['files'])} to {args.out}"

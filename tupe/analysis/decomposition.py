@@ -19,8 +19,11 @@ term is then the only one with no constant part. (`sigma_i` depends on both the 
 what "exact" costs: `pos_i` is not a function of the position alone.)
 
 `bert-a-d` (positions untied but with all four terms) splits the same way without the LayerNorm issue:
-word = `LN(w) - beta`, position = `p U` plus the constant parts. Models without a LayerNorm on the input
-embedding split with `sigma_i = 1`, `beta = 0`.
+word = `LN(w) - beta`, position = `p U` plus the constant parts. TUPE models split the same way for comparison:
+their input has no positions, so position->position is the constant parts plus the content-free term
+`positional_logits(n)`, and the two cross terms contain only the biases (a per-query constant in word->position,
+which the softmax ignores, and a key-word prior `c^Q . k^w_j` in position->word). Models without a LayerNorm on
+the input embedding split with `sigma_i = 1`, `beta = 0`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,16 @@ TERM_TITLES: dict[str, str] = {
     "pos_pos": "position → position",
     "total": "first-layer logits (sum)",
 }
-DECOMPOSABLE_SCHEMES: tuple[str, ...] = ("bert-a", "bert-r", "bert-a-d")
+INPUT_POSITION_SCHEMES: tuple[str, ...] = ("bert-a", "bert-r")
+DECOMPOSABLE_SCHEMES: tuple[str, ...] = (
+    "bert-a",
+    "bert-r",
+    "bert-a-d",
+    "tupe-a",
+    "tupe-r",
+    "tupe-a-tie-cls",
+    "tupe-r-tie-cls",
+)
 
 
 @dataclass
@@ -85,8 +97,8 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
     scheme = config.position_scheme
     if scheme not in DECOMPOSABLE_SCHEMES:
         raise TupeError(
-            f"position_scheme {scheme!r} does not add positions to the word embedding; "
-            f"the four-term split applies to {', '.join(DECOMPOSABLE_SCHEMES)}"
+            f"position_scheme {scheme!r} has no word/position split of its logits; "
+            f"it applies to {', '.join(DECOMPOSABLE_SCHEMES)}"
         )
     b, n = input_ids.shape
     model._check_length(n)
@@ -104,10 +116,10 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
     bq, bk = b_qkv[:hidden], b_qkv[hidden : 2 * hidden]
 
     w = emb.word_embeddings(input_ids).to(dt)  # (b, n, hidden)
-    if scheme in ("bert-a", "bert-r"):
+    if scheme in INPUT_POSITION_SCHEMES:
         p = model.positional.embeddings.weight[:n].to(dt).expand(b, n, hidden)
     else:
-        p = torch.zeros_like(w)  # bert-a-d: positions enter through U^Q, U^K below
+        p = torch.zeros_like(w)  # bert-a-d, tupe-*: positions do not enter the input
 
     # x = LN(w + p) = word + pos + beta, exactly, with the statistics of w + p.
     s = w + p
@@ -137,7 +149,7 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
         "pos_word": torch.matmul(qp, kw.transpose(-1, -2)) * scale,
         "pos_pos": torch.matmul(qp, kp.transpose(-1, -2)) * scale,
     }
-    if ctx.bias is not None:  # bert-r's relative bias is position-to-position
+    if ctx.bias is not None:  # relative bias (bert-r) and TUPE's content-free term are position-to-position
         terms["pos_pos"] = terms["pos_pos"] + ctx.bias.to(dt)
 
     # Direct computation of the logits from the layer's input, as the model's eager attention does it.

@@ -79,21 +79,35 @@ def pattern_grid_figure(
 def offset_profile_figure(
     offsets: list[int], profile: torch.Tensor, patterns: list[HeadPattern], title: str
 ) -> bytes:
-    """Mean content-free attention against the offset j - i, one line per head (ordinary tokens only)."""
-    fig, ax = plt.subplots(figsize=(9, 4.8), constrained_layout=True)
-    cmap = plt.get_cmap("tab20")
-    for k in range(profile.shape[0]):
-        ax.plot(
-            offsets,
-            profile[k].numpy(),
-            marker=".",
-            color=cmap(k % 20),
-            label=f"head {k} ({patterns[k].label})",
-        )
-    ax.set_xlabel("offset j - i (key minus query)")
-    ax.set_ylabel("mean attention probability")
-    ax.set_title(f"{title}: content-free attention by offset (tokens other than [CLS])")
-    ax.axvline(0, color="grey", lw=0.5)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    """Mean content-free attention against the offset j - i, one small bar chart per head (ordinary tokens)."""
+    h = profile.shape[0]
+    cols = min(h, 6 if h > 8 else 4)
+    rows = math.ceil(h / cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.0 * cols, 2.4 * rows), squeeze=False, sharex=True, constrained_layout=True
+    )
+    colours = {
+        "previous": "tab:blue",
+        "next": "tab:orange",
+        "local": "tab:green",
+        "global": "tab:grey",
+        "broad": "tab:purple",
+    }
+    for idx in range(rows * cols):
+        ax = axes[idx // cols][idx % cols]
+        if idx >= h:
+            ax.axis("off")
+            continue
+        label = patterns[idx].label
+        ax.bar(offsets, profile[idx].numpy(), width=0.85, color=colours.get(label, "tab:red"))
+        ax.set_title(f"head {idx}: {label}", fontsize=10)
+        ax.axvline(0, color="black", lw=0.4)
+        ax.tick_params(labelsize=7)
+        if idx % cols == 0:
+            ax.set_ylabel("mean attention", fontsize=8)
+        if idx // cols == rows - 1 or idx + cols >= h:
+            ax.set_xlabel("offset j - i", fontsize=8)
+    fig.suptitle(
+        f"{title}: content-free attention by offset (key minus query; tokens other than [CLS])", fontsize=12
+    )
     return _png(fig)

@@ -27,11 +27,23 @@ def read_config(model_dir: str | Path) -> dict:
 def load_encoder(model_dir: str | Path):
     """A `TupeModel` in eval mode: TUPE checkpoints as saved, `transformers` BERT (config model_type "bert")
     converted by `TupeForMaskedLM.from_bert` (an exact `bert-a` model). Returns (encoder, description)."""
-    import tupe  # noqa: F401  (registers the Auto classes)
-    from tupe.modeling import TupeForMaskedLM, TupeModel
+    from transformers.utils import logging as hf_logging
 
     config = read_config(model_dir)
     model_type = config.get("model_type")
+    # loading the encoder from a task checkpoint (MLM, classification) reports the head weights as unused
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return _load(model_dir, model_type)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _load(model_dir: str | Path, model_type: str | None):
+    import tupe  # noqa: F401  (registers the Auto classes)
+    from tupe.modeling import TupeForMaskedLM, TupeModel
+
     if model_type == "tupe":
         encoder = TupeModel.from_pretrained(str(model_dir))
         description = f"TUPE checkpoint, position_scheme {encoder.config.position_scheme}"

@@ -64,6 +64,12 @@ def render_html(result: dict, figures: dict[str, bytes]) -> str:
                 if result["position_scheme"] == "bert-r"
                 else ""
             )
+            + (
+                ", and so is TUPE's content-free term (TUPE's input has no positions, so the two cross terms "
+                "contain only the biases)"
+                if result["position_scheme"].startswith("tupe")
+                else ""
+            )
             + f". The four terms sum to the first layer's logits: largest deviation "
             f"{dec['max_abs_error']:.2e} (float64).</p>"
         )
