@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover
     init = nn.init
 
 from .configuration_tupe import TupeConfig
+from .kernels import FastDropout, biased_attention, flex_bias_attention, fold_queries_keys
 from .positional import PositionalContext, RelativeBias, UntiedPositions, apply_rotary, build_scheme
 
 
@@ -37,6 +38,7 @@ class AttentionInputs:
         torch.Tensor | None
     )  # content-free term + padding, (1 or b, h, n, n), for the unfolded SDPA path
     use_fold: bool
+    kernel: str = "sdpa"  # "eager", "sdpa", "fold", "fused" or "flex": see TupeModel.attention_kernel
 
 
 class TupeEmbeddings(nn.Module):
@@ -52,7 +54,7 @@ class TupeEmbeddings(nn.Module):
             if config.embedding_layer_norm
             else None
         )
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = FastDropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, ctx: PositionalContext) -> torch.Tensor:
         x = self.word_embeddings(input_ids)  # (b, n, hidden)
@@ -96,13 +98,18 @@ class TupeSelfAttention(nn.Module):
                 logits = logits + inputs.padding.to(logits.dtype)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
             out = torch.matmul(F.dropout(probs, dropout_p, self.training), v)
+        elif inputs.kernel == "fused":
+            # CPU training: one n x n buffer, the shared (h, n, n) term broadcast, fast dropout mask (kernels.py).
+            out = biased_attention(q, k, v, ctx.bias, inputs.padding, ctx.logit_scale, dropout_p)
+            probs = None
+        elif inputs.kernel == "flex":
+            out = flex_bias_attention(q, k, v, ctx.bias, inputs.padding, ctx.logit_scale)
+            probs = None
         elif inputs.use_fold:
-            # Low-rank content-free term folded into the head dimension: no n x n tensor, flash kernels apply.
-            q_extra, k_extra = (t.to(q.dtype).expand(b, -1, -1, -1) for t in ctx.fold)
-            q = torch.cat([q * ctx.logit_scale, q_extra], dim=-1)
-            k = torch.cat([k, k_extra], dim=-1)
-            mask = None if inputs.padding is None else inputs.padding.to(q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+            # Low-rank content-free term and padding folded into the head dimension (padded to a multiple of 8):
+            # no n x n tensor at all, so fused kernels apply.
+            q, k = fold_queries_keys(q, k, ctx.fold, ctx.logit_scale, inputs.padding)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)
             probs = None
         else:
             mask = None if inputs.sdpa_mask is None else inputs.sdpa_mask.to(q.dtype)
@@ -125,7 +132,7 @@ class TupeLayer(GradientCheckpointingLayer):
         self.act = ACT2FN[config.hidden_act]
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = FastDropout(config.hidden_dropout_prob)
 
     def forward(
         self, x, inputs: AttentionInputs, implementation: str = "sdpa", output_attentions: bool = False
@@ -161,7 +168,20 @@ class TupePreTrainedModel(PreTrainedModel):
 
 
 class TupeModel(TupePreTrainedModel):
-    """The encoder: embeddings, one positional scheme, `num_hidden_layers` blocks."""
+    """The encoder: embeddings, one positional scheme, `num_hidden_layers` blocks.
+
+    `attention_kernel` (a plain attribute, not saved) picks the SDPA-side attention path; every choice is exact
+    against the eager reference (tests/modeling/test_fast_paths.py):
+    - "auto" (default): "fused" for float32/64 training with attention dropout on CPU (SDPA would fall back to
+      its unfused math kernel there), "fold" on CUDA where the content-free term is low-rank and
+      `config.fold_positional`, "flex" on CUDA for other (h, n, n) terms without dropout, else "sdpa";
+    - "sdpa": SDPA with the content-free term (+ padding) as one additive (1 or b, h, n, n) mask;
+    - "fold": SDPA with the low-rank term and padding folded into extra query/key columns (tupe-a,
+      tupe-a-tie-cls; other schemes use "sdpa");
+    - "fused": `kernels.biased_attention`; "flex": `torch.nn.attention.flex_attention` with a score_mod.
+    """
+
+    attention_kernel: str = "auto"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -199,9 +219,10 @@ class TupeModel(TupePreTrainedModel):
             padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
                 ~keep, torch.finfo(dtype).min
             )
-        use_fold = not eager and ctx.fold is not None and getattr(self.config, "fold_positional", True)
+        kernel = "eager" if eager else self._choose_kernel(ctx, dtype, attention_mask)
+        use_fold = kernel == "fold"
         sdpa_mask = None
-        if not eager and not use_fold:
+        if kernel == "sdpa":
             if ctx.bias is not None:
                 sdpa_mask = ctx.bias.to(dtype)[None]  # (1, h, n, n): broadcast over the batch
                 if padding is not None:
@@ -210,7 +231,31 @@ class TupeModel(TupePreTrainedModel):
                     )  # once, for all layers
             else:
                 sdpa_mask = padding
-        return AttentionInputs(ctx, padding, sdpa_mask, use_fold)
+        return AttentionInputs(ctx, padding, sdpa_mask, use_fold, kernel)
+
+    def _choose_kernel(self, ctx: PositionalContext, dtype: torch.dtype, attention_mask) -> str:
+        """Resolve `attention_kernel` for this forward pass (see the class docstring)."""
+        kernel = self.attention_kernel
+        can_fold = ctx.fold is not None and getattr(self.config, "fold_positional", True)
+        if kernel == "fold":
+            return "fold" if ctx.fold is not None else "sdpa"
+        if kernel == "fused":
+            return "fused" if dtype in (torch.float32, torch.float64) else "sdpa"
+        if kernel == "flex":
+            return "flex" if ctx.bias is not None else "sdpa"
+        if kernel != "auto":
+            return "sdpa"
+        dropout = self.training and self.config.attention_probs_dropout_prob > 0
+        device = self.embeddings.word_embeddings.weight.device
+        if device.type == "cpu":
+            if dropout and torch.is_grad_enabled() and dtype in (torch.float32, torch.float64):
+                return "fused"
+            return "sdpa"
+        if can_fold:
+            return "fold"
+        if ctx.bias is not None and not dropout and device.type == "cuda":
+            return "flex"
+        return "sdpa"
 
     def forward(
         self,

@@ -270,13 +270,14 @@ class Rope(PositionalScheme):
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
-        d = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim = config.head_dim
+        self.base = config.rope_theta
 
     def forward(self, n: int) -> PositionalContext:
-        t = torch.arange(n, device=self.inv_freq.device, dtype=torch.float32)
-        angles = torch.outer(t, self.inv_freq)
+        # Recomputed every pass (d/2 values) rather than kept in a buffer that a checkpoint load could leave stale.
+        d = self.head_dim
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        angles = torch.outer(torch.arange(n, dtype=torch.float32), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)  # (n, d), GPT-NeoX "rotate half" layout
         return PositionalContext(self.logit_scale, rotary=(angles.cos(), angles.sin()))
 
@@ -284,7 +285,8 @@ class Rope(PositionalScheme):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate (..., n, d) by position: pairs (x_k, x_{k + d/2}) turn by angle t * inv_freq_k."""
     x1, x2 = x.chunk(2, dim=-1)
-    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
+    cos, sin = cos.to(x.device, x.dtype), sin.to(x.device, x.dtype)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 SCHEMES: dict[str, type[PositionalScheme]] = {

@@ -1,0 +1,12 @@
+import os
+
+import pytest
+import torch
+
+# Tests are small; one thread each avoids oversubscribing the 2-core CI machine.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,150 @@
+"""A naive, readable implementation of the spec's equations, written independently of the package.
+
+It reads the model's weights by name and recomputes every layer in float64 with explicit per-head, per-position
+formulas (spec section 1-3), so it shares no code with `tupe.modeling`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def t5_bucket(rel: int, num_buckets: int = 32, max_distance: int = 128) -> int:
+    """T5 bidirectional bucket of one relative position `j - i`, in plain Python."""
+    half = num_buckets // 2
+    base = half if rel > 0 else 0
+    dist = abs(rel)
+    max_exact = half // 2
+    if dist < max_exact:
+        return base + dist
+    value = max_exact + int(
+        math.log(dist / max_exact) / math.log(max_distance / max_exact) * (half - max_exact)
+    )
+    return base + min(value, half - 1)
+
+
+def layer_norm(x, weight, bias, eps):
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    """Returns (hidden states after every layer, attention probabilities of every layer, MLM logits or None)."""
+    cfg = model.config
+    sd = {k: v.detach().double() for k, v in model.state_dict().items()}
+    prefix = "tupe." if any(k.startswith("tupe.") for k in sd) else ""
+    g = lambda name: sd[prefix + name]  # noqa: E731
+    scheme = cfg.position_scheme
+    eps = cfg.layer_norm_eps
+    heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
+    b, n = input_ids.shape
+    if attention_mask is None:
+        attention_mask = torch.ones(b, n, dtype=torch.long)
+
+    # --- input: w_i (+ p_i for BERT-A / BERT-R) --------------------------------------------------------------
+    x = g("embeddings.word_embeddings.weight")[input_ids]
+    if scheme in ("bert-a", "bert-r"):
+        x = x + g("positional.embeddings.weight")[:n]
+    if cfg.embedding_layer_norm:
+        x = layer_norm(x, g("embeddings.LayerNorm.weight"), g("embeddings.LayerNorm.bias"), eps)
+
+    # --- untied positions: LN(p) U^Q, LN(p) U^K, per head -----------------------------------------------------
+    untied = scheme.startswith("tupe") or scheme == "bert-a-d"
+    if untied:
+
+        def project(p):
+            p = layer_norm(
+                p, g("positional.untied.LayerNorm.weight"), g("positional.untied.LayerNorm.bias"), eps
+            )
+            pq = p @ g("positional.untied.query.weight").T + g("positional.untied.query.bias")
+            pk = p @ g("positional.untied.key.weight").T + g("positional.untied.key.bias")
+            return pq.view(-1, heads, d), pk.view(-1, heads, d)  # (m, h, d)
+
+        PQ, PK = project(g("positional.untied.embeddings.weight")[:n])
+        if scheme in ("tupe-a", "tupe-r"):
+            TQ, TK = project(g("positional.untied.theta_positions"))
+            theta1 = (TQ[0] * TK[0]).sum(-1) / math.sqrt(2 * d)  # (h,)
+            theta2 = (TQ[1] * TK[1]).sum(-1) / math.sqrt(2 * d)
+
+    def relative(h, i, j):
+        table = g("positional.relative.bias.weight")  # (buckets [+1], h)
+        if scheme == "tupe-r" and (i == 0 or j == 0):
+            return table[cfg.relative_attention_num_buckets, h]  # the code's extra [CLS] bucket
+        return table[
+            t5_bucket(j - i, cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance), h
+        ]
+
+    def rotate(v):  # (n, d): pair (k, k + d/2) turned by angle pos * theta^(-2k/d)
+        out = v.clone()
+        for pos in range(n):
+            for k in range(d // 2):
+                angle = pos * cfg.rope_theta ** (-2 * k / d)
+                a, c = v[pos, k], v[pos, k + d // 2]
+                out[pos, k] = a * math.cos(angle) - c * math.sin(angle)
+                out[pos, k + d // 2] = c * math.cos(angle) + a * math.sin(angle)
+        return out
+
+    hiddens, attentions = [], []
+    for layer in range(cfg.num_hidden_layers):
+        L = f"layers.{layer}."
+        w_qkv, b_qkv = g(L + "attention.qkv.weight"), g(L + "attention.qkv.bias")
+        H = cfg.hidden_size
+        Q = (x @ w_qkv[:H].T + b_qkv[:H]).view(b, n, heads, d)
+        K = (x @ w_qkv[H : 2 * H].T + b_qkv[H : 2 * H]).view(b, n, heads, d)
+        V = (x @ w_qkv[2 * H :].T + b_qkv[2 * H :]).view(b, n, heads, d)
+        probs = torch.zeros(b, heads, n, n, dtype=torch.float64)
+        context = torch.zeros(b, n, heads, d, dtype=torch.float64)
+        for bi in range(b):
+            for h in range(heads):
+                q, k = Q[bi, :, h], K[bi, :, h]
+                if scheme == "rope":
+                    q, k = rotate(q), rotate(k)
+                logits = torch.zeros(n, n, dtype=torch.float64)
+                for i in range(n):
+                    for j in range(n):
+                        word = q[i] @ k[j]
+                        if scheme in ("bert-a", "rope"):
+                            a = word / math.sqrt(d)
+                        elif scheme == "bert-r":
+                            a = word / math.sqrt(d) + relative(h, i, j)
+                        elif scheme == "bert-a-d":
+                            a = (word + q[i] @ PK[j, h] + PQ[i, h] @ k[j] + PQ[i, h] @ PK[j, h]) / math.sqrt(
+                                4 * d
+                            )
+                        else:  # tupe-*
+                            v = PQ[i, h] @ PK[j, h] / math.sqrt(2 * d)
+                            if scheme in ("tupe-a", "tupe-r"):
+                                if i == 0:
+                                    v = theta1[h]
+                                elif j == 0:
+                                    v = theta2[h]
+                            if scheme in ("tupe-r", "tupe-r-tie-cls"):
+                                v = v + relative(h, i, j)
+                            a = word / math.sqrt(2 * d) + v
+                        if attention_mask[bi, j] == 0:
+                            a = -math.inf
+                        logits[i, j] = a
+                p = torch.softmax(logits, dim=-1)
+                probs[bi, h] = p
+                context[bi, :, h] = p @ V[bi, :, h]
+        attn = context.reshape(b, n, H) @ g(L + "attention_output.weight").T + g(L + "attention_output.bias")
+        x = layer_norm(x + attn, g(L + "attention_norm.weight"), g(L + "attention_norm.bias"), eps)
+        ffn = gelu(x @ g(L + "intermediate.weight").T + g(L + "intermediate.bias"))
+        ffn = ffn @ g(L + "output.weight").T + g(L + "output.bias")
+        x = layer_norm(x + ffn, g(L + "output_norm.weight"), g(L + "output_norm.bias"), eps)
+        hiddens.append(x)
+        attentions.append(probs)
+
+    mlm = None
+    if "lm_head.dense.weight" in sd:
+        t = gelu(x @ sd["lm_head.dense.weight"].T + sd["lm_head.dense.bias"])
+        t = layer_norm(t, sd["lm_head.LayerNorm.weight"], sd["lm_head.LayerNorm.bias"], eps)
+        mlm = t @ g("embeddings.word_embeddings.weight").T + sd["lm_head.bias"]
+    return hiddens, attentions, mlm

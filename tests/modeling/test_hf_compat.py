@@ -1,0 +1,163 @@
+"""transformers compatibility: BERT conversion oracle, Auto classes, save/load, remote code, heads, training."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForMaskedLM,
+)
+
+import tupe
+from tupe import TupeForMaskedLM, TupeForSequenceClassification, TupeModel
+
+from .conftest import tiny_config
+
+SCHEMES = list(tupe.POSITION_SCHEMES)
+
+
+def _bert(**kw):
+    config = BertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=48,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **kw,
+    )
+    torch.manual_seed(1)
+    bert = BertForMaskedLM(config).eval()
+    with torch.no_grad():  # non-trivial values everywhere, including the token-type embedding and biases
+        for p in bert.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return bert
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_from_bert_matches_transformers_bert(tmp_path, implementation):
+    bert = _bert()
+    bert.save_pretrained(tmp_path)
+    model = TupeForMaskedLM.from_bert(str(tmp_path)).eval()
+    model.config._attn_implementation = implementation
+    assert model.config.position_scheme == "bert-a"
+    ids = torch.randint(1, 60, (3, 20))
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, 14:] = 0
+    mask[2, 5:] = 0
+    expected = bert(ids, attention_mask=mask, output_hidden_states=True)
+    got = model(ids, attention_mask=mask, output_hidden_states=True)
+    keep = mask.bool()
+    for e, g in zip(expected.hidden_states, got.hidden_states):
+        torch.testing.assert_close(g[keep], e[keep], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.logits[keep], expected.logits[keep], atol=1e-4, rtol=1e-4)
+
+
+def test_from_bert_accepts_an_instance_and_ties_the_decoder():
+    model = TupeForMaskedLM.from_bert(_bert())
+    assert model.lm_head.decoder.weight.data_ptr() == model.tupe.embeddings.word_embeddings.weight.data_ptr()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_save_pretrained_round_trip_through_auto_classes(tmp_path, scheme):
+    model = TupeForMaskedLM(tiny_config(scheme)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    assert AutoConfig.from_pretrained(tmp_path).position_scheme == scheme
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is TupeForMaskedLM
+    ids = torch.randint(5, 50, (2, 11))
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, atol=0, rtol=0)
+    assert type(AutoModel.from_pretrained(tmp_path)) is TupeModel
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+    assert type(classifier) is TupeForSequenceClassification
+    torch.testing.assert_close(
+        classifier.tupe.positional.state_dict(), loaded.tupe.positional.state_dict(), atol=0, rtol=0
+    )
+
+
+def test_checkpoint_loads_with_trust_remote_code_without_tupe_installed(tmp_path):
+    model = TupeForMaskedLM(tiny_config("tupe-r")).eval()
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(5, 50, (1, 9))
+    expected = model(ids).logits
+    torch.save(ids, tmp_path / "ids.pt")
+    torch.save(expected, tmp_path / "expected.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.modules["tupe"] = None  # make `import tupe` impossible: only the checkpoint's own code may be used
+        from transformers import AutoModelForMaskedLM
+        model = AutoModelForMaskedLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
+        assert type(model).__module__ != "tupe.modeling.modeling_tupe", type(model).__module__
+        ids = torch.load({str(tmp_path / "ids.pt")!r})
+        torch.testing.assert_close(model(ids).logits, torch.load({str(tmp_path / "expected.pt")!r}))
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_sequence_classification_and_regression_losses():
+    ids = torch.randint(5, 50, (4, 9))
+    clf = TupeForSequenceClassification(tiny_config("tupe-a", num_labels=3))
+    labels = torch.tensor([0, 2, 1, 2])
+    out = clf(ids, labels=labels)
+    assert out.logits.shape == (4, 3)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
+    reg = TupeForSequenceClassification(tiny_config("tupe-a", num_labels=1))
+    targets = torch.tensor([0.5, 4.0, 2.5, 1.0])
+    out = reg(ids, labels=targets)
+    assert out.logits.shape == (4, 1)
+    torch.testing.assert_close(out.loss, torch.nn.functional.mse_loss(out.logits.squeeze(-1), targets))
+
+
+def test_sparse_and_dense_prediction_give_the_same_loss():
+    ids = torch.randint(5, 50, (2, 12))
+    labels = torch.full_like(ids, -100)
+    labels[0, 3], labels[1, 7], labels[1, 8] = 11, 12, 13
+    sparse = TupeForMaskedLM(tiny_config("tupe-a")).eval()
+    dense = TupeForMaskedLM(tiny_config("tupe-a", sparse_prediction=False)).eval()
+    dense.load_state_dict(sparse.state_dict())
+    s, d = sparse(ids, labels=labels), dense(ids, labels=labels)
+    assert s.logits.shape == (3, 50) and d.logits.shape == (2, 12, 50)
+    torch.testing.assert_close(s.loss, d.loss)
+    torch.testing.assert_close(s.logits, d.logits[labels != -100])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_scheme_trains(scheme):
+    """A few dozen AdamW steps on a tiny masked-LM task (shifted counting sequences) reduce the loss."""
+    torch.manual_seed(0)
+    model = TupeForMaskedLM(tiny_config(scheme, hidden_size=32, num_attention_heads=4, intermediate_size=64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        start = torch.randint(0, 15, (16, 1))
+        ids = (start + torch.arange(16)) % 15 + 5
+        ids[:, 0] = 1
+        labels = torch.full_like(ids, -100)
+        masked = torch.rand(16, 16) < 0.2
+        masked[:, 0] = False
+        labels[masked] = ids[masked]
+        loss = model(ids.masked_fill(masked, 3), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < first - 0.5, (first, last)

@@ -1,0 +1,194 @@
+"""Fast attention and dropout kernels behind `TupeSelfAttention`, each exact against the eager reference.
+
+Why these exist (measured on the project's 2-core AVX-512 CPU, see `docs/benchmarks.md`):
+- `torch.nn.functional.dropout` on CPU draws its mask with `bernoulli_`, several times slower than a uniform
+  draw and a comparison; with attention dropout, SDPA on CPU also falls back to its unfused "math" kernel, which
+  materialises scores, scaled scores, biased scores, probabilities and dropped probabilities as separate n x n
+  tensors. `biased_attention` keeps one n x n buffer in the forward pass (probabilities, softmax in place) plus a
+  one-byte keep mask, takes the content-free term (computed once per forward pass) as a broadcast (h, n, n)
+  tensor, never a (b x h, n, n) copy, and returns its gradient summed over the batch.
+- `fold_queries_keys` turns a low-rank content-free term (TUPE-A) and the key padding into extra query/key
+  columns, padded to a multiple of 8, so SDPA runs without any n x n mask (fused GPU kernels, long sequences).
+- `flex_bias_attention` (CUDA): `flex_attention` with the content-free term read inside the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# Logit added to padded keys in the folded path: far below any real logit, so exp() underflows to exactly 0,
+# yet finite (and representable in float16/bfloat16) so that 0 * it never produces NaN.
+FOLD_PAD_LOGIT = -1.0e4
+
+
+def _keep_mask(shape: torch.Size, p: float, like: torch.Tensor) -> torch.Tensor:
+    """Bernoulli(1 - p) keep mask from one uniform draw (2^-24 resolution, like `torch.rand`)."""
+    return torch.rand(shape, device=like.device, dtype=torch.float32) >= p
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        keep = _keep_mask(x.shape, p, x)
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return x * keep * ctx.scale
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad * keep * ctx.scale, None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout, same distribution as `F.dropout`, with a faster mask draw on CPU."""
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return torch.zeros_like(x)
+    if x.device.type != "cpu":
+        return nn.functional.dropout(x, p, True)
+    return _Dropout.apply(x, p)
+
+
+class FastDropout(nn.Dropout):
+    """`nn.Dropout` (same state dict, same semantics) using `dropout` above."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+class _BiasedAttention(torch.autograd.Function):
+    """softmax(q k^T * scale + bias + padding) with dropout, times v; see `biased_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, padding, scale: float, dropout_p: float):
+        s = torch.matmul(q * scale, k.transpose(-1, -2))  # (b, h, n, n): the only n x n float buffer kept
+        if bias is not None:
+            s.add_(bias)
+        if padding is not None:
+            s.add_(padding)
+        torch.softmax(s, dim=-1, out=s)
+        keep = None
+        if dropout_p > 0.0:
+            inv = 1.0 / (1.0 - dropout_p)
+            u = torch.rand(s.shape, device=s.device, dtype=torch.float32)
+            keep = u >= dropout_p
+            dropped = torch.mul(s, keep, out=u if u.dtype == s.dtype else None)
+            out = torch.matmul(dropped, v * inv)
+            del dropped, u
+        else:
+            out = torch.matmul(s, v)
+        ctx.save_for_backward(q, k, v, s, keep)
+        ctx.scale, ctx.dropout_p = scale, dropout_p
+        ctx.bias_shape = None if bias is None else bias.shape
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, probs, keep = ctx.saved_tensors
+        if keep is not None:
+            dout = dout * (1.0 / (1.0 - ctx.dropout_p))  # scale the small (n, d) side, not an n x n one
+            buf = torch.mul(probs, keep)
+            dv = torch.matmul(buf.transpose(-1, -2), dout) if ctx.needs_input_grad[2] else None
+            torch.matmul(dout, v.transpose(-1, -2), out=buf)
+            buf.mul_(keep)
+        else:
+            dv = torch.matmul(probs.transpose(-1, -2), dout) if ctx.needs_input_grad[2] else None
+            buf = torch.matmul(dout, v.transpose(-1, -2))
+        ds = torch._softmax_backward_data(buf, probs, -1, probs.dtype)  # P * (dP - rowsum(dP * P))
+        del buf
+        dq = torch.matmul(ds, k).mul_(ctx.scale) if ctx.needs_input_grad[0] else None
+        dk = torch.matmul(ds.transpose(-1, -2), q).mul_(ctx.scale) if ctx.needs_input_grad[1] else None
+        dbias = None
+        if ctx.bias_shape is not None and ctx.needs_input_grad[3]:
+            dbias = ds.sum_to_size(ctx.bias_shape)
+        return dq, dk, dv, dbias, None, None, None
+
+
+def biased_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    padding: torch.Tensor | None,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Attention with an additive content-free term shared by the batch, for training on CPU.
+
+    Args:
+        q, k, v: (b, h, n, d). bias: (h, n, n) or None, differentiable (it carries TUPE's positional gradient).
+        padding: (b, 1, 1, n) additive key mask (0 / dtype-min) or None. scale: factor on `q k^T`.
+    Returns (b, h, n, d). Equal to the eager reference (same dropout distribution; the mask comes from one
+    `torch.rand` draw). Float32/float64 only: under autocast the caller uses SDPA instead.
+    """
+    return _BiasedAttention.apply(q, k, v, bias, padding, scale, dropout_p)
+
+
+def fold_queries_keys(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    fold: tuple[torch.Tensor, torch.Tensor],
+    scale: float,
+    padding: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[q * scale, q_extra (, 1)] and [k, k_extra (, 0 or FOLD_PAD_LOGIT)], zero-padded to a multiple of 8.
+
+    `(q' k'^T)_ij = scale q_i.k_j + positional_ij (+ padding_j)` up to a per-query constant, so SDPA with
+    `scale=1` and no mask gives the reference attention. The padding column is per batch element, (b, h, n, 1);
+    nothing of size n x n is built. The multiple-of-8 width is what fused GPU kernels need.
+    """
+    b, h, n, d = q.shape
+    q_extra, k_extra = fold
+    q_extra = q_extra.to(q.dtype).expand(b, -1, -1, -1)
+    k_extra = k_extra.to(k.dtype).expand(b, -1, -1, -1)
+    q_parts, k_parts = [q * scale, q_extra], [k, k_extra]
+    width = d + q_extra.shape[-1]
+    if padding is not None:
+        masked = padding.reshape(b, 1, n, 1) < 0  # (b, 1, n, 1): True for padded keys
+        q_parts.append(q.new_ones(b, h, n, 1))
+        k_parts.append(torch.where(masked, FOLD_PAD_LOGIT, 0.0).to(k.dtype).expand(b, h, n, 1))
+        width += 1
+    extra = -width % 8
+    if extra:
+        q_parts.append(q.new_zeros(b, h, n, extra))
+        k_parts.append(k.new_zeros(b, h, n, extra))
+    return torch.cat(q_parts, dim=-1), torch.cat(k_parts, dim=-1)
+
+
+def flex_bias_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    padding: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """`flex_attention` with the (h, n, n) content-free term added inside the kernel (no (b, h, n, n) tensor,
+    no dropout: flex has none). Compiled on CUDA; elsewhere PyTorch runs its unfused reference (for tests)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    keep = None if padding is None else (padding.reshape(padding.shape[0], -1) >= 0)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        score = score + bias[h, q_idx, kv_idx]
+        if keep is not None:
+            score = torch.where(keep[b, kv_idx], score, -float("inf"))
+        return score
+
+    fn = _compiled_flex() if q.is_cuda else flex_attention
+    return fn(q, k, v, score_mod=score_mod, scale=scale)
+
+
+_COMPILED_FLEX = None
+
+
+def _compiled_flex():
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
