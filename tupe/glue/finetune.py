@@ -222,10 +222,16 @@ def load_tokenizer(path: str | Path, config: Any) -> Any:
     """The model's own tokenizer; it must start every sequence with [CLS], which the model's head reads."""
     from transformers import AutoTokenizer
 
+    path = Path(path)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        raise TupeError(
+            f"{path}: no tokenizer files (tokenizer.json); save the tokenizer with the model or pass --tokenizer DIR"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
-    except Exception as err:  # missing or unreadable tokenizer files
-        raise TupeError(f"{path}: cannot load a tokenizer ({type(err).__name__}: {err})") from None
+    except Exception as err:  # unreadable tokenizer files: the first line of the reason is enough
+        reason = " ".join(str(err).split("\n")[0].split())
+        raise TupeError(f"{path}: cannot load a tokenizer ({type(err).__name__}: {reason})") from None
     if tok.pad_token_id is None:
         if "[PAD]" in tok.get_vocab():
             tok.pad_token = "[PAD]"

@@ -1,0 +1,197 @@
+"""End to end through the CLI: a tiny checkpoint fine-tuned for a few steps on fixture tasks; results.json is
+complete, saved predictions reproduce the metrics, and an interrupted grid resumes without redoing runs."""
+
+import json
+import shutil
+
+import pytest
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score
+
+import tupe.glue.finetune as ft
+from tupe.cli import main
+from tupe.glue.finetune import read_predictions
+
+from .fixtures import make_checkpoint, write_task
+
+pytestmark = pytest.mark.slow
+
+
+def _glue(model, data, out, *extra):
+    return main(
+        ["glue", "--model", str(model), "--data-dir", str(data), "--out", str(out), "--epochs", "1",
+         "--batch-size", "16", *extra]
+    )  # fmt: skip
+
+
+@pytest.fixture
+def count_runs(monkeypatch):
+    """Count (and optionally interrupt) the training runs the grid starts."""
+    calls = []
+    real = ft.train_one
+
+    def wrapper(*args, **kwargs):
+        calls.append((args[3], args[4]))  # (lr, seed)
+        if wrapper.interrupt_at == len(calls):
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    wrapper.interrupt_at = None
+    monkeypatch.setattr(ft, "train_one", wrapper)
+    wrapper.calls = calls
+    return wrapper
+
+
+def test_mrpc_grid_results_predictions_and_resume(tiny_model, glue_dir, tmp_path, count_runs, capsys):
+    out = tmp_path / "mrpc"
+    args = ["--task", "mrpc", "--lrs", "1e-4,5e-5", "--seeds", "1,2"]
+    count_runs.interrupt_at = 3  # Ctrl-C during the third run
+    assert _glue(tiny_model, glue_dir, out, *args) == 130
+    partial = json.loads((out / "results.json").read_text())
+    assert not partial["complete"] and len(partial["runs"]) == 2
+
+    assert count_runs.calls == [(1e-4, 1), (1e-4, 2), (5e-5, 1)]
+    count_runs.interrupt_at = None
+    count_runs.calls.clear()
+    assert _glue(tiny_model, glue_dir, out, *args) == 0
+    assert count_runs.calls == [(5e-5, 1), (5e-5, 2)]  # nothing finished was redone
+
+    res = json.loads((out / "results.json").read_text())
+    assert res["complete"] and res["task"] == "MRPC" and res["scheme"] == "tupe-a"
+    assert len(res["runs"]) == 4 and set(res["per_lr"]) == {"0.0001", "5e-05"}
+    assert res["best"]["lr"] in (1e-4, 5e-5)
+    s = res["settings"]
+    assert (s["epochs"], s["batch_size"], s["warmup_ratio"], s["weight_decay"]) == (1.0, 16, 0.06, 0.01)
+    assert (s["adam_beta1"], s["adam_beta2"], s["adam_epsilon"], s["max_grad_norm"]) == (
+        0.9,
+        0.999,
+        1e-6,
+        1.0,
+    )
+    assert s["max_seq_len"] == 64  # capped at the model's max_position_embeddings
+    assert res["data"]["train_examples"] == 48 and res["data"]["dev_examples"] == {"dev": 24}
+    for run in res["runs"]:
+        assert run["steps"] == 3  # ceil(48 / 16) x 1 epoch
+        labels, preds = read_predictions(out / run["predictions"]["dev"])
+        assert len(labels) == 24
+        assert run["scores"]["dev"]["accuracy"] == pytest.approx(accuracy_score(labels, preds))
+        assert run["scores"]["dev"]["f1"] == pytest.approx(f1_score(labels, preds))
+    by_lr = [r["scores"]["dev"]["accuracy"] for r in res["runs"] if r["lr"] == 5e-5]
+    assert res["per_lr"]["5e-05"]["median"]["dev"]["accuracy"] == pytest.approx(sum(by_lr) / 2)
+
+    # Same command again: nothing to do. More seeds: only the new runs.
+    count_runs.calls.clear()
+    assert _glue(tiny_model, glue_dir, out, *args) == 0
+    assert count_runs.calls == []
+    assert _glue(tiny_model, glue_dir, out, "--task", "MRPC", "--lrs", "1e-4,5e-5", "--seeds", "1,2,3") == 0
+    assert count_runs.calls == [(1e-4, 3), (5e-5, 3)]
+    assert json.loads((out / "results.json").read_text())["best"]["n_seeds"] == 3
+
+    # A run without its result.json (killed while writing predictions) is redone.
+    (out / "runs" / "lr5e-05_seed2" / "result.json").unlink()
+    count_runs.calls.clear()
+    assert _glue(tiny_model, glue_dir, out, *args) == 0
+    assert count_runs.calls == [(5e-5, 2)]
+
+    # Other settings in the same --out: refused, one line.
+    capsys.readouterr()
+    assert _glue(tiny_model, glue_dir, out, *args, "--warmup-ratio", "0.1") == 2
+    err = capsys.readouterr().err
+    assert "other settings" in err and err.count("\n") == 1
+
+
+def test_stsb_regression(tiny_model, glue_dir, tmp_path):
+    out = tmp_path / "stsb"
+    assert _glue(tiny_model, glue_dir, out, "--task", "STS-B", "--lrs", "1e-4", "--seeds", "1") == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["metrics"] == ["pearson", "spearman"] and res["main_metric"] == "pearson"
+    run = res["runs"][0]
+    labels, preds = read_predictions(out / run["predictions"]["dev"])
+    assert all(isinstance(p, float) for p in preds) and len(set(preds)) > 1  # a score, not a class
+    assert run["scores"]["dev"]["pearson"] == pytest.approx(pearsonr(labels, preds)[0])
+    assert run["scores"]["dev"]["spearman"] == pytest.approx(spearmanr(labels, preds)[0])
+    assert res["best"]["main_median"] == pytest.approx(run["scores"]["dev"]["pearson"])
+
+
+def test_mnli_two_dev_sets_and_report(tiny_model, glue_dir, tmp_path, capsys):
+    out = tmp_path / "runs" / "mnli"
+    assert _glue(tiny_model, glue_dir, out, "--task", "MNLI", "--lrs", "1e-4", "--seeds", "1") == 0
+    res = json.loads((out / "results.json").read_text())
+    run = res["runs"][0]
+    assert set(run["predictions"]) == {"dev_matched", "dev_mismatched"}
+    for split in ("dev_matched", "dev_mismatched"):
+        labels, preds = read_predictions(out / run["predictions"][split])
+        assert run["scores"][split]["accuracy"] == pytest.approx(accuracy_score(labels, preds))
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "runs")]) == 0
+    table = capsys.readouterr().out
+    m = 100 * res["best"]["median"]["dev_matched"]["accuracy"]
+    mm = 100 * res["best"]["median"]["dev_mismatched"]["accuracy"]
+    assert f"| TUPE-A | ? | {m:.2f}/{mm:.2f} | {(m + mm) / 2:.2f} |" in table
+
+
+def test_bert_a_from_bert_and_pretrain_steps(glue_dir, tmp_path):
+    """A `bert-a` model converted from a transformers BERT fine-tunes the same way; steps come from trainer_state."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from tupe import TupeForMaskedLM
+
+    from .fixtures import make_tokenizer
+
+    tok = make_tokenizer()
+    bert = BertForMaskedLM(
+        BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    )  # fmt: skip
+    model_dir = tmp_path / "checkpoint-1500"
+    TupeForMaskedLM.from_bert(bert).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "rte"
+    assert _glue(model_dir, glue_dir, out, "--task", "RTE", "--lrs", "1e-4", "--seeds", "1") == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["scheme"] == "bert-a" and res["pretrain_steps"] == 1500
+    (model_dir / "trainer_state.json").write_text(json.dumps({"global_step": 2000}))
+    assert ft.pretrain_steps_of(model_dir) == 2000
+
+
+def test_user_errors_are_one_line(tiny_model, glue_dir, tmp_path, capsys):
+    def err_of(*argv):
+        capsys.readouterr()
+        assert main(list(argv)) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+
+    base = ["glue", "--model", str(tiny_model), "--out", str(tmp_path / "o")]
+    err = err_of(*base, "--task", "CoLA", "--data-dir", str(glue_dir), "--scheme", "tupe-r")
+    assert "--scheme tupe-r does not match the checkpoint's position_scheme 'tupe-a'" in err
+    assert "config.json" in err
+    assert "unknown GLUE task 'MRCP'" in err_of(*base, "--task", "MRCP", "--data-dir", str(glue_dir))
+
+    bad = tmp_path / "bad"
+    d = write_task(bad, "QQP")
+    lines = (d / "dev.tsv").read_text().split("\n")
+    lines[9] = lines[9] + "\textra"
+    (d / "dev.tsv").write_text("\n".join(lines))
+    err = err_of(*base, "--task", "QQP", "--data-dir", str(bad))
+    assert f"{d / 'dev.tsv'}:10: malformed row: 7 tab-separated fields, expected 6" in err
+
+    err = err_of(*base, "--task", "CoLA", "--data-dir", str(glue_dir), "--max-seq-len", "100")
+    assert "exceeds the model's max_position_embeddings 64" in err
+
+    no_tok = tmp_path / "no_tok"
+    shutil.copytree(tiny_model, no_tok)
+    for f in no_tok.glob("tokenizer*"):
+        f.unlink()
+    assert "no tokenizer files" in err_of(*base[:2], str(no_tok), *base[3:], "--task", "CoLA",
+                                                "--data-dir", str(glue_dir))  # fmt: skip
+
+
+def test_scheme_flag_accepts_the_matching_scheme(tmp_path, glue_dir):
+    model = make_checkpoint(tmp_path / "tupe-r", scheme="tupe-r")
+    out = tmp_path / "wnli"
+    assert (
+        _glue(model, glue_dir, out, "--task", "WNLI", "--lrs", "1e-4", "--seeds", "1", "--scheme", "tupe-r")
+        == 0
+    )
+    assert json.loads((out / "results.json").read_text())["scheme"] == "tupe-r"

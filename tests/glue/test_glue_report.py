@@ -1,0 +1,141 @@
+"""The protocol's summary (median over seeds, best lr) and the Table-1-shaped report, on hand-made results."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from tupe.cli import main
+from tupe.errors import TupeError
+from tupe.glue.finetune import summarize
+from tupe.glue.report import PAPER_COLUMNS, PAPER_ROWS, average, make_report, paper_rows
+from tupe.glue.tasks import get_task
+
+
+def _run(lr, seed, acc, f1=0.5):
+    return {"lr": lr, "seed": seed, "scores": {"dev": {"accuracy": acc, "f1": f1}}}
+
+
+def test_median_over_seeds_and_best_lr():
+    task = get_task("MRPC")
+    runs = [_run(2e-5, s, a) for s, a in zip(range(1, 6), [0.70, 0.90, 0.71, 0.72, 0.10])]
+    runs += [_run(3e-5, s, a) for s, a in zip(range(1, 6), [0.80, 0.60, 0.69, 0.70, 0.95])]
+    out = summarize(task, runs, [2e-5, 3e-5], [1, 2, 3, 4, 5])
+    assert out["per_lr"]["2e-05"]["main_median"] == pytest.approx(0.71)
+    assert out["per_lr"]["3e-05"]["main_median"] == pytest.approx(0.70)
+    # 3e-5 has the best single run but 2e-5 the best median: the median decides
+    assert out["best"]["lr"] == 2e-5
+    assert out["best"]["median"]["dev"]["f1"] == pytest.approx(0.5)
+    assert out["per_lr"]["2e-05"]["complete"]
+
+
+def test_incomplete_lr_and_undefined_scores():
+    task = get_task("STS-B")
+    runs = [
+        {"lr": 1e-5, "seed": 1, "scores": {"dev": {"pearson": None, "spearman": None}}},
+        {"lr": 1e-5, "seed": 2, "scores": {"dev": {"pearson": 0.5, "spearman": 0.4}}},
+        {"lr": 1e-5, "seed": 3, "scores": {"dev": {"pearson": 0.6, "spearman": 0.6}}},
+    ]
+    out = summarize(task, runs, [1e-5, 2e-5], [1, 2, 3, 4])
+    lr = out["per_lr"]["1e-05"]
+    assert lr["main_median"] == pytest.approx(0.5)  # the undefined score counts as the lowest
+    assert not lr["complete"] and "2e-05" not in out["per_lr"]
+
+
+def test_mnli_uses_matched_for_selection():
+    task = get_task("MNLI")
+    runs = [
+        {
+            "lr": 1e-5,
+            "seed": 1,
+            "scores": {"dev_matched": {"accuracy": 0.6}, "dev_mismatched": {"accuracy": 0.9}},
+        },
+        {
+            "lr": 2e-5,
+            "seed": 1,
+            "scores": {"dev_matched": {"accuracy": 0.7}, "dev_mismatched": {"accuracy": 0.1}},
+        },
+    ]
+    out = summarize(task, runs, [1e-5, 2e-5], [1])
+    assert out["best"]["lr"] == 2e-5 and out["best"]["median"]["dev_mismatched"]["accuracy"] == 0.1
+
+
+def test_paper_rows_average_matches_the_paper():
+    stated = {"BERT-A": 82.96, "BERT-R": 83.66, "TUPE-A": 84.47, "TUPE-R": 85.04, "TUPE-R mid": 83.68}
+    rows = {r.name: r for r in paper_rows()}
+    for name, avg in stated.items():
+        assert average(rows[name], PAPER_COLUMNS)[0] == pytest.approx(avg, abs=0.006)
+    assert len(PAPER_ROWS) == 8
+
+
+def _results(tmp_path, name, task, scheme, steps, sha, best_median, complete=True):
+    t = get_task(task)
+    d = tmp_path / name
+    d.mkdir(parents=True)
+    data = {
+        "format": 1,
+        "task": t.name,
+        "scheme": scheme,
+        "pretrain_steps": steps,
+        "model": {"path": f"/models/{scheme}-{steps}", "scheme": scheme, "weights_sha256": sha},
+        "complete": complete,
+        "best": {"lr": 2e-5, "main_median": 0.0, "n_seeds": 5, "median": best_median},
+    }
+    (d / "results.json").write_text(json.dumps(data))
+    return d
+
+
+def _fill(tmp_path):
+    _results(tmp_path / "tupe", "MNLI", "MNLI", "tupe-a", 30000, "aa",
+             {"dev_matched": {"accuracy": 0.61}, "dev_mismatched": {"accuracy": 0.62}})  # fmt: skip
+    _results(tmp_path / "tupe", "CoLA", "CoLA", "tupe-a", 30000, "aa", {"dev": {"mcc": 0.2}})
+    _results(
+        tmp_path / "tupe",
+        "STS-B",
+        "STS-B",
+        "tupe-a",
+        30000,
+        "aa",
+        {"dev": {"pearson": 0.7, "spearman": 0.69}},
+    )
+    _results(tmp_path / "bert", "CoLA", "CoLA", "bert-a", 30000, "bb", {"dev": {"mcc": 0.1}}, complete=False)
+    _results(tmp_path / "bert", "MRPC", "MRPC", "bert-a", 30000, "bb", {"dev": {"accuracy": 0.7, "f1": 0.8}})
+
+
+def test_report_table(tmp_path):
+    _fill(tmp_path)
+    md, csv_text = make_report([str(tmp_path)])
+    lines = md.splitlines()
+    assert lines[0] == "| model | steps | MNLI-m/mm | CoLA | MRPC | STS | Avg |"
+    tupe_row = next(line for line in lines if line.startswith("| TUPE-A"))
+    assert tupe_row == "| TUPE-A | 30k | 61.00/62.00 | 20.00 | - | 70.00 | 53.25* |"
+    bert_row = next(line for line in lines if line.startswith("| BERT-A"))
+    assert "10.00†" in bert_row and "| 40.00* |" in bert_row
+    assert "spearman 69.00" in md  # secondary metrics in the details list
+    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    assert {r["model"] for r in rows} == {"TUPE-A", "BERT-A"}
+    tupe = next(r for r in rows if r["model"] == "TUPE-A")
+    assert float(tupe["MNLI-mm"]) == pytest.approx(62.0) and tupe["MRPC"] == "" and tupe["steps"] == "30000"
+
+
+def test_report_with_paper_rows_and_cli(tmp_path, capsys):
+    _fill(tmp_path)
+    out = tmp_path / "table.md"
+    assert main(["report", str(tmp_path / "tupe"), str(tmp_path / "bert"), "--paper", "--out", str(out)]) == 0
+    md = out.read_text()
+    assert "| TUPE-R (paper) | 1M | 86.21/86.19 | 63.56 | 89.89 | 89.23 |" in md
+    assert (tmp_path / "table.csv").is_file()
+    assert md in capsys.readouterr().out
+
+
+def test_report_errors(tmp_path, capsys):
+    with pytest.raises(TupeError, match="no results.json"):
+        make_report([str(tmp_path)])
+    _results(tmp_path / "a", "x", "CoLA", "tupe-a", 1, "aa", {"dev": {"mcc": 0.2}})
+    _results(tmp_path / "b", "x", "CoLA", "tupe-a", 1, "aa", {"dev": {"mcc": 0.3}})
+    with pytest.raises(TupeError, match="a second CoLA result"):
+        make_report([str(tmp_path)])
+    (tmp_path / "bad.json").write_text("{")
+    assert main(["report", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json:1: not valid JSON" in capsys.readouterr().err
