@@ -1,0 +1,248 @@
+"""Finding and reading a pre-training corpus.
+
+A corpus is a list of *sources*: plain-text files (`.gz` allowed), folders of them (read recursively), glob patterns,
+or a `datasets` dataset saved with `save_to_disk`. Text is read as a stream of lines in bounded chunks so a corpus
+larger than memory works, and every problem (missing, empty, not UTF-8) is a one-line `TupeError` naming the file.
+
+Document boundaries (where the packer puts a [SEP]): a blank line or the end of a file; for a `datasets` dataset
+each row is one document. The built-in default corpus stores one paragraph per line and one book per file, so there
+one book is one document, as in RoBERTa's input format (one sentence or paragraph per line, blank line between
+documents).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tupe.errors import TupeError
+
+DEFAULT_CORPUS_DIR = Path(__file__).parent / "default_corpus"
+_READ_CHUNK = 8 << 20  # bytes per read; lines never straddle chunks (we cut at the last newline)
+_TEXT_SUFFIXES_SKIPPED = {".md"}  # PROVENANCE.md and similar notes next to a corpus are not training text
+
+
+@dataclass
+class Corpus:
+    """Resolved corpus: text files and/or on-disk `datasets` datasets, in a fixed (sorted) order."""
+
+    files: list[Path] = field(default_factory=list)
+    datasets: list[Path] = field(default_factory=list)
+    text_column: str = "text"
+    name: str = ""
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes on disk of the text files (compressed size for `.gz`); used for progress bars only."""
+        return sum(p.stat().st_size for p in self.files)
+
+    def fingerprint(self) -> str:
+        """Content hash of the whole corpus (not of its paths), so identical text reuses the same caches."""
+        h = hashlib.sha256(b"tupe-corpus-v1")
+        for path in self.files:
+            fh = hashlib.sha256()
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 22):
+                    fh.update(chunk)
+            h.update(b"file:" + fh.digest())
+        for path in self.datasets:
+            ds = _load_dataset(path)
+            h.update(f"dataset:{ds._fingerprint}:{self.text_column}".encode())
+        return h.hexdigest()[:20]
+
+    def describe(self) -> str:
+        parts = []
+        if self.files:
+            parts.append(f"{len(self.files)} text file(s), {self.total_bytes / 1e6:.1f} MB")
+        if self.datasets:
+            parts.append(f"{len(self.datasets)} dataset(s)")
+        return (self.name + ": " if self.name else "") + ", ".join(parts)
+
+
+def _is_dataset_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / n).exists() for n in ("state.json", "dataset_dict.json"))
+
+
+def _load_dataset(path: Path):  # noqa: ANN202 - datasets.Dataset, imported lazily
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as err:  # noqa: BLE001 - any failure here is a bad user path
+        raise TupeError(f"{path}: cannot load as a `datasets` dataset ({err})") from err
+    if isinstance(ds, datasets.DatasetDict):
+        split = "train" if "train" in ds else next(iter(ds))
+        ds = ds[split]
+    return ds
+
+
+def _files_in(folder: Path) -> list[Path]:
+    out = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for n in sorted(names):
+            p = Path(root) / n
+            if n.startswith(".") or p.suffix.lower() in _TEXT_SUFFIXES_SKIPPED:
+                continue
+            out.append(p)
+    return out
+
+
+def resolve_corpus(sources: list[str] | str | None, text_column: str = "text") -> Corpus:
+    """Turn user-given paths/folders/globs into a `Corpus`; `None` or `[]` means the built-in default corpus."""
+    if sources is None or sources == []:
+        corpus = resolve_corpus([str(DEFAULT_CORPUS_DIR)], text_column)
+        corpus.name = "built-in default corpus"
+        return corpus
+    if isinstance(sources, str | os.PathLike):
+        sources = [str(sources)]
+    corpus = Corpus(text_column=text_column)
+    seen: set[Path] = set()
+    for src in sources:
+        src = os.path.expanduser(str(src))
+        if any(ch in src for ch in "*?["):
+            matches = sorted(Path(m) for m in glob.glob(src, recursive=True))
+            if not matches:
+                raise TupeError(f"corpus pattern {src!r} matches no file")
+        else:
+            path = Path(src)
+            if not path.exists():
+                raise TupeError(f"corpus path not found: {src}")
+            matches = [path]
+        for m in matches:
+            if _is_dataset_dir(m):
+                corpus.datasets.append(m)
+            elif m.is_dir():
+                files = _files_in(m)
+                if not files:
+                    raise TupeError(f"corpus folder {m} holds no text file")
+                for f in files:
+                    if f.resolve() not in seen:
+                        seen.add(f.resolve())
+                        corpus.files.append(f)
+            elif m.is_file():
+                if m.resolve() not in seen:
+                    seen.add(m.resolve())
+                    corpus.files.append(m)
+    if not corpus.files and not corpus.datasets:
+        raise TupeError(f"corpus {sources!r} holds no text")
+    return corpus
+
+
+def _open_binary(path: Path):  # noqa: ANN202 - a binary file object
+    try:
+        if path.suffix == ".gz":
+            return gzip.open(path, "rb")
+        return path.open("rb")
+    except OSError as err:
+        raise TupeError(f"cannot read corpus file {path}: {err.strerror or err}") from err
+
+
+def iter_file_lines(path: Path) -> Iterator[list[str]]:
+    """Yield lists of lines of one file (decoded, CRLF removed), reading bounded chunks.
+
+    Raises a one-line `TupeError` with the byte offset (in the decompressed stream for `.gz`) if the file is not
+    UTF-8, and one if it holds no text at all.
+    """
+    offset = 0  # byte offset of `pending` in the (decompressed) file
+    pending = b""
+    any_text = False
+    with _open_binary(path) as fh:
+        while True:
+            try:
+                chunk = fh.read(_READ_CHUNK)
+            except (OSError, EOFError, gzip.BadGzipFile) as err:
+                raise TupeError(f"cannot read corpus file {path}: {err}") from err
+            data = pending + chunk
+            if not data:
+                break
+            if chunk:
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:  # no newline yet: keep reading (a line longer than the chunk)
+                    pending = data
+                    continue
+                body, pending = data[:cut], data[cut:]
+            else:
+                body, pending = data, b""
+            if offset == 0 and body.startswith(b"\xef\xbb\xbf"):
+                body = body[3:]
+                offset = 3
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise TupeError(
+                    f"corpus file {path} is not UTF-8: invalid byte 0x{body[err.start]:02x} at byte offset "
+                    f"{offset + err.start}{' (decompressed)' if path.suffix == '.gz' else ''}"
+                ) from None
+            offset += len(body)
+            lines = text.replace("\r", "").split("\n")
+            if lines and lines[-1] == "":
+                lines.pop()
+            if not any_text and any(ln.strip() for ln in lines):
+                any_text = True
+            yield lines
+            if not chunk:
+                break
+    if not any_text:
+        raise TupeError(f"corpus file {path} is empty (no text)")
+
+
+def iter_line_batches(
+    corpus: Corpus, batch_lines: int = 20000
+) -> Iterator[tuple[list[str], list[bool], int]]:
+    """Yield `(lines, ends_document, bytes_done)`: non-empty stripped lines, whether each closes a document.
+
+    A document ends at a blank line, at the end of a file and at the end of a dataset row. `bytes_done` is the
+    progress in on-disk bytes of the text files (for progress bars).
+    """
+    lines_out: list[str] = []
+    ends: list[bool] = []
+    done = 0
+    for path in corpus.files:
+        for lines in iter_file_lines(path):
+            for raw in lines:
+                s = raw.strip()
+                if s:
+                    lines_out.append(s)
+                    ends.append(False)
+                elif ends and not ends[-1]:
+                    ends[-1] = True
+            if len(lines_out) > batch_lines:
+                # hold the last line back: it may still turn out to close the document (end of file)
+                yield lines_out[:-1], ends[:-1], done
+                lines_out, ends = lines_out[-1:], ends[-1:]
+        if ends:
+            ends[-1] = True
+        done += path.stat().st_size
+        if len(lines_out) >= batch_lines:
+            yield lines_out, ends, done
+            lines_out, ends = [], []
+    for path in corpus.datasets:
+        ds = _load_dataset(path)
+        if corpus.text_column not in ds.column_names:
+            raise TupeError(
+                f"dataset {path} has no column {corpus.text_column!r} (columns: {', '.join(ds.column_names)}); "
+                "pick one with --text-column"
+            )
+        n_rows = 0
+        for batch in ds.iter(batch_size=2000):
+            for row in batch[corpus.text_column]:
+                if not isinstance(row, str):
+                    continue
+                row_lines = [s for s in (ln.strip() for ln in row.split("\n")) if s]
+                if row_lines:
+                    n_rows += 1
+                    lines_out.extend(row_lines)
+                    ends.extend([False] * (len(row_lines) - 1) + [True])
+            if len(lines_out) >= batch_lines:
+                yield lines_out, ends, done
+                lines_out, ends = [], []
+        if n_rows == 0:
+            raise TupeError(f"dataset {path} is empty (no text in column {corpus.text_column!r})")
+    if lines_out:
+        yield lines_out, ends, done

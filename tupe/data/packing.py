@@ -1,0 +1,206 @@
+"""Tokenize a corpus once into a flat token stream on disk and view it as RoBERTa "full-sentences" blocks.
+
+The stream is the concatenation over documents of `tokens(document) + [SEP]` (the extra separator between
+documents of RoBERTa's FULL-SENTENCES). Block `i` of length `L` is `[CLS] + stream[i*(L-1) : (i+1)*(L-1)]`: blocks
+cross document boundaries, every token of the stream is in exactly one block, and only the last block can be
+shorter (it is padded by the collator). The train/valid split is by block: every `valid_every`-th block
+(index % valid_every == valid_every - 1) is validation, i.e. 199:1 by default; deterministic and independent of
+seeds, so every scheme of a comparison is trained and evaluated on identical data.
+
+The stream is cached in `CACHE/packed/KEY/` (KEY = hash of corpus content + tokenizer definition) and written
+atomically (temp folder, then rename), so concurrent runs and later runs reuse it. The block length only changes
+the view, not the stream, so it is applied at load time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tupe.data.tokenizer import CLS_ID, SEP_ID, tokenizer_fingerprint
+from tupe.errors import TupeError
+
+PACK_VERSION = "stream-v1"
+_GROUP_CHARS = 4096  # lines of one document are joined (with " ") into encoder inputs of about this size
+
+
+def default_cache_dir() -> Path:
+    """`$TUPE_CACHE` if set, else `~/.cache/tupe`."""
+    return Path(os.environ.get("TUPE_CACHE") or Path.home() / ".cache" / "tupe")
+
+
+@dataclass
+class PackedCorpus:
+    """A token stream on disk viewed as blocks of `block_size` tokens (the first one [CLS])."""
+
+    path: Path
+    stream: np.ndarray
+    block_size: int
+    meta: dict
+
+    @property
+    def content_len(self) -> int:
+        return self.block_size - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.stream.shape[0])
+
+    def __len__(self) -> int:
+        return -(-self.num_tokens // self.content_len)
+
+    def block(self, i: int) -> np.ndarray:
+        """Block `i` as int64 ids: [CLS] followed by up to `block_size - 1` stream tokens."""
+        c = self.content_len
+        body = self.stream[i * c : (i + 1) * c]
+        out = np.empty(body.shape[0] + 1, dtype=np.int64)
+        out[0] = CLS_ID
+        out[1:] = body
+        return out
+
+    def split(self, valid_every: int = 200) -> tuple[np.ndarray, np.ndarray]:
+        """Deterministic (train block indices, valid block indices); 1 in `valid_every` blocks is validation."""
+        n = len(self)
+        if n < 2:
+            raise TupeError(
+                f"corpus too small: {self.num_tokens} tokens make {n} block(s) of {self.block_size}; need at least 2"
+            )
+        idx = np.arange(n)
+        is_valid = (idx % valid_every) == (valid_every - 1)
+        if not is_valid.any():  # tiny corpus: hold out the last full block
+            is_valid[n - 2 if n * self.content_len > self.num_tokens else n - 1] = True
+        return idx[~is_valid], idx[is_valid]
+
+
+def _group_lines(lines: list[str], ends: list[bool]) -> tuple[list[str], list[bool]]:
+    """Join consecutive lines of one document with spaces into ~4 KB encoder inputs.
+
+    With a byte-level BPE that adds a prefix space, encoding `"a b"` equals encoding `"a"` then `"b"`, so this
+    changes no token; it only cuts the per-input overhead of the fast tokenizer (hard-wrapped text has ~60-char
+    lines).
+    """
+    items: list[str] = []
+    item_ends: list[bool] = []
+    cur: list[str] = []
+    size = 0
+    for s, e in zip(lines, ends):
+        cur.append(s)
+        size += len(s) + 1
+        if e or size >= _GROUP_CHARS:
+            items.append(" ".join(cur))
+            item_ends.append(e)
+            cur, size = [], 0
+    if cur:
+        items.append(" ".join(cur))
+        item_ends.append(False)
+    return items, item_ends
+
+
+def encode_to_stream(corpus, tokenizer, out_file: Path, progress: bool = True) -> dict:  # noqa: ANN001
+    """Tokenize every document (batch fast tokenizer, parallel in Rust), append ids + [SEP] to `out_file`."""
+    from tqdm.auto import tqdm
+
+    from tupe.data.corpus import iter_line_batches
+
+    backend = tokenizer.backend_tokenizer
+    if hasattr(backend.model, "_resize_cache"):
+        backend.model._resize_cache(1 << 20)  # BPE word cache: most words repeat, this saves most merges
+    vocab = len(tokenizer)
+    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
+    n_tokens = n_docs = n_chars = 0
+    t0 = time.perf_counter()
+    total = corpus.total_bytes or None
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, desc="tokenize+pack", disable=not progress, leave=False
+    )
+    with out_file.open("wb") as fh:
+        for lines, ends, done in iter_line_batches(corpus):
+            items, item_ends = _group_lines(lines, ends)
+            encs = backend.encode_batch_fast(items, add_special_tokens=False)
+            lens = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
+            flat = np.fromiter(
+                itertools.chain.from_iterable(e.ids for e in encs), dtype=dtype, count=int(lens.sum())
+            )
+            # a [SEP] after the last piece of every document
+            doc_end_pos = np.cumsum(lens)[np.asarray(item_ends, dtype=bool)]
+            flat = np.insert(flat, doc_end_pos, np.asarray(SEP_ID, dtype=dtype))
+            flat.tofile(fh)
+            n_tokens += int(flat.shape[0])
+            n_docs += int(doc_end_pos.shape[0])
+            n_chars += sum(map(len, lines))
+            if total:
+                bar.n = done
+                bar.refresh()
+    bar.close()
+    seconds = time.perf_counter() - t0
+    return {
+        "num_tokens": n_tokens,
+        "num_documents": n_docs,
+        "num_chars": n_chars,
+        "dtype": np.dtype(dtype).name,
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(n_tokens / max(seconds, 1e-9)),
+    }
+
+
+def packed_cache_key(corpus, tokenizer) -> str:  # noqa: ANN001
+    src = json.dumps([PACK_VERSION, corpus.fingerprint(), tokenizer_fingerprint(tokenizer)])
+    return hashlib.sha256(src.encode()).hexdigest()[:20]
+
+
+def load_or_build_packed(
+    corpus,  # noqa: ANN001 - tupe.data.corpus.Corpus
+    tokenizer,  # noqa: ANN001
+    block_size: int,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+    log=print,  # noqa: ANN001
+) -> PackedCorpus:
+    """Return the packed corpus, tokenizing only if no cached stream exists for (corpus, tokenizer)."""
+    if block_size < 2:
+        raise TupeError(f"block size (max length) must be at least 2, got {block_size}")
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = packed_cache_key(corpus, tokenizer)
+    target = cache_dir / "packed" / key
+    if not (target / "meta.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+        try:
+            log(f"data: tokenizing {corpus.describe()}")
+            meta = encode_to_stream(corpus, tokenizer, tmp / "stream.bin", progress=progress)
+            meta.update(
+                corpus=corpus.describe(),
+                corpus_fingerprint=corpus.fingerprint(),
+                tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+                version=PACK_VERSION,
+            )
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+            try:
+                os.replace(tmp, target)
+            except OSError:  # another process finished first; theirs is identical
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log(
+            f"data: {meta['num_tokens']:,} tokens from {meta['num_documents']:,} documents in {meta['seconds']:.1f} s "
+            f"({meta['tokens_per_second']:,} tokens/s), cached in {target}"
+        )
+    else:
+        log(f"data: reusing cached token stream {target}")
+    meta = json.loads((target / "meta.json").read_text())
+    if meta["num_tokens"] == 0:
+        raise TupeError(f"corpus {meta['corpus']} produced no tokens")
+    stream = np.memmap(
+        target / "stream.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],)
+    )
+    return PackedCorpus(path=target, stream=stream, block_size=block_size, meta=meta)

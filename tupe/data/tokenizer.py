@@ -1,0 +1,174 @@
+"""The project's tokenizer: byte-level BPE trained with `tokenizers`, wrapped as a `PreTrainedTokenizerFast`.
+
+Contract relied on by every other part of `tupe` (see docs/pretraining.md): special tokens "[PAD]"=0, "[CLS]"=1,
+"[SEP]"=2, "[MASK]"=3, "[UNK]"=4; a post-processor producing `[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]`;
+`model_input_names=["input_ids", "attention_mask"]` (no token types). Saved next to the model, so
+`AutoTokenizer.from_pretrained(DIR)` works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tupe.errors import TupeError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]")
+PAD_ID, CLS_ID, SEP_ID, MASK_ID, UNK_ID = range(5)
+TOKENIZER_VERSION = "bytebpe-v1"
+
+
+def _wrap(backend) -> PreTrainedTokenizerFast:  # noqa: ANN001 - backend is a tokenizers.Tokenizer
+    """Wrap a `tokenizers.Tokenizer` (with our special tokens and post-processor) for transformers."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        unk_token="[UNK]",
+        bos_token="[CLS]",
+        eos_token="[SEP]",
+        model_input_names=["input_ids", "attention_mask"],
+        padding_side="right",
+        model_max_length=int(1e30),
+    )
+    return tok
+
+
+def _new_backend(vocab_size: int):  # noqa: ANN202
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    backend = Tokenizer(models.BPE(unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", CLS_ID), ("[SEP]", SEP_ID)],
+    )
+    return backend
+
+
+def train_tokenizer(
+    corpus,  # noqa: ANN001 - tupe.data.corpus.Corpus
+    vocab_size: int = 32768,
+    min_frequency: int = 2,
+    max_bytes: int | None = None,
+    show_progress: bool = True,
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on the corpus (or its first `max_bytes` characters) and return it wrapped.
+
+    Training is deterministic for a given corpus and settings, so the cached result is shared by all runs.
+    """
+    from tokenizers import AddedToken, pre_tokenizers, trainers
+
+    from tupe.data.corpus import iter_line_batches
+
+    if vocab_size < 256 + len(SPECIAL_TOKENS) + 1:
+        raise TupeError(f"--vocab-size {vocab_size} is too small for a byte-level BPE (needs at least 262)")
+    backend = _new_backend(vocab_size)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+
+    def batches():  # noqa: ANN202
+        seen = 0
+        for lines, _ends, _done in iter_line_batches(corpus):
+            yield lines
+            seen += sum(map(len, lines))
+            if max_bytes is not None and seen >= max_bytes:
+                return
+
+    backend.train_from_iterator(batches(), trainer=trainer)
+    # "The [MASK] sat": let the mask absorb the space before it, as RoBERTa's <mask> does
+    backend.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True, normalized=False)])
+    vocab = backend.get_vocab()
+    for i, t in enumerate(SPECIAL_TOKENS):
+        if vocab.get(t) != i:
+            raise RuntimeError(f"special token {t} got id {vocab.get(t)}, expected {i}")
+    return _wrap(backend)
+
+
+def check_tokenizer(tok, where: str = "tokenizer") -> None:  # noqa: ANN001
+    """Raise a `TupeError` unless `tok` follows the project's special-token contract."""
+    for i, t in enumerate(SPECIAL_TOKENS):
+        got = tok.convert_tokens_to_ids(t)
+        if got != i:
+            raise TupeError(
+                f"{where}: special token {t} has id {got}, the tupe models need {i}; "
+                "train one with `tupe pretrain --vocab-size N` or fix its special tokens"
+            )
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
+    """Load an existing tokenizer directory (or a `tokenizer.json` file) and check the special-token contract."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if path.is_file() and path.suffix == ".json":
+        try:
+            tok = _wrap(Tokenizer.from_file(str(path)))
+        except Exception as err:  # noqa: BLE001
+            raise TupeError(f"{path}: not a tokenizers JSON file ({err})") from err
+    elif path.is_dir():
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path))
+        except Exception as err:  # noqa: BLE001
+            raise TupeError(f"{path}: cannot load a tokenizer from this folder ({err})") from err
+    else:
+        raise TupeError(f"tokenizer not found: {path}")
+    if not getattr(tok, "is_fast", False):
+        raise TupeError(f"{path}: tupe needs a fast (tokenizers-backed) tokenizer")
+    check_tokenizer(tok, str(path))
+    tok.model_input_names = ["input_ids", "attention_mask"]
+    return tok
+
+
+def tokenizer_fingerprint(tok) -> str:  # noqa: ANN001
+    """Hash of the tokenizer's full definition (vocab, merges, normalisation); keys the packed-data cache."""
+    return hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+
+
+def get_or_train_tokenizer(
+    corpus,  # noqa: ANN001
+    cache_dir: Path,
+    vocab_size: int,
+    min_frequency: int = 2,
+    max_bytes: int | None = None,
+    log=print,  # noqa: ANN001
+) -> PreTrainedTokenizerFast:
+    """Train the BPE once per (corpus, settings) and keep it in `cache_dir/tokenizers/KEY`; reuse it later."""
+    from transformers import AutoTokenizer
+
+    key_src = json.dumps([TOKENIZER_VERSION, corpus.fingerprint(), vocab_size, min_frequency, max_bytes])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
+    target = Path(cache_dir) / "tokenizers" / key
+    if (target / "tokenizer.json").exists():
+        log(f"tokenizer: reusing cached BPE ({vocab_size} entries) from {target}")
+        return AutoTokenizer.from_pretrained(str(target))
+    log(f"tokenizer: training byte-level BPE with {vocab_size} entries on {corpus.describe()}")
+    tok = train_tokenizer(corpus, vocab_size, min_frequency, max_bytes)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+    tok.save_pretrained(str(tmp))
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process won the race: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(str(target))
