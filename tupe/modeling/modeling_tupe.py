@@ -162,6 +162,17 @@ class TupePreTrainedModel(PreTrainedModel):
         elif isinstance(module, TupeLMHead):
             init.zeros_(module.bias)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # Map every Auto class, not only the saved one, so a checkpoint loaded with trust_remote_code works as
+        # AutoModel, AutoModelForMaskedLM and AutoModelForSequenceClassification alike.
+        self.config.auto_map = {
+            "AutoConfig": "configuration_tupe.TupeConfig",
+            "AutoModel": "modeling_tupe.TupeModel",
+            "AutoModelForMaskedLM": "modeling_tupe.TupeForMaskedLM",
+            "AutoModelForSequenceClassification": "modeling_tupe.TupeForSequenceClassification",
+        }
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     def _attn_implementation_name(self) -> str:
         impl = getattr(self.config, "_attn_implementation", None) or "sdpa"
         return "eager" if impl == "eager" else "sdpa"
