@@ -100,6 +100,8 @@ def test_decompose_averages_and_checks(tokenizer):
     expected = float(dec.mean["word_pos"].std(-1, unbiased=False).mean())
     assert st["word_pos"]["row_std"] == pytest.approx(expected, rel=1e-5)
     assert st["total"]["relative_row_std"] == pytest.approx(1.0)
+    per_example = float(terms["pos_word"].std(-1, unbiased=False).mean())
+    assert st["pos_word"]["row_std_per_example"] == pytest.approx(per_example, rel=1e-6)
 
 
 def test_uniform_term_has_zero_row_std():

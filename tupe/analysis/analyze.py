@@ -177,9 +177,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if "decomposition" in result:
         st = result["decomposition"]["stats"]
-        print("first-layer term   row std (per head)   share of total")
+        print("first-layer term  row std (text mean, per head)  share of total  row std (single inputs)")
         for name in (*TERMS, "total"):
-            print(f"  {name:<10} {st[name]['row_std_per_head']:>12.4f} {st[name]['relative_row_std']:>16.3f}")
+            print(
+                f"  {name:<10} {st[name]['row_std_per_head']:>20.4f} {st[name]['relative_row_std']:>23.3f}"
+                f" {st[name]['row_std_per_example']:>24.4f}"
+            )
         print(f"  four terms sum to the logits within {result['decomposition']['max_abs_error']:.1e}")
     if "patterns" in result:
         print("head  label     E[j-i]  entropy  +-2 mass  prev   next   to[CLS]")

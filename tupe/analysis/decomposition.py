@@ -69,6 +69,7 @@ class Decomposition:
     seq_len: int
     max_abs_error: float
     stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    row_std_per_example: dict[str, float] = field(default_factory=dict)
 
 
 def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -186,6 +187,7 @@ def decompose(model, blocks: torch.Tensor, batch_size: int = 8) -> Decomposition
             f"need a non-empty (num_blocks, length) batch of token ids, got shape {tuple(blocks.shape)}"
         )
     sums: dict[str, torch.Tensor] = {}
+    ex_rs: dict[str, float] = {}  # per example and head row std, summed over examples
     max_err = 0.0
     for start in range(0, blocks.shape[0], batch_size):
         ids = blocks[start : start + batch_size]
@@ -195,9 +197,11 @@ def decompose(model, blocks: torch.Tensor, batch_size: int = 8) -> Decomposition
         terms["total"] = logits
         for name, t in terms.items():
             sums[name] = sums.get(name, 0) + t.sum(0)
+            ex_rs[name] = ex_rs.get(name, 0.0) + float(_row_std(t).mean(-1).sum())
     per_head = {name: (t / blocks.shape[0]).float() for name, t in sums.items()}
     mean = {name: t.mean(0) for name, t in per_head.items()}
     dec = Decomposition(per_head, mean, blocks.shape[0], blocks.shape[1], max_err)
+    dec.row_std_per_example = {name: v / blocks.shape[0] for name, v in ex_rs.items()}
     dec.stats = uniformity_stats(dec)
     return dec
 
@@ -213,6 +217,9 @@ def uniformity_stats(dec: Decomposition) -> dict[str, dict[str, float]]:
     - row_std: mean over queries of the std across keys of the head-averaged map. A term that is constant along
       each row does not change the attention at all (softmax ignores per-query constants).
     - row_std_per_head: the same on each head's map, then averaged over heads (heads can cancel in the mean map).
+    - row_std_per_example: the row std of each example's own map (per head), averaged over examples and heads:
+      how much the term moves attention on a real input, before averaging over the text. A term can be uniform
+      on average (word->position: no word prefers a position) yet vary on every single input.
     - col_std: mean over keys of the std across queries.
     - body_row_std: row_std without the first and last position (the special tokens [CLS] and [SEP]).
     - relative_row_std: row_std_per_head divided by that of the total logits: the term's share of the variation
@@ -228,6 +235,7 @@ def uniformity_stats(dec: Decomposition) -> dict[str, dict[str, float]]:
         out[name] = {
             "row_std": float(_row_std(m)),
             "row_std_per_head": rs_head,
+            "row_std_per_example": dec.row_std_per_example.get(name, float("nan")),
             "col_std": float(m.std(0, unbiased=False).mean()),
             "body_row_std": float(_row_std(body)),
             "relative_row_std": rs_head / total_rs if total_rs > 0 else float("nan"),

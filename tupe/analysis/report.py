@@ -87,6 +87,7 @@ def render_html(result: dict, figures: dict[str, bytes]) -> str:
                         "body_row_std",
                         "col_std",
                         "mean",
+                        "row_std_per_example",
                     )
                 ]
             )
@@ -100,6 +101,7 @@ def render_html(result: dict, figures: dict[str, bytes]) -> str:
                     "row std w/o [CLS],[SEP]",
                     "column std",
                     "mean",
+                    "row std (single inputs)",
                 ],
                 rows,
             )
@@ -108,7 +110,8 @@ def render_html(result: dict, figures: dict[str, bytes]) -> str:
             "<p class='note'><b>row std</b>: mean over query positions of the standard deviation across key "
             "positions, in logit units. The softmax ignores anything constant along a row, so a term whose row std "
             "is near 0 is uniform as far as attention is concerned. <b>share of total</b>: per-head row std of the "
-            "term / that of the full logits.</p>"
+            "term / that of the full logits. <b>row std (single inputs)</b>: the same on each input's own map before "
+            "averaging over the text (a term can be uniform on average yet vary on every input).</p>"
         )
 
     pat = result.get("patterns")
