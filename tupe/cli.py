@@ -15,6 +15,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "glue": ("tupe.glue.finetune", "fine-tune a checkpoint on a GLUE task (the paper's lr x seed grid)"),
     "report": ("tupe.glue.report", "GLUE results as a table like the paper's Table 1 (Markdown, CSV)"),
+    "pretrain": ("tupe.training.pretrain", "pre-train one positional scheme with masked LM on a corpus"),
     "analyze": ("tupe.analysis.analyze", "draw the paper's position analyses (Fig. 2 and 6) for a checkpoint"),
 }
 
