@@ -1,0 +1,217 @@
+"""Every fast attention path equals the eager reference: outputs and gradients of every parameter.
+
+The eager path writes the logits exactly as the spec does (tests/modeling/test_equations.py checks it against an
+independent float64 oracle); here each kernel of `TupeModel.attention_kernel` is compared with it, with and
+without padding, and the kernels' own building blocks are checked against plain formulas.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tupe import POSITION_SCHEMES, TupeForMaskedLM
+from tupe.modeling.kernels import FOLD_PAD_LOGIT, FastDropout, biased_attention, fold_queries_keys
+
+from .conftest import tiny_config
+
+KERNELS = ("sdpa", "fold", "fused", "auto")
+
+
+def _batch(n: int = 13):
+    ids = torch.randint(5, 50, (3, n))
+    mask = torch.ones(3, n, dtype=torch.long)
+    mask[1, 9:] = 0
+    mask[2, 11:] = 0
+    labels = torch.where(torch.rand(3, n) < 0.3, ids, torch.full_like(ids, -100))
+    labels[:, 1] = ids[:, 1]  # at least one masked token per row
+    return ids, mask, labels
+
+
+def _run(config, kernel: str, implementation: str, ids, mask, labels):
+    torch.manual_seed(0)
+    model = TupeForMaskedLM(config)
+    model.config._attn_implementation = implementation
+    model.tupe.attention_kernel = kernel
+    with torch.no_grad():  # move away from the init so every term (theta, relative bias) matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    out = model(ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), grads
+
+
+@pytest.mark.parametrize("scheme", POSITION_SCHEMES)
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("padded", [False, True])
+def test_kernel_matches_eager_outputs_and_gradients(scheme, kernel, padded):
+    config = tiny_config(scheme)
+    ids, mask, labels = _batch()
+    if not padded:
+        mask = None
+    ref_logits, ref_grads = _run(config, "auto", "eager", ids, mask, labels)
+    logits, grads = _run(config, kernel, "sdpa", ids, mask, labels)
+    torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-5)
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], atol=2e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("scheme", ["bert-r", "tupe-a", "tupe-r"])
+def test_flex_kernel_matches_eager_forward(scheme):
+    """flex_attention has no CPU backward; on CPU its (unfused) forward is checked, the GPU runs it compiled."""
+    config = tiny_config(scheme)
+    ids, mask, _ = _batch(16)
+    outs = {}
+    for implementation, kernel in (("eager", "auto"), ("sdpa", "flex")):
+        torch.manual_seed(0)
+        model = TupeForMaskedLM(config).eval()
+        model.config._attn_implementation = implementation
+        model.tupe.attention_kernel = kernel
+        with torch.no_grad():
+            outs[kernel] = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(outs["flex"], outs["auto"], atol=2e-5, rtol=1e-5)
+
+
+def test_auto_kernel_choice_on_cpu():
+    config = tiny_config("tupe-a", attention_probs_dropout_prob=0.1)
+    model = TupeForMaskedLM(config)
+    inputs = model.tupe._attention_inputs(8, None, torch.float32, eager=False)
+    assert inputs.kernel == "fused"  # training with attention dropout: SDPA would run its math fallback
+    model.eval()
+    assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "sdpa"
+    model.tupe.attention_kernel = "fold"
+    assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "fold"
+    model.tupe.attention_kernel = "auto"
+    with torch.no_grad():
+        model.train()
+        assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "sdpa"
+
+
+def _reference_attention(q, k, v, bias, padding, scale, p):
+    """The eager formula, with the dropout mask drawn exactly as `biased_attention` draws it."""
+    probs = torch.softmax(q @ k.transpose(-1, -2) * scale + bias + padding, dim=-1)
+    keep = torch.rand(probs.shape, dtype=torch.float32) >= p
+    return (probs * keep / (1 - p)) @ v
+
+
+def test_biased_attention_gradcheck_and_dropout():
+    b, h, n, d = 2, 3, 7, 4
+    q, k, v = (torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    bias = torch.randn(h, n, n, dtype=torch.float64, requires_grad=True)
+    padding = torch.zeros(b, 1, 1, n, dtype=torch.float64)
+    padding[1, ..., 5:] = torch.finfo(torch.float64).min
+    assert torch.autograd.gradcheck(lambda *t: biased_attention(*t, padding, 0.3, 0.0), (q, k, v, bias))
+
+    torch.manual_seed(1)
+    out = biased_attention(q, k, v, bias, padding, 0.3, 0.2)
+    grads = torch.autograd.grad((out * torch.arange(d)).sum(), (q, k, v, bias))
+    torch.manual_seed(1)
+    ref = _reference_attention(q, k, v, bias, padding, 0.3, 0.2)
+    ref_grads = torch.autograd.grad((ref * torch.arange(d)).sum(), (q, k, v, bias))
+    torch.testing.assert_close(out, ref)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_biased_attention_saves_one_float_score_tensor():
+    """The point of the fused path: one n x n float tensor (+ a one-byte mask) kept for backward, not four."""
+    b, h, n, d = 1, 2, 24, 8
+    q, k, v = (torch.randn(b, h, n, d, requires_grad=True) for _ in range(3))
+    bias = torch.randn(h, n, n, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    for fn in ("fused", "eager"):
+        saved.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if fn == "fused":
+                biased_attention(q, k, v, bias, None, 0.3, 0.1)
+                # custom Functions save through ctx.save_for_backward, which the hooks also see
+                fused = [t for t in saved if t.shape[-2:] == (n, n)]
+            else:
+                probs = torch.softmax(q @ k.transpose(-1, -2) * 0.3 + bias, -1)
+                torch.nn.functional.dropout(probs, 0.1, True) @ v
+                eager = [t for t in saved if t.shape[-2:] == (n, n)]
+    assert sorted(str(t.dtype) for t in fused) == ["torch.bool", "torch.float32"]
+    assert len(eager) > len(fused)
+
+
+def test_fast_dropout_distribution_and_gradient():
+    x = torch.randn(400, 500, requires_grad=True)
+    layer = FastDropout(0.1)
+    y = layer(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.005
+    torch.testing.assert_close(y[kept], x[kept] / 0.9)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(g, kept.float() / 0.9)
+    assert torch.equal(layer.eval()(x), x)
+    assert FastDropout(1.0)(x).abs().sum() == 0
+
+
+def test_fold_is_exact_padded_to_eight_and_builds_no_square_tensor():
+    b, h, n, d, r = 2, 3, 11, 4, 5
+    q, k = torch.randn(b, h, n, d), torch.randn(b, h, n, d)
+    fold = (torch.randn(h, n, r), torch.randn(h, n, r))
+    padding = torch.zeros(b, 1, 1, n)
+    padding[1, ..., 7:] = torch.finfo(torch.float32).min
+    qf, kf = fold_queries_keys(q, k, fold, 0.5, padding)
+    assert qf.shape[-1] % 8 == 0 and qf.shape == kf.shape
+    logits = qf @ kf.transpose(-1, -2)
+    expected = q @ k.transpose(-1, -2) * 0.5 + fold[0] @ fold[1].transpose(-1, -2)
+    keep = (padding >= 0).expand(b, h, n, n)
+    torch.testing.assert_close(logits[keep], expected[keep])
+    assert bool((logits[~keep] <= FOLD_PAD_LOGIT / 2).all())
+
+
+class _ShapeRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def test_fold_path_never_builds_a_square_mask(monkeypatch):
+    """With padding, the folded path hands SDPA no mask and builds no (b, h, n, n) tensor of its own (the
+    released code expanded one per layer). SDPA itself is stubbed: which kernel it runs is the backend's business."""
+    config = tiny_config("tupe-a")
+    model = TupeForMaskedLM(config).eval()
+    model.tupe.attention_kernel = "fold"
+    ids, mask, _ = _batch(13)
+    b, n, h = ids.shape[0], ids.shape[1], config.num_attention_heads
+    seen = []
+
+    def stub(q, k, v, attn_mask=None, **kwargs):
+        seen.append((attn_mask, q.shape[-1]))
+        return v.new_zeros(*q.shape[:-1], v.shape[-1])
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", stub)
+    recorder = _ShapeRecorder()
+    with torch.no_grad(), recorder:
+        model(ids, attention_mask=mask)
+    assert len(seen) == config.num_hidden_layers
+    assert all(m is None and width % 8 == 0 for m, width in seen)
+    assert not any(len(s) == 4 and s[-2:] == (n, n) for s in recorder.shapes), (b, h)
+
+
+def test_content_free_term_computed_once_per_forward():
+    config = tiny_config("tupe-r", num_hidden_layers=3)
+    model = TupeForMaskedLM(config)
+    calls = []
+    model.tupe.positional.register_forward_hook(lambda *a: calls.append(1))
+    ids, mask, labels = _batch()
+    model(ids, attention_mask=mask, labels=labels).loss.backward()
+    assert len(calls) == 1
