@@ -205,3 +205,22 @@ def test_json_records(tmp_path):
     g.write_text('{"sentence1": "x", "sentence2": "y", "label": 1}\n{"sentence1": "x", "label": 0}\n')
     with pytest.raises(TupeError, match=r"train\.jsonl:2: missing text_a/text_b/label"):
         read_split_file(get_task("RTE"), g)
+
+
+def test_train_and_dev_files_instead_of_a_folder(glue_dir):
+    from tupe.glue.finetune import _load_data
+
+    mnli = get_task("MNLI")
+    one = _load_data(
+        mnli, None, str(glue_dir / "MNLI" / "train.tsv"), [str(glue_dir / "MNLI" / "dev_matched.tsv")]
+    )
+    assert list(one.dev) == ["dev_matched"] and len(one.train) == 48
+    both = [str(glue_dir / "MNLI" / f) for f in ("dev_matched.tsv", "dev_mismatched.tsv")]
+    assert list(_load_data(mnli, None, str(glue_dir / "MNLI" / "train.tsv"), both).dev) == [
+        "dev_matched",
+        "dev_mismatched",
+    ]
+    with pytest.raises(TupeError, match="2 --dev-file given; RTE has 1 dev split"):
+        _load_data(get_task("RTE"), None, str(glue_dir / "RTE" / "train.tsv"), both)
+    with pytest.raises(TupeError, match="go together"):
+        _load_data(get_task("RTE"), None, str(glue_dir / "RTE" / "train.tsv"), None)

@@ -329,13 +329,15 @@ def main_score(task: GlueTask, scores: dict[str, dict[str, float | None]]) -> fl
 def summarize(task: GlueTask, runs: list[dict[str, Any]], lrs: Sequence[float], seeds: Sequence[int]) -> dict:
     """Median over seeds of every metric for each learning rate, and the best learning rate by the main metric."""
     per_lr: dict[str, Any] = {}
+    # MNLI given only its matched dev file has no mismatched scores
+    splits = [s for s in task.hf_dev_splits if runs and all(s in r["scores"] for r in runs)]
     for lr in lrs:
         mine = sorted((r for r in runs if r["lr"] == lr), key=lambda r: r["seed"])
         if not mine:
             continue
         medians = {
             split: {m: _median([r["scores"][split][m] for r in mine]) for m in task.metrics}
-            for split in task.hf_dev_splits
+            for split in splits
         }
         per_lr[lr_key(lr)] = {
             "lr": lr,
@@ -516,21 +518,21 @@ class GridResult:
 
 
 def _load_data(
-    task: GlueTask, data_dir: str | None, train_file: str | None, dev_file: str | None
+    task: GlueTask, data_dir: str | None, train_file: str | None, dev_files: Sequence[str] | None
 ) -> TaskData:
-    if train_file or dev_file:
-        if not (train_file and dev_file):
+    if train_file or dev_files:
+        if not (train_file and dev_files):
             raise TupeError("--train-file and --dev-file go together")
-        if len(task.hf_dev_splits) != 1:
+        names = list(task.hf_dev_splits)
+        if len(dev_files) > len(names):
             raise TupeError(
-                f"--dev-file gives one dev split; {task.name} has {', '.join(task.hf_dev_splits)}"
+                f"{len(dev_files)} --dev-file given; {task.name} has {len(names)} dev split(s): {', '.join(names)}"
             )
-        dev_name = next(iter(task.hf_dev_splits))
         return TaskData(
             task,
             read_split_file(task, train_file),
-            {dev_name: read_split_file(task, dev_file)},
-            f"{train_file} + {dev_file}",
+            {name: read_split_file(task, f) for name, f in zip(names, dev_files)},
+            f"{train_file} + {' + '.join(dev_files)}",
         )
     if data_dir is None:
         raise TupeError("give --data-dir (or --train-file and --dev-file)")
@@ -553,7 +555,7 @@ def run_grid(
     out_dir: str | Path,
     data_dir: str | None = None,
     train_file: str | None = None,
-    dev_file: str | None = None,
+    dev_files: Sequence[str] | None = None,
     scheme: str | None = None,
     tokenizer_dir: str | None = None,
     save_models: bool = False,
@@ -572,7 +574,7 @@ def run_grid(
         raise TupeError("the grid is empty: give at least one learning rate and one seed")
     tokenizer = load_tokenizer(tokenizer_dir or model_dir, config)
 
-    data = _load_data(task, data_dir, train_file, dev_file)
+    data = _load_data(task, data_dir, train_file, dev_files)
     data.train = _subsample(data.train, settings.max_train_samples)
     data.dev = {k: _subsample(v, settings.max_eval_samples) for k, v in data.dev.items()}
     fingerprint = {
@@ -637,7 +639,7 @@ def run_grid(
             "metrics": list(task.metrics),
             "main_metric": task.main_metric,
             "main_split": next(iter(task.hf_dev_splits)),
-            "dev_splits": list(task.hf_dev_splits),
+            "dev_splits": list(data.dev),
             "label_names": list(task.label_names),
             "model": asdict(info),
             "scheme": info.scheme,
@@ -761,7 +763,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--train-file", help="instead of --data-dir: a train file (task's TSV layout, or .json/.jsonl)"
     )
     p.add_argument(
-        "--dev-file", help="instead of --data-dir: a dev file (task's TSV layout, or .json/.jsonl)"
+        "--dev-file",
+        action="append",
+        help="with --train-file: a dev file (task's TSV layout, or .json/.jsonl); MNLI: matched, then mismatched",
     )
     p.add_argument("--out", required=True, help="output directory (results.json, runs/)")
     p.add_argument(
@@ -828,7 +832,7 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         data_dir=args.data_dir,
         train_file=args.train_file,
-        dev_file=args.dev_file,
+        dev_files=args.dev_file,
         scheme=args.scheme,
         tokenizer_dir=args.tokenizer,
         save_models=args.save_models,
