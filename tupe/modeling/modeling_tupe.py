@@ -82,6 +82,20 @@ class TupeSelfAttention(nn.Module):
         q, k, v = (
             self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         )  # 3 x (b, h, n, d)
+        out, probs = self.attend(q, k, v, inputs, implementation, output_attentions)
+        return out.transpose(1, 2).reshape(b, n, -1), probs
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        inputs: AttentionInputs,
+        implementation: str,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention core on projected (b, h, n, d) queries, keys, values: what the backends differ in
+        (`tupe bench --attention-only` times this)."""
         ctx = inputs.ctx
         if ctx.rotary is not None:
             q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
@@ -117,7 +131,7 @@ class TupeSelfAttention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=ctx.logit_scale
             )
             probs = None
-        return out.transpose(1, 2).reshape(b, n, -1), probs
+        return out, probs
 
 
 class TupeLayer(GradientCheckpointingLayer):
