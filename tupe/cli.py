@@ -16,6 +16,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "glue": ("tupe.glue.finetune", "fine-tune a checkpoint on a GLUE task (the paper's lr x seed grid)"),
     "report": ("tupe.glue.report", "GLUE results as a table like the paper's Table 1 (Markdown, CSV)"),
     "pretrain": ("tupe.training.pretrain", "pre-train one positional scheme with masked LM on a corpus"),
+    "compare": ("tupe.training.compare", "pre-train several schemes on identical data and compare validation loss"),
+    "demo": ("tupe.training.demo", "pre-train bert-a and tupe-a (mini) on the built-in corpus and compare (~15 min)"),
+    "plot": ("tupe.analysis.curves", "validation-loss curves of several pre-training runs on one figure"),
     "analyze": ("tupe.analysis.analyze", "draw the paper's position analyses (Fig. 2 and 6) for a checkpoint"),
 }
 

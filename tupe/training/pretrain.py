@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from tupe.errors import TupeError
+from tupe.training.checkpointing import MANIFEST_NAME, atomic_write_text, find_latest_checkpoint
 from tupe.training.presets import PRESETS, get_preset
 
 RUN_FILE = "tupe_run.json"
@@ -99,6 +100,7 @@ class PretrainConfig:
     cache_dir: str | None = None
     resume: bool = False
     overwrite: bool = False
+    skip_nonfinite: bool = False
     progress: bool = True
     quiet: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -266,9 +268,12 @@ class PretrainTrainer(Trainer):
     """The stock Trainer plus: our sampler, a masked-LM loss normalised over the whole global batch, a stop on
     non-finite losses, and atomic checkpoints."""
 
-    def __init__(self, *args, train_sampler=None, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+    def __init__(self, *args, train_sampler=None, skip_nonfinite=False, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
         super().__init__(*args, **kwargs)
         self._tupe_sampler = train_sampler
+        # skip (and count) batches with a non-finite loss instead of stopping
+        self.skip_nonfinite = skip_nonfinite
+        self.nonfinite_skipped = 0
         self._staging_root: str | None = None
         # our compute_loss divides by the number of masked tokens of the global batch, so the Trainer must count
         # them (it does so when the model "accepts loss kwargs") and must not rescale for accumulation
@@ -295,7 +300,7 @@ class PretrainTrainer(Trainer):
             logits = outputs.logits[selected]
         loss_sum = F.cross_entropy(logits.float(), labels[selected], reduction="sum")
         if model.training:
-            self._stop_if_not_finite(loss_sum)
+            loss_sum = self._stop_if_not_finite(loss_sum, model)
         if num_items_in_batch is not None:
             count = torch.as_tensor(num_items_in_batch, device=loss_sum.device, dtype=torch.float32).clamp(
                 min=1
@@ -307,15 +312,32 @@ class PretrainTrainer(Trainer):
             loss = loss_sum / selected.sum().clamp(min=1)
         return (loss, outputs) if return_outputs else loss
 
-    def _stop_if_not_finite(self, loss_sum: torch.Tensor) -> None:
+    def _stop_if_not_finite(self, loss_sum: torch.Tensor, model) -> torch.Tensor:  # noqa: ANN001
         bad = (~torch.isfinite(loss_sum.detach())).float().reshape(1)
         if self.accelerator.num_processes > 1:
             torch.distributed.all_reduce(bad)
-        if bad.item() > 0:
-            raise TupeError(
-                f"training loss is {loss_sum.item()} (not finite) at step {self.state.global_step + 1}; "
-                "the run stopped there: lower --lr, raise --warmup-steps, or use --precision fp32"
-            )
+        if bad.item() == 0:
+            return loss_sum
+        step = self.state.global_step + 1
+        if self.skip_nonfinite:
+            self.nonfinite_skipped += 1
+            if _is_main():
+                print(
+                    f"warning: training loss is {loss_sum.item()} (not finite) at step {step}: batch skipped "
+                    f"({self.nonfinite_skipped} so far)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            # zero loss still connected to every parameter: this batch adds no gradient, and every process
+            # (DDP) still takes part in the gradient all-reduce
+            params = [p for p in model.parameters() if p.requires_grad]
+            return torch.stack([p.reshape(-1)[0].float() for p in params]).sum() * 0.0
+        last = find_latest_checkpoint(self.args.output_dir, log=None, deep=False)
+        raise TupeError(
+            f"training loss is {loss_sum.item()} (not finite) at step {step}; the run stopped there "
+            f"(last good checkpoint: {last or 'none'}): lower --lr, raise --warmup-steps, use --precision fp32, "
+            "or pass --skip-nonfinite to skip such batches"
+        )
 
     # -- atomic checkpoints: the Trainer writes into .tmp-checkpoint-N/, which is renamed to checkpoint-N when
     # complete; get_last_checkpoint() only matches checkpoint-N, so a half-written checkpoint is never resumed.
@@ -327,9 +349,17 @@ class PretrainTrainer(Trainer):
     def _save_checkpoint(self, model, trial):  # noqa: ANN001, ANN202
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+        from tupe.training.checkpointing import first_nonfinite_parameter, write_manifest
+
         run_dir = super()._get_output_dir(trial)
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         staging = os.path.join(run_dir, f".tmp-{name}")
+        bad = first_nonfinite_parameter(model)
+        if bad is not None:  # never let a diverged model replace the last good checkpoint
+            raise TupeError(
+                f"parameter {bad} is not finite after step {self.state.global_step}; the run stopped without "
+                f"saving {name} (earlier checkpoints are kept): lower --lr or raise --warmup-steps"
+            )
         if self.args.should_save and os.path.exists(staging):
             shutil.rmtree(staging)
         self.accelerator.wait_for_everyone()
@@ -341,6 +371,12 @@ class PretrainTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             final = os.path.join(run_dir, name)
+            # last file of the checkpoint: sizes + SHA-256 of all others, so a later truncation is detected
+            write_manifest(
+                os.path.join(staging, name),
+                self.state.global_step,
+                {"nonfinite_skipped": self.nonfinite_skipped},
+            )
             _fsync_tree(os.path.join(staging, name))
             if os.path.exists(final):  # re-saving a step (e.g. after resume): swap atomically
                 old = staging + "-old"
@@ -507,6 +543,8 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         cls_token_id=tokenizer.cls_token_id,
         sep_token_id=tokenizer.sep_token_id,
         mask_token_id=tokenizer.mask_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
     )
     identity = {
         "format": RUN_FORMAT,
@@ -544,13 +582,19 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
             out.mkdir(parents=True, exist_ok=True)
             for stale in out.glob(".tmp-checkpoint-*"):  # a save cut by a kill
                 shutil.rmtree(stale, ignore_errors=True)
-            (out / RUN_FILE).write_text(
-                json.dumps({**identity, "preset": config.preset, "corpus_desc": corpus.describe()}, indent=1)
+            atomic_write_text(
+                out / RUN_FILE,
+                json.dumps({**identity, "preset": config.preset, "corpus_desc": corpus.describe()}, indent=1),
             )
+    nonfinite_skipped = 0
     if action == "resume":
-        from transformers.trainer_utils import get_last_checkpoint
-
-        resume_from = get_last_checkpoint(str(out))
+        # the newest checkpoint that verifies (manifest sizes + SHA-256), not just the highest checkpoint-N name
+        latest = find_latest_checkpoint(out, log=log)
+        resume_from = str(latest) if latest is not None else None
+        if latest is not None and (latest / MANIFEST_NAME).is_file():
+            nonfinite_skipped = int(
+                json.loads((latest / MANIFEST_NAME).read_text()).get("nonfinite_skipped", 0)
+            )
         if resume_from is None:
             log(f"--resume: no checkpoint in {out} yet; starting from step 0")
         else:
@@ -595,7 +639,14 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         processing_class=tokenizer,
         callbacks=callbacks,
         train_sampler=sampler,
+        skip_nonfinite=config.skip_nonfinite,
     )
+    trainer.nonfinite_skipped = nonfinite_skipped
+    if config.quiet or not _is_main():
+        from transformers.trainer_callback import PrintProgressCallback, ProgressCallback
+
+        trainer.remove_callback(PrintProgressCallback)
+        trainer.remove_callback(ProgressCallback)
     train_out = trainer.train(resume_from_checkpoint=resume_from)
     final_eval = None
     if trainer.state.global_step % int(v["eval_steps"]) != 0:
@@ -617,6 +668,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         "corpus": corpus.describe(),
         "data_cache": str(packed.path),
         "tokenize_pack_tokens_per_second": packed.meta.get("tokens_per_second"),
+        "nonfinite_skipped": trainer.nonfinite_skipped,
     }
     if _is_main():
         (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
@@ -714,6 +766,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start again even if --out holds a run")
+    p.add_argument(
+        "--skip-nonfinite",
+        action="store_true",
+        help="skip (and count) batches whose loss is NaN/inf instead of stopping the run",
+    )
     add_model_data_arguments(p)
 
 
