@@ -157,6 +157,8 @@ def make_checkpoint(path: Path, scheme: str = "tupe-a", max_positions: int = 64)
         intermediate_size=64,
         max_position_embeddings=max_positions,
         position_scheme=scheme,
+        hidden_dropout_prob=0.0,  # like the `mini` pre-training preset: fine-tuning must still use 0.1
+        attention_probs_dropout_prob=0.0,
     )
     TupeForMaskedLM(config).save_pretrained(path)
     tok.save_pretrained(path)

@@ -102,8 +102,16 @@ def test_mrpc_grid_results_predictions_and_resume(tiny_model, glue_dir, tmp_path
 
 def test_stsb_regression(tiny_model, glue_dir, tmp_path):
     out = tmp_path / "stsb"
-    assert _glue(tiny_model, glue_dir, out, "--task", "STS-B", "--lrs", "1e-4", "--seeds", "1") == 0
+    assert (
+        _glue(tiny_model, glue_dir, out, "--task", "STS-B", "--lrs", "1e-4", "--seeds", "1", "--save-models")
+        == 0
+    )
     res = json.loads((out / "results.json").read_text())
+    # the fine-tuned model: a one-output regression head, trained with the paper's dropout 0.1
+    saved = json.loads((out / "runs" / "lr0.0001_seed1" / "model" / "config.json").read_text())
+    assert len(saved["id2label"]) == 1
+    assert saved["hidden_dropout_prob"] == 0.1 == res["settings"]["dropout"]
+    assert json.loads((tiny_model / "config.json").read_text())["hidden_dropout_prob"] == 0.0
     assert res["metrics"] == ["pearson", "spearman"] and res["main_metric"] == "pearson"
     run = res["runs"][0]
     labels, preds = read_predictions(out / run["predictions"]["dev"])
@@ -152,6 +160,8 @@ def test_bert_a_from_bert_and_pretrain_steps(glue_dir, tmp_path):
     assert res["scheme"] == "bert-a" and res["pretrain_steps"] == 1500
     (model_dir / "trainer_state.json").write_text(json.dumps({"global_step": 2000}))
     assert ft.pretrain_steps_of(model_dir) == 2000
+    (model_dir / "pretrain_summary.json").write_text(json.dumps({"steps": 2500, "scheme": "bert-a"}))
+    assert ft.pretrain_steps_of(model_dir) == 2500
 
 
 def test_user_errors_are_one_line(tiny_model, glue_dir, tmp_path, capsys):

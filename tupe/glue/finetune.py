@@ -54,6 +54,7 @@ class GlueSettings:
     adam_epsilon: float = 1e-6
     max_grad_norm: float = 1.0
     lr_scheduler: str = "linear"
+    dropout: float | None = 0.1  # the paper's fine-tuning dropout; None keeps the checkpoint's
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
     fp16: bool = False
@@ -151,18 +152,21 @@ def _sha256(files: Sequence[Path]) -> str:
 
 
 def pretrain_steps_of(model_dir: Path, config: Any = None) -> int | None:
-    """Pre-training steps of a checkpoint: its config's record, its trainer state, or a `checkpoint-N` name."""
+    """Pre-training steps of a checkpoint: its config's record, `tupe pretrain`'s summary, its trainer state, or a
+    `checkpoint-N` folder name; None if none says."""
     for attr in ("pretrain_steps", "pretraining_steps", "global_step"):
         value = getattr(config, attr, None) if config is not None else None
         if isinstance(value, int) and value >= 0:
             return value
-    for state in (model_dir / "trainer_state.json",):
+    # `tupe pretrain` writes pretrain_summary.json next to the final model; Trainer checkpoints hold trainer_state
+    for fname, key in (("pretrain_summary.json", "steps"), ("trainer_state.json", "global_step")):
+        state = model_dir / fname
         if state.is_file():
             try:
-                step = json.loads(state.read_text()).get("global_step")
-            except (OSError, json.JSONDecodeError):
+                step = json.loads(state.read_text()).get(key)
+            except (OSError, json.JSONDecodeError, AttributeError):
                 step = None
-            if isinstance(step, int):
+            if isinstance(step, int) and step >= 0:
                 return step
     name = model_dir.name
     if name.startswith("checkpoint-") and name[len("checkpoint-") :].isdigit():
@@ -434,6 +438,9 @@ def train_one(
     transformers.logging.disable_progress_bar()  # one bar for the whole grid
     try:
         kwargs: dict[str, Any] = {"num_labels": task.num_labels}
+        if settings.dropout is not None:  # the pre-training dropout may differ (the mini preset uses 0)
+            kwargs["hidden_dropout_prob"] = settings.dropout
+            kwargs["attention_probs_dropout_prob"] = settings.dropout
         if not task.is_regression:
             kwargs["id2label"] = dict(enumerate(task.label_names))
             kwargs["label2id"] = {n: i for i, n in enumerate(task.label_names)}
@@ -785,6 +792,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adam-betas", default="0.9,0.999", help="Adam betas (default the paper's 0.9,0.999)")
     p.add_argument("--adam-eps", type=float, default=1e-6, help="Adam epsilon (default 1e-6)")
     p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (default 1.0)")
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=0.1,
+        help="hidden and attention dropout while fine-tuning (default the paper's 0.1; -1 keeps the checkpoint's)",
+    )
     p.add_argument("--scheme", help="expected position scheme; an error if the checkpoint's differs")
     p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
     p.add_argument(
@@ -805,6 +818,8 @@ def run(args: argparse.Namespace) -> int:
             raise TupeError(f"--{name.replace('_', '-')} must be positive")
     if args.epochs is not None and args.epochs <= 0:
         raise TupeError("--epochs must be positive")
+    if not (args.dropout < 0 or 0 <= args.dropout < 1):
+        raise TupeError(f"--dropout must be in [0, 1) (or -1 for the checkpoint's), got {args.dropout}")
     if any(lr <= 0 for lr in args.lrs):
         raise TupeError(f"learning rates must be positive, got {args.lrs}")
     settings = GlueSettings(
@@ -821,6 +836,7 @@ def run(args: argparse.Namespace) -> int:
         adam_beta2=betas[1],
         adam_epsilon=args.adam_eps,
         max_grad_norm=args.clip,
+        dropout=None if args.dropout < 0 else args.dropout,
         max_train_samples=args.max_train_samples,
         max_eval_samples=args.max_eval_samples,
         fp16=args.fp16,
