@@ -643,9 +643,9 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     )
     trainer.nonfinite_skipped = nonfinite_skipped
     if config.quiet or not _is_main():
-        from transformers.trainer_callback import PrintProgressCallback, ProgressCallback
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-        trainer.remove_callback(PrintProgressCallback)
+        trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
     train_out = trainer.train(resume_from_checkpoint=resume_from)
     final_eval = None
