@@ -143,9 +143,9 @@ def test_missing_data(tmp_path):
 
 def test_crlf_and_form_feed_inside_a_sentence(tmp_path):
     f = tmp_path / "train.tsv"
-    f.write_bytes(b"sentence\tlabel\r\na\x0cb \t1\r\nc \t0\r\n")
+    f.write_bytes(b"sentence\tlabel\r\na\x0cb \t1\r\nc\rd\xe2\x80\xa8e \t0\r\n")
     split = read_tsv(get_task("SST-2"), f)
-    assert split.text_a == ["a\x0cb ", "c "] and split.labels == [1, 0]
+    assert split.text_a == ["a\x0cb ", "c\rd\u2028e "] and split.labels == [1, 0]
 
 
 def test_saved_datasets_copy_matches_tsv(tmp_path, glue_dir):

@@ -253,7 +253,8 @@ def read_tsv(task: GlueTask, path: str | Path) -> Split:
     try:
         # utf-8-sig drops MRPC's byte-order mark; split on "\n" only (str.splitlines would also split on the
         # form feeds and Unicode separators that a few GLUE sentences contain).
-        text = path.read_text(encoding="utf-8-sig")
+        # bytes, not read_text: universal-newline mode would also split rows on a lone "\r" inside a sentence
+        text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     lines = text.split("\n")
