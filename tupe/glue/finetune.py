@@ -29,7 +29,7 @@ import numpy as np
 
 from tupe.errors import TupeError
 from tupe.glue.metrics import compute_metrics, predictions_from_logits
-from tupe.glue.tasks import TASKS, GlueTask, Split, TaskData, get_task, load_task, read_split_file
+from tupe.glue.tasks import TASKS, GlueTask, Split, TaskData, get_task, load_task, one_line, read_split_file
 
 PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 PAPER_SEEDS = (1, 2, 3, 4, 5)
@@ -71,8 +71,10 @@ class GlueSettings:
             raise TupeError(
                 f"--max-seq-len {self.max_seq_len} exceeds the model's max_position_embeddings {limit}"
             )
-        elif self.max_seq_len < 4:
-            raise TupeError(f"--max-seq-len {self.max_seq_len} is too short for [CLS] A [SEP] B [SEP]")
+        elif self.max_seq_len < 8:
+            raise TupeError(
+                f"--max-seq-len {self.max_seq_len} is too short (at least 8: [CLS] A [SEP] B [SEP])"
+            )
         return out
 
     def fingerprint_fields(self) -> dict[str, Any]:
@@ -187,7 +189,9 @@ def inspect_checkpoint(model_dir: str | Path, scheme: str | None = None) -> tupl
     try:
         config = AutoConfig.from_pretrained(str(model_dir))
     except (ValueError, OSError, KeyError) as err:
-        raise TupeError(f"{model_dir / 'config.json'}: cannot read the model config: {err}") from None
+        raise TupeError(
+            f"{model_dir / 'config.json'}: cannot read the model config: {one_line(err)}"
+        ) from None
     if not isinstance(config, TupeConfig):
         raise TupeError(
             f"{model_dir / 'config.json'}: model_type {getattr(config, 'model_type', '?')!r} is not a tupe model; "
@@ -234,8 +238,7 @@ def load_tokenizer(path: str | Path, config: Any) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
     except Exception as err:  # unreadable tokenizer files: the first line of the reason is enough
-        reason = " ".join(str(err).split("\n")[0].split())
-        raise TupeError(f"{path}: cannot load a tokenizer ({type(err).__name__}: {reason})") from None
+        raise TupeError(f"{path}: cannot load a tokenizer ({type(err).__name__}: {one_line(err)})") from None
     if tok.pad_token_id is None:
         if "[PAD]" in tok.get_vocab():
             tok.pad_token = "[PAD]"

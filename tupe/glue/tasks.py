@@ -181,6 +181,12 @@ TASKS: dict[str, GlueTask] = {
 }
 
 
+def one_line(err: BaseException) -> str:
+    """The first line of an exception's message, whitespace collapsed: user errors are printed on one line."""
+    text = str(err).strip().split("\n")[0] if str(err).strip() else type(err).__name__
+    return " ".join(text.split())
+
+
 def _norm(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "")
 
@@ -379,7 +385,9 @@ def load_task(task: GlueTask | str, data_dir: str | Path) -> TaskData:
         try:
             dsd = datasets.load_dataset(repo, task.hf_name)
         except Exception as err:  # network, missing repo, ...: one line for the user
-            raise TupeError(f"could not load {repo!r} ({task.hf_name}) from the hub: {err}") from None
+            raise TupeError(
+                f"could not load {repo!r} ({task.hf_name}) from the hub: {one_line(err)}"
+            ) from None
         return _from_datasets(task, dsd, f"hub:{repo}/{task.hf_name}")
 
     root = Path(data_dir)
@@ -394,7 +402,10 @@ def load_task(task: GlueTask | str, data_dir: str | Path) -> TaskData:
         if _is_saved_dataset(cand):
             import datasets
 
-            dsd = datasets.load_from_disk(str(cand))
+            try:
+                dsd = datasets.load_from_disk(str(cand))
+            except Exception as err:  # a damaged or foreign folder: one line for the user
+                raise TupeError(f"{cand}: cannot load the saved dataset: {one_line(err)}") from None
             if not isinstance(dsd, datasets.DatasetDict):
                 raise TupeError(f"{cand}: a single saved split; expected a DatasetDict with train/validation")
             return _from_datasets(task, dsd, str(cand))
