@@ -16,14 +16,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "glue": ("tupe.glue.finetune", "fine-tune a checkpoint on a GLUE task (the paper's lr x seed grid)"),
     "report": ("tupe.glue.report", "GLUE results as a table like the paper's Table 1 (Markdown, CSV)"),
     "pretrain": ("tupe.training.pretrain", "pre-train one positional scheme with masked LM on a corpus"),
-    "compare": ("tupe.training.compare", "pre-train several schemes on identical data and compare validation loss"),
-    "demo": ("tupe.training.demo", "pre-train bert-a and tupe-a (mini) on the built-in corpus and compare (~15 min)"),
+    "compare": (
+        "tupe.training.compare",
+        "pre-train several schemes on identical data and compare validation loss",
+    ),
+    "demo": (
+        "tupe.training.demo",
+        "pre-train bert-a and tupe-a (mini) on the built-in corpus and compare (~15 min)",
+    ),
     "plot": ("tupe.analysis.curves", "validation-loss curves of several pre-training runs on one figure"),
-    "analyze": ("tupe.analysis.analyze", "draw the paper's position analyses (Fig. 2 and 6) for a checkpoint"),
+    "analyze": (
+        "tupe.analysis.analyze",
+        "draw the paper's position analyses (Fig. 2 and 6) for a checkpoint",
+    ),
+    "bench": (
+        "tupe.bench.command",
+        "time training steps of each scheme and backend against transformers' BERT",
+    ),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_in(argv: list[str]) -> str | None:
+    """The sub-command named in argv (the first word that is one), so only its module needs importing."""
+    return next((word for word in argv if word in COMMANDS), None)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; options are added (and the module imported) for `command` only, or for every command when
+    it is None, which keeps `tupe --help` and each sub-command's start-up fast."""
     parser = argparse.ArgumentParser(
         prog="tupe",
         description="Pre-train, fine-tune, analyse and benchmark TUPE and baseline BERT encoders.",
@@ -31,8 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
+        if command is not None and name != command:
+            sub.add_parser(name, help=help_text)
+            continue
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().split("\n\n")[0])
+        p = sub.add_parser(
+            name, help=help_text, description=(module.__doc__ or help_text).strip().split("\n\n")[0]
+        )
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
         module.add_arguments(p)
         p.set_defaults(_module=module)
@@ -42,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from tupe.errors import TupeError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_in(argv) or "")
     args = parser.parse_args(argv)
     try:
         return int(args._module.run(args) or 0)
