@@ -34,6 +34,7 @@ from tupe.glue.tasks import TASKS, GlueTask, Split, TaskData, get_task, load_tas
 PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 PAPER_SEEDS = (1, 2, 3, 4, 5)
 RESULTS_FORMAT = 1
+_RUN_SUMMARY_KEYS = ("lr", "seed", "scores", "main", "train_loss", "steps", "train_seconds", "seconds")
 
 
 @dataclass
@@ -518,6 +519,7 @@ def train_one(
         "loss_curve": losses,
         "steps": int(trainer.state.global_step),
         "train_seconds": round(train_seconds, 2),
+        "seconds": round(time.time() - t0, 2),  # training and evaluation
     }
 
 
@@ -660,6 +662,11 @@ def run_grid(
                 "dev_examples": {k: len(v) for k, v in data.dev.items()},
                 "train_at_max_length": train_enc.at_max_length,
                 "dev_at_max_length": dev_at_max,
+                # what always predicting the most frequent dev label scores (accuracy), to read small models by
+                "dev_majority_accuracy": {
+                    k: None if task.is_regression else max(np.bincount(v.labels)) / len(v)
+                    for k, v in data.dev.items()
+                },
                 "sha256": fingerprint["data_sha256"],
             },
             "settings": asdict(settings),
@@ -669,10 +676,7 @@ def run_grid(
             "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid),
             "runs": sorted(
                 (
-                    {
-                        k: r[k]
-                        for k in ("lr", "seed", "scores", "main", "train_loss", "steps", "train_seconds")
-                    }
+                    {k: r.get(k) for k in _RUN_SUMMARY_KEYS}
                     | {
                         "predictions": {
                             s: f"runs/{run_name(r['lr'], r['seed'])}/{p}" for s, p in r["predictions"].items()
@@ -725,7 +729,7 @@ def run_grid(
                     for split, ms in r["scores"].items()
                     for m, v in ms.items()
                 )
-                bar.write(f"lr={lr:g} seed={seed}: {shown} ({r['train_seconds']:.0f} s)")
+                bar.write(f"lr={lr:g} seed={seed}: {shown} ({r['seconds']:.0f} s)")
         finally:
             bar.close()
     best = results["best"]
