@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # name -> (module, one-line help). Adding a command touches this table and its own module only.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -41,10 +42,25 @@ def _command_in(argv: list[str]) -> str | None:
     return next((word for word in argv if word in COMMANDS), None)
 
 
+class _UsageError(Exception):
+    """A command-line mistake found by argparse; `main` prints it as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the option (no usage dump), so every user error looks alike."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
+
+
+def _one_line(err: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; options are added (and the module imported) for `command` only, or for every command when
     it is None, which keeps `tupe --help` and each sub-command's start-up fast."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tupe",
         description="Pre-train, fine-tune, analyse and benchmark TUPE and baseline BERT encoders.",
     )
@@ -69,13 +85,18 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_in(argv) or "")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as err:
+        print(err, file=sys.stderr)
+        return 2
     try:
         return int(args._module.run(args) or 0)
-    except (TupeError, FileNotFoundError, ValueError) as err:
+    except (TupeError, ValueError, OSError) as err:
+        # OSError: a file the user named cannot be read or written (missing, permissions, disk full)
         if getattr(args, "debug", False):
             raise
-        print(f"tupe {args.command}: error: {err}", file=sys.stderr)
+        print(f"tupe {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"tupe {args.command}: interrupted", file=sys.stderr)
