@@ -135,3 +135,56 @@ def test_user_errors_are_one_line(tupe_dir, text_file, tmp_path, capsys):
         main(["analyze", "--model", str(with_tok), "--text", str(short), "--out", str(tmp_path / "o")]) == 2
     )
     assert "fewer than one block" in capsys.readouterr().err
+
+
+def test_bare_bert_model_directory_keeps_its_weights(tmp_path, tokenizer, text_file):
+    """A `BertModel` (no MLM head) saved to disk: the encoder weights are used as they are, not re-initialised."""
+    from transformers import BertConfig, BertModel
+
+    from tupe.analysis.decomposition import first_layer_terms
+    from tupe.analysis.loading import load_encoder
+
+    from .conftest import randomise
+
+    bert = BertModel(
+        BertConfig(
+            vocab_size=300,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=40,
+        )
+    ).eval()
+    randomise(bert, 5)
+    bert.save_pretrained(tmp_path / "bare")
+    tokenizer.save_pretrained(tmp_path / "bare")
+    encoder, description = load_encoder(tmp_path / "bare")
+    assert "BERT" in description
+    ids = text_blocks(read_text(text_file), tokenizer, 16, 2)
+    terms, _ = first_layer_terms(encoder, ids)
+    with torch.no_grad():
+        x = bert.embeddings(input_ids=ids)
+        att = bert.encoder.layer[0].attention.self
+        q = att.query(x).view(2, 16, 2, 16).transpose(1, 2)
+        k = att.key(x).view(2, 16, 2, 16).transpose(1, 2)
+        logits = q @ k.transpose(-1, -2) / 4.0
+    assert torch.allclose(sum(terms.values()).float(), logits, atol=1e-4)
+    assert (
+        main(
+            [
+                "analyze",
+                "--model",
+                str(tmp_path / "bare"),
+                "--text",
+                str(text_file),
+                "--out",
+                str(tmp_path / "o"),
+                "--max-length",
+                "16",
+                "--num-blocks",
+                "2",
+            ]
+        )
+        == 0
+    )
