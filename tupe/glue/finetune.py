@@ -203,9 +203,10 @@ def inspect_checkpoint(model_dir: str | Path, scheme: str | None = None) -> tupl
             f"--scheme {scheme} does not match the checkpoint's position_scheme {config.position_scheme!r} "
             f"({model_dir / 'config.json'}): fine-tuning must use the scheme the model was pre-trained with"
         )
-    files = _weights_files(model_dir)
-    if not files:
-        raise TupeError(f"{model_dir}: no model weights (*.safetensors or pytorch_model.bin)")
+    from tupe.training.checkpointing import check_model_weights
+
+    # safetensors only (pickle weights can run code), each file checked: truncation is one clear error, here
+    files = check_model_weights(model_dir)
     keep = (
         "position_scheme",
         "vocab_size",
