@@ -72,6 +72,12 @@ def test_mrpc_grid_results_predictions_and_resume(tiny_model, glue_dir, tmp_path
     assert res["data"]["train_examples"] == 48 and res["data"]["dev_examples"] == {"dev": 24}
     for run in res["runs"]:
         assert run["steps"] == 3  # ceil(48 / 16) x 1 epoch
+        used = run["trainer"]  # read back from the Trainer itself
+        assert used["learning_rate"] == run["lr"] and used["total_steps"] == 3
+        assert used["warmup_steps"] == 1  # ceil(0.06 x 3)
+        assert used["adam_betas"] == [0.9, 0.999] and used["adam_epsilon"] == 1e-6
+        assert (used["weight_decay"], used["max_grad_norm"], used["train_batch_size"]) == (0.01, 1.0, 16)
+        assert used["lr_scheduler"] == "linear" and used["dropout"] == [0.1, 0.1]
         labels, preds = read_predictions(out / run["predictions"]["dev"])
         assert len(labels) == 24
         assert run["scores"]["dev"]["accuracy"] == pytest.approx(accuracy_score(labels, preds))

@@ -34,7 +34,17 @@ from tupe.glue.tasks import TASKS, GlueTask, Split, TaskData, get_task, load_tas
 PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 PAPER_SEEDS = (1, 2, 3, 4, 5)
 RESULTS_FORMAT = 1
-_RUN_SUMMARY_KEYS = ("lr", "seed", "scores", "main", "train_loss", "steps", "train_seconds", "seconds")
+_RUN_SUMMARY_KEYS = (
+    "lr",
+    "seed",
+    "scores",
+    "main",
+    "train_loss",
+    "steps",
+    "train_seconds",
+    "seconds",
+    "trainer",
+)
 
 
 @dataclass
@@ -64,6 +74,8 @@ class GlueSettings:
     def resolved(self, task: GlueTask, max_positions: int) -> GlueSettings:
         out = GlueSettings(**asdict(self))
         out.task = task.name
+        out.lrs = list(dict.fromkeys(float(x) for x in self.lrs))  # "2e-5,2e-5" is one learning rate
+        out.seeds = list(dict.fromkeys(int(x) for x in self.seeds))
         out.epochs = float(task.epochs if self.epochs is None else self.epochs)
         limit = max_positions
         if self.max_seq_len is None:
@@ -509,6 +521,22 @@ def train_one(
     if save_model:
         trainer.save_model(str(run_dir / "model"))
     losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    a = trainer.args
+    # what the Trainer actually used (not just what was asked), so results.json can be audited
+    used = {
+        "learning_rate": a.learning_rate,
+        "warmup_steps": a.get_warmup_steps(trainer.state.max_steps),
+        "total_steps": trainer.state.max_steps,
+        "lr_scheduler": str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)),
+        "optimizer": str(getattr(a.optim, "value", a.optim)),
+        "adam_betas": [a.adam_beta1, a.adam_beta2],
+        "adam_epsilon": a.adam_epsilon,
+        "weight_decay": a.weight_decay,
+        "max_grad_norm": a.max_grad_norm,
+        "train_batch_size": a.per_device_train_batch_size * max(1, a.n_gpu),
+        "dropout": [model.config.hidden_dropout_prob, model.config.attention_probs_dropout_prob],
+        "device": str(a.device),
+    }
     shutil.rmtree(work, ignore_errors=True)
     return {
         "lr": lr,
@@ -519,6 +547,7 @@ def train_one(
         "train_loss": float(train_out.training_loss),
         "loss_curve": losses,
         "steps": int(trainer.state.global_step),
+        "trainer": used,
         "train_seconds": round(train_seconds, 2),
         "seconds": round(time.time() - t0, 2),  # training and evaluation
     }
