@@ -16,6 +16,7 @@ import glob
 import gzip
 import hashlib
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ class Corpus:
     datasets: list[Path] = field(default_factory=list)
     text_column: str = "text"
     name: str = ""
+    skip_bad_text: bool = False  # drop lines that are not UTF-8 (with a warning) instead of stopping
 
     @property
     def total_bytes(self) -> int:
@@ -44,6 +46,8 @@ class Corpus:
     def fingerprint(self) -> str:
         """Content hash of the whole corpus (not of its paths), so identical text reuses the same caches."""
         h = hashlib.sha256(b"tupe-corpus-v1")
+        if self.skip_bad_text:  # the same bytes read another way are other data: keep the caches apart
+            h.update(b"skip-bad-text")
         for path in self.files:
             fh = hashlib.sha256()
             with path.open("rb") as f:
@@ -93,15 +97,17 @@ def _files_in(folder: Path) -> list[Path]:
     return out
 
 
-def resolve_corpus(sources: list[str] | str | None, text_column: str = "text") -> Corpus:
+def resolve_corpus(
+    sources: list[str] | str | None, text_column: str = "text", skip_bad_text: bool = False
+) -> Corpus:
     """Turn user-given paths/folders/globs into a `Corpus`; `None` or `[]` means the built-in default corpus."""
     if sources is None or sources == []:
-        corpus = resolve_corpus([str(DEFAULT_CORPUS_DIR)], text_column)
+        corpus = resolve_corpus([str(DEFAULT_CORPUS_DIR)], text_column, skip_bad_text)
         corpus.name = "built-in default corpus"
         return corpus
     if isinstance(sources, str | os.PathLike):
         sources = [str(sources)]
-    corpus = Corpus(text_column=text_column)
+    corpus = Corpus(text_column=text_column, skip_bad_text=skip_bad_text)
     seen: set[Path] = set()
     for src in sources:
         src = os.path.expanduser(str(src))
@@ -143,15 +149,40 @@ def _open_binary(path: Path):  # noqa: ANN202 - a binary file object
         raise TupeError(f"cannot read corpus file {path}: {err.strerror or err}") from err
 
 
-def iter_file_lines(path: Path) -> Iterator[list[str]]:
+_warned: set[str] = set()  # one warning per file and process, although a corpus is read twice (BPE, packing)
+
+
+def _decode_skipping(body: bytes, offset: int) -> tuple[str, int, int]:
+    """Decode line by line, dropping lines that are not UTF-8: (text, lines dropped, offset of the first bad byte)."""
+    kept: list[str] = []
+    dropped, first, pos = 0, -1, 0
+    for raw in body.split(b"\n"):
+        try:
+            kept.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            dropped += 1
+            first = offset + pos + err.start if first < 0 else first
+        pos += len(raw) + 1
+    return "\n".join(kept), dropped, first
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[str]]:
     """Yield lists of lines of one file (decoded, CRLF removed), reading bounded chunks.
 
     Raises a one-line `TupeError` with the byte offset (in the decompressed stream for `.gz`) if the file is not
-    UTF-8, and one if it holds no text at all.
+    UTF-8, and one if it holds no text at all. With `skip_bad_text`, lines that are not UTF-8 are dropped instead,
+    with one warning per file (count and first offset); a file with no UTF-8 text at all is then skipped.
     """
     offset = 0  # byte offset of `pending` in the (decompressed) file
     pending = b""
     any_text = False
+    dropped, first_bad = 0, -1
     with _open_binary(path) as fh:
         while True:
             try:
@@ -175,10 +206,15 @@ def iter_file_lines(path: Path) -> Iterator[list[str]]:
             try:
                 text = body.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise TupeError(
-                    f"corpus file {path} is not UTF-8: invalid byte 0x{body[err.start]:02x} at byte offset "
-                    f"{offset + err.start}{' (decompressed)' if path.suffix == '.gz' else ''}"
-                ) from None
+                if not skip_bad_text:
+                    raise TupeError(
+                        f"corpus file {path} is not UTF-8: invalid byte 0x{body[err.start]:02x} at byte offset "
+                        f"{offset + err.start}{' (decompressed)' if path.suffix == '.gz' else ''}; fix or remove "
+                        "it, or pass --skip-bad-text to drop lines that are not UTF-8"
+                    ) from None
+                text, n_bad, first = _decode_skipping(body, offset)
+                dropped += n_bad
+                first_bad = first if first_bad < 0 else first_bad
             offset += len(body)
             lines = text.replace("\r", "").split("\n")
             if lines and lines[-1] == "":
@@ -188,6 +224,12 @@ def iter_file_lines(path: Path) -> Iterator[list[str]]:
             yield lines
             if not chunk:
                 break
+    if dropped:
+        where = f"byte offset {first_bad}{' (decompressed)' if path.suffix == '.gz' else ''}"
+        what = f"skipped {dropped} line(s) that are not UTF-8 (first at {where})"
+        _warn_once(f"corpus file {path}: {what}" + ("; no text left, file skipped" if not any_text else ""))
+        if not any_text:
+            return
     if not any_text:
         raise TupeError(f"corpus file {path} is empty (no text)")
 
@@ -204,7 +246,7 @@ def iter_line_batches(
     ends: list[bool] = []
     done = 0
     for path in corpus.files:
-        for lines in iter_file_lines(path):
+        for lines in iter_file_lines(path, corpus.skip_bad_text):
             for raw in lines:
                 s = raw.strip()
                 if s:
