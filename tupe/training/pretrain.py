@@ -101,6 +101,7 @@ class PretrainConfig:
     resume: bool = False
     overwrite: bool = False
     skip_nonfinite: bool = False
+    skip_bad_text: bool = False
     progress: bool = True
     quiet: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -505,7 +506,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         **flags,
     )
 
-    corpus = resolve_corpus(config.corpus, config.text_column)
+    corpus = resolve_corpus(config.corpus, config.text_column, skip_bad_text=config.skip_bad_text)
     with args.main_process_first(desc="tokenizer and data", local=False):
         if config.tokenizer:
             tokenizer = load_tokenizer(config.tokenizer)
@@ -687,6 +688,11 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
         help="text files, folders, globs (.gz too) or a `datasets` folder; default: the built-in corpus",
     )
     g.add_argument("--text-column", default="text", help="column of a `datasets` corpus (default: text)")
+    g.add_argument(
+        "--skip-bad-text",
+        action="store_true",
+        help="drop corpus lines that are not UTF-8 (one warning per file) instead of stopping",
+    )
     g.add_argument(
         "--tokenizer",
         metavar="PATH",
