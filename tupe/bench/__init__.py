@@ -1,0 +1,1 @@
+"""Benchmarks: `tupe bench` (training step per scheme and backend vs transformers' BERT, attention-only mode)."""

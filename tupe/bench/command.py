@@ -1,0 +1,251 @@
+"""Time one training step of each positional scheme and attention backend against transformers' BERT.
+
+For every scheme x backend, and always for `hf-bert` (transformers' BertForMaskedLM, SDPA attention, same shape,
+vocabulary and dropout), one optimizer step (forward, backward, gradient clipping, fused AdamW) is timed over
+interleaved rounds. Reported: median step time and spread, tokens/s, peak memory, model-FLOPs utilisation
+against the same device's matrix-multiply peak measured in the same run, and every step time as a ratio.
+`--attention-only` times the attention core of the encoder instead (see tupe/bench/attention.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tupe.errors import TupeError
+
+from .flops import Shape, matmul_peak
+from .runner import BACKENDS, HF_BERT
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schemes",
+        default="bert-a,tupe-a,tupe-r",
+        help="comma-separated position schemes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backends",
+        default="eager,sdpa,default",
+        help=f"comma-separated, from {', '.join(BACKENDS)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--preset", default="base", help="model shape from tupe.training.presets (default: base)"
+    )
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=None, help="override the preset's number of layers")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (one step of every model each)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--autocast",
+        choices=["none", "bfloat16", "float16"],
+        default="none",
+        help="mixed precision for every model (default: none, float32)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
+    parser.add_argument("--no-hf-bert", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--attention-only", action="store_true", help="time the attention core (forward + backward) only"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
+    parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+
+
+def _shape(args: argparse.Namespace) -> Shape:
+    try:
+        from tupe.training.presets import get_preset
+
+        preset = get_preset(args.preset)
+    except ImportError:  # pragma: no cover - presets ship with the package
+        if args.preset != "base":
+            raise TupeError(f"unknown preset {args.preset!r}") from None
+        preset = dict(Shape().__dict__)
+    return Shape(
+        hidden_size=preset["hidden_size"],
+        num_hidden_layers=args.layers or preset["num_hidden_layers"],
+        num_attention_heads=preset["num_attention_heads"],
+        intermediate_size=preset["intermediate_size"],
+        vocab_size=preset["vocab_size"],
+        dropout=preset.get("dropout", 0.1),
+    )
+
+
+def _parse_list(value: str, valid, what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    for item in items:
+        if item not in valid:
+            raise TupeError(f"unknown {what} {item!r}; valid: {', '.join(valid)}")
+    if not items:
+        raise TupeError(f"--{what}s is empty")
+    return items
+
+
+def machine_description(device: torch.device) -> dict:
+    info = {
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        except OSError:  # pragma: no cover
+            pass
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    try:
+        info["loadavg_start"] = os.getloadavg()
+    except OSError:  # pragma: no cover
+        pass
+    return info
+
+
+def _fmt_bytes(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def ratios(rows: list[dict]) -> dict[str, float]:
+    """Step-time ratios the targets are stated in (medians of the same run)."""
+    by = {(r["scheme"], r["backend"]): r["step_s_median"] for r in rows}
+    out = {}
+    hf = by.get((HF_BERT, "sdpa"))
+    for (scheme, backend), t in by.items():
+        if scheme == HF_BERT:
+            continue
+        if hf:
+            out[f"{scheme} [{backend}] / hf-bert"] = t / hf
+        bert = by.get(("bert-a", backend))
+        if bert and scheme != "bert-a":
+            out[f"{scheme} / bert-a [{backend}]"] = t / bert
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from tupe import POSITION_SCHEMES
+
+    from .runner import build_hf_bert, build_tupe, make_batch, measure_peak_memory, time_interleaved
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TupeError("--device cuda: no CUDA device is available")
+    schemes = _parse_list(args.schemes, POSITION_SCHEMES, "scheme")
+    backends = _parse_list(args.backends, BACKENDS, "backend")
+    if args.seq_len < 2 or args.batch_size < 1 or args.rounds < 1:
+        raise TupeError("--seq-len must be >= 2, --batch-size and --rounds >= 1")
+    shape = _shape(args)
+    autocast = None if args.autocast == "none" else DTYPES[args.autocast]
+    log = (lambda m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    result: dict = {
+        "command": "tupe " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("tupe") else None,
+        "machine": machine_description(device),
+        "shape": shape.__dict__,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "autocast": args.autocast,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+    if args.attention_only:
+        from .attention import build_attention_candidate, time_attention
+
+        cands = [
+            build_attention_candidate(s, b, shape, args.batch_size, args.seq_len, device)
+            for s in schemes
+            for b in backends
+        ]
+        rows = time_attention(cands, device, args.rounds, args.warmup, log)
+        result["attention"] = rows
+        print(
+            f"attention core, {shape.num_hidden_layers} layers, batch {args.batch_size} x {args.seq_len}, "
+            f"forward + backward, median of {args.rounds}:"
+        )
+        print(f"{'model':28s} {'kernel':7s} {'ms':>9s} {'min':>9s} {'max':>9s} {'vs eager':>9s}")
+        for r in rows:
+            vs = "-" if r["vs_eager"] is None else f"{r['vs_eager']:.3f}"
+            print(
+                f"{r['label']:28s} {r['kernel']:7s} {r['ms_median']:9.1f} {r['ms_min']:9.1f} "
+                f"{r['ms_max']:9.1f} {vs:>9s}"
+            )
+    else:
+        batch = make_batch(args.batch_size, args.seq_len, shape.vocab_size, device)
+        cands = []
+        if not args.no_hf_bert:
+            cands.append(build_hf_bert(shape, args.seq_len, batch, device, torch.float32))
+        for s in schemes:
+            for b in backends:
+                if b == "flex" and device.type != "cuda":
+                    raise TupeError("backend flex needs CUDA (flex_attention has no CPU backward)")
+                cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32))
+        peak_dtype = autocast or torch.float32
+        peak_before, by_size = matmul_peak(device, peak_dtype)
+        log(f"matmul peak before: {peak_before / 1e9:.1f} GFLOP/s {by_size}")
+        time_interleaved(cands, device, args.rounds, args.warmup, autocast, log)
+        peak_after, by_size_after = matmul_peak(device, peak_dtype)
+        log(f"matmul peak after: {peak_after / 1e9:.1f} GFLOP/s")
+        peak = max(peak_before, peak_after)
+        if not args.no_memory:
+            for cand in cands:
+                measure_peak_memory(cand, device, autocast)
+        tokens = args.batch_size * args.seq_len
+        rows = [c.summary(tokens, peak) for c in cands]
+        result["matmul_peak_flops"] = peak
+        result["matmul_peak_by_size"] = {"before": by_size, "after": by_size_after}
+        result["steps"] = rows
+        result["ratios"] = ratios(rows)
+        print(
+            f"training step, batch {args.batch_size} x {args.seq_len}, {shape.num_hidden_layers} x "
+            f"{shape.hidden_size}, vocab {shape.vocab_size}, {args.autocast if autocast else 'float32'}, "
+            f"median of {args.rounds} interleaved rounds; matmul peak {peak / 1e9:.1f} GFLOP/s"
+        )
+        print(
+            f"{'model':26s} {'kernel':7s} {'step s':>8s} {'q1-q3':>13s} {'tok/s':>8s} {'MFU':>6s} "
+            f"{'memory':>10s} {'/hf-bert':>8s}"
+        )
+        hf = next((r["step_s_median"] for r in rows if r["scheme"] == HF_BERT), None)
+        for r in rows:
+            rel = "-" if not hf else f"{r['step_s_median'] / hf:.3f}"
+            print(
+                f"{r['label']:26s} {r['kernel']:7s} {r['step_s_median']:8.3f} "
+                f"{r['step_s_q1']:6.2f}-{r['step_s_q3']:<6.2f} {r['tokens_per_s']:8.1f} "
+                f"{100 * r['mfu']:5.1f}% {_fmt_bytes(r['peak_memory_bytes']):>10s} {rel:>8s}"
+            )
+        print("ratios of median step times:")
+        for k, v in result["ratios"].items():
+            print(f"  {k:40s} {v:.3f}")
+    try:
+        result["machine"]["loadavg_end"] = os.getloadavg()
+    except OSError:  # pragma: no cover
+        pass
+    result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,85 @@
+"""Model FLOPs of one training step, and the device's measured matrix-multiply peak.
+
+Model FLOPs count the matrix multiplications the model's equations need (as in MFU, Chowdhery et al. 2022):
+projections, attention scores and values, the positional term (once per forward for TUPE), the MLM head on the
+rows it actually predicts; backward = 2 x forward. Work an implementation adds (the folded path's wider heads) is
+not counted, so a faster backend scores higher only by running faster.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Encoder shape of a benchmark (BERT-Base by default)."""
+
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    vocab_size: int = 32768
+    dropout: float = 0.1
+
+
+def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted_rows: int) -> float:
+    """Matmul FLOPs of one forward pass (multiply-add = 2 FLOPs).
+
+    `predicted_rows`: rows the MLM head runs on (masked tokens with sparse prediction, batch x seq_len without).
+    `scheme` is a TUPE position scheme or "hf-bert" (BERT-A with a dense head; same count as "bert-a").
+    """
+    h, f, v, layers = shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.num_hidden_layers
+    tokens = batch * seq_len
+    per_layer = 2 * tokens * h * (3 * h) + 2 * tokens * h * h + 2 * 2 * tokens * h * f
+    per_layer += 2 * 2 * batch * seq_len * seq_len * h  # q k^T and probs v, all heads
+    total = layers * per_layer
+    if scheme.startswith("tupe") or scheme == "bert-a-d":
+        total += 2 * 2 * seq_len * h * h  # p U^Q and p U^K, once per forward (shared by the batch and layers)
+    if scheme.startswith("tupe"):
+        total += 2 * seq_len * seq_len * h  # (p U^Q)(p U^K)^T for all heads, once per forward
+    if scheme in ("tupe-a", "tupe-r"):
+        total += 2 * 2 * 2 * h * h  # theta: the two [CLS]-reset vectors through U^Q and U^K
+    total += 2 * predicted_rows * h * h + 2 * predicted_rows * h * v  # MLM head: dense + tied decoder
+    return float(total)
+
+
+def train_step_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted_rows: int) -> float:
+    """Forward + backward (2 x forward) model FLOPs of one optimizer step."""
+    return 3.0 * forward_flops(shape, scheme, batch, seq_len, predicted_rows)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(
+    device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = (1024, 2048, 3072), repeats: int = 5
+) -> tuple[float, dict[int, float]]:
+    """Best FLOP/s of square `a @ b` over a few sizes (median of `repeats` timings each), in `dtype`.
+
+    Returns (peak, {size: FLOP/s}). On a shared CPU the figure moves with the load: measure it in the same run as
+    the steps it divides.
+    """
+    by_size = {}
+    for n in sizes:
+        if device.type == "cuda":
+            n *= 4  # GPUs need larger products to approach their peak
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        for _ in range(2):
+            a @ b
+        _sync(device)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        by_size[n] = 2 * n**3 / times[len(times) // 2]
+    return max(by_size.values()), by_size

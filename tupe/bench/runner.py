@@ -1,0 +1,251 @@
+"""Build the benchmarked models and time them, interleaved, in one process.
+
+Every candidate (a scheme x backend of `tupe`, plus transformers' `BertForMaskedLM` with SDPA as `hf-bert`) trains
+on the same batch shape with the same optimizer; one round runs one step of every candidate in turn (rotating the
+order each round), so that load from other processes on a shared machine hits every candidate alike and the
+ratios stay meaningful even when absolute times move.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .flops import Shape, train_step_flops
+
+# Backend name -> (attn_implementation, TupeModel.attention_kernel, config.fold_positional)
+BACKENDS: dict[str, tuple[str, str, bool]] = {
+    "eager": ("eager", "auto", False),  # the reference: logits materialised as written in the spec
+    "sdpa": ("sdpa", "sdpa", False),  # SDPA, content-free term (+ padding) as one additive mask
+    "sdpa-fold": ("sdpa", "fold", True),  # SDPA, low-rank term folded into q/k (tupe-a, tupe-a-tie-cls)
+    "fused": ("sdpa", "fused", True),  # kernels.biased_attention
+    "flex": ("sdpa", "flex", True),  # flex_attention score_mod (CUDA)
+    "default": ("sdpa", "auto", True),  # what TupeForMaskedLM does out of the box
+}
+HF_BERT = "hf-bert"
+
+
+@dataclass
+class Candidate:
+    """One model + optimizer + batch, and its timings."""
+
+    label: str
+    scheme: str
+    backend: str
+    kernel: str
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: dict[str, torch.Tensor]
+    flops: float
+    times: list[float] = field(default_factory=list)
+    peak_memory: int | None = None
+    memory_method: str = ""
+
+    def step(self) -> None:
+        loss = self.model(**self.batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def summary(self, tokens: int, peak_flops: float) -> dict:
+        times = sorted(self.times)
+        median = statistics.median(times)
+        q1, q3 = (
+            (statistics.quantiles(times, n=4, method="inclusive")[i] for i in (0, 2))
+            if len(times) > 1
+            else (median, median)
+        )
+        return {
+            "label": self.label,
+            "scheme": self.scheme,
+            "backend": self.backend,
+            "kernel": self.kernel,
+            "step_s_median": median,
+            "step_s_q1": q1,
+            "step_s_q3": q3,
+            "step_s_min": times[0],
+            "step_s_max": times[-1],
+            "steps_timed": len(times),
+            "tokens_per_s": tokens / median,
+            "model_tflops_per_step": self.flops / 1e12,
+            "mfu": self.flops / median / peak_flops,
+            "peak_memory_bytes": self.peak_memory,
+            "memory_method": self.memory_method,
+        }
+
+
+def make_batch(
+    batch_size: int, seq_len: int, vocab_size: int, device: torch.device, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Packed full-length blocks (no padding, as RoBERTa full-sentences packing gives), 15% masked (at least 1)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab_size, (batch_size, seq_len), generator=g)
+    ids[:, 0] = 1  # [CLS]
+    masked = torch.rand(batch_size, seq_len, generator=g) < 0.15
+    masked[:, 0] = False
+    masked[:, 1] = True
+    labels = torch.where(masked, ids, torch.full_like(ids, -100))
+    ids = torch.where(masked, torch.full_like(ids, 3), ids)  # [MASK]
+    attention_mask = torch.ones_like(ids)
+    return {
+        k: t.to(device) for k, t in dict(input_ids=ids, attention_mask=attention_mask, labels=labels).items()
+    }
+
+
+def _optimizer(model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    """The recipe's AdamW; the fused implementation where PyTorch has one for the device (CPU and CUDA)."""
+    kwargs = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    try:
+        return torch.optim.AdamW(model.parameters(), fused=True, **kwargs)
+    except (RuntimeError, TypeError):  # pragma: no cover - devices without a fused kernel
+        return torch.optim.AdamW(model.parameters(), **kwargs)
+
+
+def build_tupe(
+    scheme: str,
+    backend: str,
+    shape: Shape,
+    seq_len: int,
+    batch: dict[str, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Candidate:
+    from tupe import TupeConfig, TupeForMaskedLM
+
+    implementation, kernel, fold = BACKENDS[backend]
+    config = TupeConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=max(seq_len, 512),
+        position_scheme=scheme,
+        hidden_dropout_prob=shape.dropout,
+        attention_probs_dropout_prob=shape.dropout,
+        fold_positional=fold,
+    )
+    torch.manual_seed(0)
+    model = TupeForMaskedLM(config).to(device=device, dtype=dtype).train()
+    model.config._attn_implementation = implementation
+    model.tupe.attention_kernel = kernel
+    resolved = "eager"
+    if implementation != "eager":
+        with torch.autocast(device.type, enabled=False):
+            resolved = model.tupe._attention_inputs(seq_len, None, dtype, eager=False).kernel
+    rows = int((batch["labels"] != -100).sum())
+    flops = train_step_flops(shape, scheme, batch["input_ids"].shape[0], seq_len, rows)
+    label = f"{scheme} [{backend}]"
+    return Candidate(label, scheme, backend, resolved, model, _optimizer(model, device), batch, flops)
+
+
+def build_hf_bert(
+    shape: Shape, seq_len: int, batch: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+) -> Candidate:
+    """transformers' BertForMaskedLM, SDPA attention, same shape/vocabulary/dropout; its head predicts every row."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=max(seq_len, 512),
+        hidden_dropout_prob=shape.dropout,
+        attention_probs_dropout_prob=shape.dropout,
+        pad_token_id=0,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = BertForMaskedLM(config).to(device=device, dtype=dtype).train()
+    b = batch["input_ids"].shape[0]
+    flops = train_step_flops(shape, "hf-bert", b, seq_len, b * seq_len)
+    return Candidate(HF_BERT, HF_BERT, "sdpa", "sdpa", model, _optimizer(model, device), batch, flops)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_interleaved(
+    candidates: list[Candidate],
+    device: torch.device,
+    rounds: int,
+    warmup: int,
+    autocast_dtype: torch.dtype | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """`warmup` untimed rounds then `rounds` timed rounds; the order rotates every round."""
+    ctx = (
+        (lambda: torch.autocast(device.type, dtype=autocast_dtype))
+        if autocast_dtype is not None
+        else (lambda: torch.autocast(device.type, enabled=False))
+    )
+    order = list(range(len(candidates)))
+    for r in range(warmup + rounds):
+        for i in order:
+            cand = candidates[i]
+            _sync(device)
+            t0 = time.perf_counter()
+            with ctx():
+                cand.step()
+            _sync(device)
+            elapsed = time.perf_counter() - t0
+            if r >= warmup:
+                cand.times.append(elapsed)
+            if progress is not None:
+                tag = "warm-up" if r < warmup else f"round {r - warmup + 1}/{rounds}"
+                progress(f"{tag}: {cand.label} {elapsed:.3f} s")
+        order = order[1:] + order[:1]
+
+
+def state_bytes(candidate: Candidate) -> int:
+    """Parameters + optimizer state held between steps (gradients are freed by zero_grad(set_to_none=True))."""
+    total = sum(p.numel() * p.element_size() for p in candidate.model.parameters())
+    for state in candidate.optimizer.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
+    return total
+
+
+def measure_peak_memory(
+    candidate: Candidate, device: torch.device, autocast_dtype: torch.dtype | None
+) -> None:
+    """Peak memory of one (untimed) training step: parameters + optimizer state + the step's transient peak.
+
+    CUDA: the caching allocator's `max_memory_allocated`. CPU: PyTorch's profiler memory records, summed in
+    time order at operator granularity (allocations freed inside a single operator are not seen).
+    """
+    ctx = (
+        torch.autocast(device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else torch.autocast(device.type, enabled=False)
+    )
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        with ctx:
+            candidate.step()
+        torch.cuda.synchronize(device)
+        candidate.peak_memory = int(torch.cuda.max_memory_allocated(device))
+        candidate.memory_method = "cuda max_memory_allocated"
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    base = state_bytes(candidate)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, ctx:
+        candidate.step()
+    current = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        current += event.self_cpu_memory_usage
+        peak = max(peak, current)
+    candidate.peak_memory = base + peak
+    candidate.memory_method = "params+optimizer state + profiler peak (op granularity)"
