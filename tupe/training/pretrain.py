@@ -280,6 +280,22 @@ class PretrainTrainer(Trainer):
         # them (it does so when the model "accepts loss kwargs") and must not rescale for accumulation
         self.model_accepts_loss_kwargs = True
 
+    def train(self, resume_from_checkpoint=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        """The Trainer's train(), except that a checkpoint taken at max_steps is only loaded: transformers 5.23,
+        resumed from there, trains one step past max_steps (a run killed during its final evaluation or save)."""
+        from transformers import TrainerState
+        from transformers.trainer import TRAINER_STATE_NAME
+        from transformers.trainer_utils import TrainOutput
+
+        if resume_from_checkpoint is not None:
+            state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
+            if 0 < self.args.max_steps <= state.global_step:
+                self._load_from_checkpoint(resume_from_checkpoint)
+                self.state = state
+                losses = [h["loss"] for h in state.log_history if "loss" in h]
+                return TrainOutput(state.global_step, sum(losses) / max(1, len(losses)), {})
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
     def _get_train_sampler(self, train_dataset=None):  # noqa: ANN001, ANN202
         return (
             self._tupe_sampler
