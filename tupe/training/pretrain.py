@@ -426,6 +426,23 @@ def _fsync_tree(path: str) -> None:
                 pass
 
 
+def _save_final_model(trainer: Trainer, out: Path) -> None:
+    """save_model into a staging folder, then rename each file into `out`: a kill never leaves a half-written
+    model.safetensors (or tokenizer file) under its final name."""
+    staging = out / ".tmp-final"
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging))
+    if trainer.args.should_save:
+        _fsync_tree(str(staging))
+        for p in sorted(staging.iterdir()):
+            os.replace(p, out / p.name)
+        _fsync_dir(str(out))
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -671,7 +688,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     else:
         evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
         final_eval = evals[-1] if evals else trainer.evaluate()["eval_loss"]
-    trainer.save_model(str(out))
+    _save_final_model(trainer, out)
     summary = {
         "scheme": config.scheme,
         "preset": config.preset,
@@ -688,7 +705,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         "nonfinite_skipped": trainer.nonfinite_skipped,
     }
     if _is_main():
-        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+        atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))  # last: marks the run finished
         log(f"done: {summary['steps']} steps, validation loss {final_eval:.4f}; model saved to {out}")
     return summary
 
