@@ -28,7 +28,12 @@ import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from tupe.errors import TupeError
-from tupe.training.checkpointing import MANIFEST_NAME, atomic_write_text, find_latest_checkpoint
+from tupe.training.checkpointing import (
+    MANIFEST_NAME,
+    atomic_write_text,
+    find_latest_checkpoint,
+    list_checkpoints,
+)
 from tupe.training.presets import PRESETS, get_preset
 
 RUN_FILE = "tupe_run.json"
@@ -118,6 +123,12 @@ class PretrainConfig:
 
 def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def _warn(msg: str) -> None:
+    """Warnings a user must see even with --quiet (a checkpoint skipped as corrupt), on stderr."""
+    if _is_main():
+        print(msg, file=sys.stderr, flush=True)
 
 
 class _Log:
@@ -623,7 +634,12 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     nonfinite_skipped = 0
     if action == "resume":
         # the newest checkpoint that verifies (manifest sizes + SHA-256), not just the highest checkpoint-N name
-        latest = find_latest_checkpoint(out, log=log)
+        latest = find_latest_checkpoint(out, log=_warn)
+        if latest is None and list_checkpoints(out):
+            raise TupeError(
+                f"--resume: no complete checkpoint in {out} (every checkpoint-N failed verification, see the "
+                "warnings); use --overwrite to start again"
+            )
         resume_from = str(latest) if latest is not None else None
         if latest is not None and (latest / MANIFEST_NAME).is_file():
             nonfinite_skipped = int(
