@@ -4,8 +4,8 @@ Why these exist (measured on the project's 2-core AVX-512 CPU, see `docs/benchma
 - `torch.nn.functional.dropout` on CPU draws its mask with `bernoulli_`, several times slower than a uniform
   draw and a comparison; with attention dropout, SDPA on CPU also falls back to its unfused "math" kernel, which
   materialises scores, scaled scores, biased scores, probabilities and dropped probabilities as separate n x n
-  tensors. `biased_attention` keeps one n x n buffer in the forward pass (probabilities, softmax in place) plus a
-  one-byte keep mask, takes the content-free term (computed once per forward pass) as a broadcast (h, n, n)
+  tensors. `biased_attention` keeps one n x n buffer in the forward pass (probabilities, softmax in place) plus the
+  scaled keep mask (made in place in the uniform draw), takes the content-free term (computed once per forward pass) as a broadcast (h, n, n)
   tensor, never a (b x h, n, n) copy, and returns its gradient summed over the batch.
 - `fold_queries_keys` turns a low-rank content-free term (TUPE-A) and the key padding into extra query/key
   columns, padded to a multiple of 8, so SDPA runs without any n x n mask (fused GPU kernels, long sequences).
@@ -22,23 +22,27 @@ from torch import nn
 FOLD_PAD_LOGIT = -1.0e4
 
 
-def _keep_mask(shape: torch.Size, p: float, like: torch.Tensor) -> torch.Tensor:
-    """Bernoulli(1 - p) keep mask from one uniform draw (2^-24 resolution, like `torch.rand`)."""
-    return torch.rand(shape, device=like.device, dtype=torch.float32) >= p
+def _keep_scale(shape: torch.Size, p: float, like: torch.Tensor) -> torch.Tensor:
+    """Float mask, 1 / (1 - p) where kept and 0 where dropped (Bernoulli(1 - p) from one `torch.rand` draw).
+
+    Made in place in the uniform draw's own buffer: a bool mask would be converted to a float copy by every
+    multiplication (slower than the multiplication itself on CPU), and masked_fill is slower still.
+    """
+    keep = torch.rand(shape, device=like.device, dtype=like.dtype if like.is_floating_point() else None)
+    return keep.ge_(p).mul_(1.0 / (1.0 - p))
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        keep = _keep_mask(x.shape, p, x)
+        keep = _keep_scale(x.shape, p, x)
         ctx.save_for_backward(keep)
-        ctx.scale = 1.0 / (1.0 - p)
-        return x * keep * ctx.scale
+        return x * keep
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None
+        return grad * keep, None
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -64,24 +68,20 @@ class _BiasedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, padding, scale: float, dropout_p: float):
-        s = torch.matmul(q * scale, k.transpose(-1, -2))  # (b, h, n, n): the only n x n float buffer kept
+        s = torch.matmul(q * scale, k.transpose(-1, -2))  # (b, h, n, n)
         if bias is not None:
-            s.add_(bias)
+            s.add_(bias)  # (h, n, n) broadcast over the batch, never expanded
         if padding is not None:
             s.add_(padding)
-        torch.softmax(s, dim=-1, out=s)
+        torch.softmax(s, dim=-1, out=s)  # in place: the only n x n float buffer kept for backward
         keep = None
         if dropout_p > 0.0:
-            inv = 1.0 / (1.0 - dropout_p)
-            u = torch.rand(s.shape, device=s.device, dtype=torch.float32)
-            keep = u >= dropout_p
-            dropped = torch.mul(s, keep, out=u if u.dtype == s.dtype else None)
-            out = torch.matmul(dropped, v * inv)
-            del dropped, u
+            keep = _keep_scale(s.shape, dropout_p, s)  # 0 or 1 / (1 - p)
+            out = torch.matmul(s * keep, v)
         else:
             out = torch.matmul(s, v)
         ctx.save_for_backward(q, k, v, s, keep)
-        ctx.scale, ctx.dropout_p = scale, dropout_p
+        ctx.scale = scale
         ctx.bias_shape = None if bias is None else bias.shape
         return out
 
@@ -89,8 +89,7 @@ class _BiasedAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, probs, keep = ctx.saved_tensors
         if keep is not None:
-            dout = dout * (1.0 / (1.0 - ctx.dropout_p))  # scale the small (n, d) side, not an n x n one
-            buf = torch.mul(probs, keep)
+            buf = probs * keep  # the dropped, rescaled probabilities the forward multiplied v by
             dv = torch.matmul(buf.transpose(-1, -2), dout) if ctx.needs_input_grad[2] else None
             torch.matmul(dout, v.transpose(-1, -2), out=buf)
             buf.mul_(keep)
@@ -103,7 +102,10 @@ class _BiasedAttention(torch.autograd.Function):
         dk = torch.matmul(ds.transpose(-1, -2), q).mul_(ctx.scale) if ctx.needs_input_grad[1] else None
         dbias = None
         if ctx.bias_shape is not None and ctx.needs_input_grad[3]:
-            dbias = ds.sum_to_size(ctx.bias_shape)
+            if ds.shape[0] == 1 and ds.dim() == len(ctx.bias_shape) + 1:
+                dbias = ds[0]  # batch of one: a view, no reduction pass
+            else:
+                dbias = ds.sum_to_size(ctx.bias_shape)
         return dq, dk, dv, dbias, None, None, None
 
 
@@ -121,8 +123,8 @@ def biased_attention(
     Args:
         q, k, v: (b, h, n, d). bias: (h, n, n) or None, differentiable (it carries TUPE's positional gradient).
         padding: (b, 1, 1, n) additive key mask (0 / dtype-min) or None. scale: factor on `q k^T`.
-    Returns (b, h, n, d). Equal to the eager reference (same dropout distribution; the mask comes from one
-    `torch.rand` draw). Float32/float64 only: under autocast the caller uses SDPA instead.
+    Returns (b, h, n, d). Equal to the eager reference (same dropout distribution; an element is kept
+    where `torch.rand(...) >= p`). Float32/float64 only: under autocast the caller uses SDPA instead.
     """
     return _BiasedAttention.apply(q, k, v, bias, padding, scale, dropout_p)
 
