@@ -28,8 +28,8 @@ def _keep_scale(shape: torch.Size, p: float, like: torch.Tensor) -> torch.Tensor
     Made in place in the uniform draw's own buffer: a bool mask would be converted to a float copy by every
     multiplication (slower than the multiplication itself on CPU), and masked_fill is slower still.
     """
-    keep = torch.rand(shape, device=like.device, dtype=like.dtype if like.is_floating_point() else None)
-    return keep.ge_(p).mul_(1.0 / (1.0 - p))
+    keep = torch.rand(shape, device=like.device, dtype=torch.float32)  # float32 draw whatever the dtype
+    return keep.ge_(p).mul_(1.0 / (1.0 - p)).to(like.dtype)
 
 
 class _Dropout(torch.autograd.Function):
