@@ -158,6 +158,8 @@ def _decode_skipping(body: bytes, offset: int) -> tuple[str, int, int]:
     dropped, first, pos = 0, -1, 0
     for raw in body.split(b"\n"):
         try:
+            if b"\x00" in raw:
+                raise UnicodeDecodeError("utf-8", raw, raw.index(b"\x00"), raw.index(b"\x00") + 1, "NUL byte")
             kept.append(raw.decode("utf-8"))
         except UnicodeDecodeError as err:
             dropped += 1
@@ -203,12 +205,15 @@ def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[st
             if offset == 0 and body.startswith(b"\xef\xbb\xbf"):
                 body = body[3:]
                 offset = 3
+            nul = body.find(b"\x00")  # valid UTF-8, but never in text: a binary file, or UTF-16 without BOM
             try:
+                if nul >= 0:
+                    raise UnicodeDecodeError("utf-8", body, nul, nul + 1, "NUL byte")
                 text = body.decode("utf-8")
             except UnicodeDecodeError as err:
                 if not skip_bad_text:
                     raise TupeError(
-                        f"corpus file {path} is not UTF-8: invalid byte 0x{body[err.start]:02x} at byte offset "
+                        f"corpus file {path} is not UTF-8 text: invalid byte 0x{body[err.start]:02x} at byte offset "
                         f"{offset + err.start}{' (decompressed)' if path.suffix == '.gz' else ''}; fix or remove "
                         "it, or pass --skip-bad-text to drop lines that are not UTF-8"
                     ) from None
