@@ -207,9 +207,9 @@ def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[st
                 offset = 3
             nul = body.find(b"\x00")  # valid UTF-8, but never in text: a binary file, or UTF-16 without BOM
             try:
+                text = body.decode("utf-8") if nul < 0 else body[:nul].decode("utf-8")
                 if nul >= 0:
                     raise UnicodeDecodeError("utf-8", body, nul, nul + 1, "NUL byte")
-                text = body.decode("utf-8")
             except UnicodeDecodeError as err:
                 if not skip_bad_text:
                     raise TupeError(
