@@ -1,0 +1,525 @@
+"""Every bad input the reliability suite tries, as data: how to make it, the command, what the error must say.
+
+Used by `test_bad_inputs.py` (which asserts exit code 2, one `error:` line with the needles, no traceback) and by
+`python -m tests.reliability.bad_inputs` (which prints the Markdown table of docs/reliability.md with the messages
+the CLI really gives).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Ctx:
+    """What a case may use: a scratch folder and the shared tiny artefacts."""
+
+    tmp: Path
+    corpus: Path  # a folder of valid text
+    tokenizer: Path  # a tokenizer folder following the tupe contract
+    cache: Path
+    finished_run: Path  # a completed tiny `tupe pretrain` run (do not modify: copy it)
+    glue_model: Path  # a tiny tupe-a checkpoint with tokenizer (do not modify: copy it)
+    glue_data: Path  # a GLUE root with SST-2, STS-B and MRPC (do not modify: copy it)
+
+    def pretrain(self, **over: object) -> list[str]:
+        from .conftest import pretrain_args
+
+        opts: dict[str, object] = {"corpus": self.corpus, "tokenizer": self.tokenizer, "max_steps": 2, **over}
+        corpus, tokenizer = opts.pop("corpus"), opts.pop("tokenizer")
+        out = opts.pop("out", self.tmp / "out")
+        return pretrain_args(corpus, tokenizer, self.cache, out, **opts)  # type: ignore[arg-type]
+
+    def glue(self, *extra: object, model: Path | None = None, task: str = "SST-2") -> list[str]:
+        args = ["glue", "--model", model or self.glue_model, "--task", task, "--out", self.tmp / "g"]
+        if "--train-file" not in extra and "--data-dir" not in extra:
+            args += ["--data-dir", self.glue_data]
+        return [*args, "--lrs", "1e-4", "--seeds", "1", "--epochs", "1", *extra]
+
+    def copy_model(self) -> Path:
+        return Path(shutil.copytree(self.glue_model, self.tmp / "model"))
+
+    def copy_task(self, task: str) -> Path:
+        return Path(shutil.copytree(self.glue_data / task, self.tmp / "data" / task))
+
+
+@dataclass
+class Case:
+    id: str
+    what: str  # the bad input, in words (a row of the docs table)
+    make: Callable[[Ctx], list]  # builds the files, returns the CLI arguments
+    needles: tuple[str, ...]  # what the one error line must contain
+
+
+def _write(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def _corpus_with(ctx: Ctx, name: str, data: bytes) -> Path:
+    folder = Path(shutil.copytree(ctx.corpus, ctx.tmp / "corpus"))
+    _write(folder / name, data)
+    return folder
+
+
+def _gz(data: bytes) -> bytes:
+    return gzip.compress(data, mtime=0)
+
+
+def _copy_run(ctx: Ctx) -> Path:
+    return Path(shutil.copytree(ctx.finished_run, ctx.tmp / "run"))
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _bert_config(ctx: Ctx) -> list:
+    m = ctx.copy_model()
+    cfg = json.loads((m / "config.json").read_text())
+    cfg["model_type"] = "bert"
+    (m / "config.json").write_text(json.dumps(cfg))
+    return ctx.glue(model=m)
+
+
+def _bin_only(ctx: Ctx) -> list:
+    import torch
+    from safetensors.torch import load_file
+
+    m = ctx.copy_model()
+    torch.save(load_file(m / "model.safetensors"), m / "pytorch_model.bin")
+    (m / "model.safetensors").unlink()
+    return ctx.glue(model=m)
+
+
+def _bad_tokenizer(ctx: Ctx) -> list:
+    from tupe.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(ctx.tokenizer)
+    vocab = tok.backend_tokenizer.to_str()
+    data = json.loads(vocab)
+    for entry in data["added_tokens"]:  # swap [CLS] and [SEP]: the model reads token 0 as [CLS]
+        entry["content"] = {"[CLS]": "[SEP]", "[SEP]": "[CLS]"}.get(entry["content"], entry["content"])
+    model_vocab = data["model"]["vocab"]
+    model_vocab["[CLS]"], model_vocab["[SEP]"] = model_vocab["[SEP]"], model_vocab["[CLS]"]
+    path = _write(ctx.tmp / "badtok" / "tokenizer.json", json.dumps(data))
+    return ctx.pretrain(tokenizer=path)
+
+
+def _glue_file(ctx: Ctx, task: str, name: str, text: str | bytes) -> list:
+    d = ctx.copy_task(task)
+    _write(d / name, text)
+    return [
+        "glue", "--model", ctx.glue_model, "--task", task, "--data-dir", d.parent, "--out", ctx.tmp / "g",
+        "--lrs", "1e-4", "--seeds", "1", "--epochs", "1",
+    ]  # fmt: skip
+
+
+def _other_glue_run(ctx: Ctx) -> list:
+    from tupe.cli import main
+
+    base = ctx.glue("--max-train-samples", "8", "--max-eval-samples", "4", "--batch-size", "8")
+    assert main([str(a) for a in base]) == 0
+    return ctx.glue("--max-train-samples", "8", "--max-eval-samples", "4", "--batch-size", "4")
+
+
+def _corrupt_latest_and_previous(ctx: Ctx) -> list:
+    run = _copy_run(ctx)
+    for ckpt in sorted(run.glob("checkpoint-*")):
+        _truncate(ckpt / "model.safetensors")
+    return ctx.pretrain(out=run, resume=True)
+
+
+CASES: list[Case] = [
+    # ---------------------------------------------------------------------------------------- pretrain: corpus
+    Case(
+        "corpus-missing",
+        "`--corpus` path that does not exist",
+        lambda c: c.pretrain(corpus=c.tmp / "nope.txt"),
+        ("corpus path not found", "nope.txt"),
+    ),
+    Case(
+        "corpus-empty-file",
+        "empty corpus file",
+        lambda c: c.pretrain(corpus=_write(c.tmp / "empty.txt", "")),
+        ("empty.txt", "is empty (no text)"),
+    ),
+    Case(
+        "corpus-blank-file",
+        "corpus file with only blank lines / spaces",
+        lambda c: c.pretrain(corpus=_write(c.tmp / "blank.txt", "\n  \n\t\n")),
+        ("blank.txt", "is empty"),
+    ),
+    Case(
+        "corpus-empty-folder",
+        "corpus folder with no files",
+        lambda c: c.pretrain(corpus=(c.tmp / "d").mkdir() or c.tmp / "d"),
+        ("holds no text file",),
+    ),
+    Case(
+        "corpus-glob-nothing",
+        "glob pattern that matches nothing",
+        lambda c: c.pretrain(corpus=str(c.tmp / "*.nothing")),
+        ("matches no file",),
+    ),
+    Case(
+        "corpus-latin1",
+        "Latin-1 (not UTF-8) file among good ones",
+        lambda c: c.pretrain(
+            corpus=_corpus_with(c, "latin.txt", "ok line\ncaf\xe9 au lait\n".encode("latin-1"))
+        ),
+        ("latin.txt", "is not UTF-8", "invalid byte 0xe9 at byte offset 11", "--skip-bad-text"),
+    ),
+    Case(
+        "corpus-binary",
+        "binary file (PNG) in the corpus folder",
+        lambda c: c.pretrain(corpus=_corpus_with(c, "image.png", b"\x89PNG\r\n\x1a\n" + bytes(range(256)))),
+        ("image.png", "is not UTF-8", "byte offset 0"),
+    ),
+    Case(
+        "corpus-utf16",
+        'UTF-16 text file without byte-order mark (Windows "Unicode")',
+        lambda c: c.pretrain(corpus=_write(c.tmp / "w.txt", "hello world\n".encode("utf-16-le"))),
+        ("w.txt", "is not UTF-8 text", "invalid byte 0x00 at byte offset 1"),
+    ),
+    Case(
+        "corpus-utf16-bom",
+        "UTF-16 text file with byte-order mark",
+        lambda c: c.pretrain(corpus=_write(c.tmp / "b.txt", "hello world\n".encode("utf-16"))),
+        ("b.txt", "is not UTF-8 text", "invalid byte 0xff at byte offset 0"),
+    ),
+    Case(
+        "corpus-gz-bad-utf8",
+        "`.gz` file whose decompressed text is not UTF-8",
+        lambda c: c.pretrain(corpus=_write(c.tmp / "x.txt.gz", _gz(b"good\nbad \xff\n"))),
+        ("x.txt.gz", "byte offset 9 (decompressed)"),
+    ),
+    Case(
+        "corpus-gz-corrupt",
+        "`.gz` file that is not gzip",
+        lambda c: c.pretrain(corpus=_write(c.tmp / "y.txt.gz", b"plain text, not gzip\n")),
+        ("cannot read corpus file", "y.txt.gz", "Not a gzipped file"),
+    ),
+    Case(
+        "corpus-gz-truncated",
+        "`.gz` file cut short (interrupted download)",
+        lambda c: c.pretrain(
+            corpus=_write(c.tmp / "z.txt.gz", _gz(bytes(range(256)) * 64 + b"\n" * 10)[:300])
+        ),
+        ("cannot read corpus file", "z.txt.gz"),
+    ),
+    Case(
+        "corpus-too-small",
+        "corpus too small for two blocks",
+        lambda c: c.pretrain(corpus=_write(c.tmp / "tiny.txt", "one two three\n")),
+        ("corpus too small",),
+    ),
+    Case(
+        "dataset-no-column",
+        "`datasets` folder without the text column",
+        lambda c: c.pretrain(corpus=_dataset(c)),
+        ("has no column 'text'", "--text-column"),
+    ),
+    # ---------------------------------------------------------------------------------------- pretrain: options
+    Case(
+        "scheme-unknown",
+        "unknown `--scheme`",
+        lambda c: c.pretrain(scheme="tupe-x"),
+        ("unknown scheme 'tupe-x'", "tupe-a"),
+    ),
+    Case(
+        "preset-unknown",
+        "unknown `--preset`",
+        lambda c: c.pretrain(preset="huge"),
+        ("--preset", "invalid choice: 'huge'"),
+    ),
+    Case(
+        "option-not-a-number",
+        "`--max-steps` that is not a number",
+        lambda c: c.pretrain(max_steps="ten"),
+        ("--max-steps", "invalid int value: 'ten'"),
+    ),
+    Case(
+        "steps-zero", "`--max-steps 0`", lambda c: c.pretrain(max_steps=0), ("--max-steps must be positive",)
+    ),
+    Case(
+        "heads-not-dividing",
+        "`--num-heads` that does not divide `--hidden-size`",
+        lambda c: c.pretrain(num_heads=3),
+        ("hidden_size (32) must be a multiple of num_attention_heads (3)",),
+    ),
+    Case("max-length-1", "`--max-length 1`", lambda c: c.pretrain(max_length=1), ("at least 2",)),
+    Case(
+        "vocab-too-small",
+        "`--vocab-size` too small for a byte-level BPE",
+        lambda c: c.pretrain(tokenizer=None, vocab_size=100),
+        ("--vocab-size 100 is too small",),
+    ),
+    Case(
+        "tokenizer-missing",
+        "`--tokenizer` path that does not exist",
+        lambda c: c.pretrain(tokenizer=c.tmp / "tok"),
+        ("tokenizer not found",),
+    ),
+    Case(
+        "tokenizer-wrong-specials",
+        "tokenizer whose special-token ids break the contract",
+        _bad_tokenizer,
+        ("tokenizer.json", "special token [CLS] has id 2", "need 1"),
+    ),
+    Case(
+        "precision-bf16-cpu",
+        "`--precision bf16` without a GPU",
+        lambda c: c.pretrain(precision="bf16"),
+        ("--precision bf16 needs a GPU",),
+    ),
+    Case(
+        "batch-not-divisible",
+        "global batch not divisible by `--grad-accum`",
+        lambda c: c.pretrain(grad_accum=3),
+        ("not divisible",),
+    ),
+    # ---------------------------------------------------------------------------------------- pretrain: --out
+    Case(
+        "out-is-file", "`--out` is a file", lambda c: c.pretrain(out=_write(c.tmp / "f", "x")), ("is a file",)
+    ),
+    Case(
+        "out-foreign",
+        "`--out` holds unrelated files (never wiped, even with --overwrite)",
+        lambda c: c.pretrain(out=_write(c.tmp / "mine" / "notes.txt", "keep").parent, overwrite=True),
+        ("not a tupe run folder", "notes.txt"),
+    ),
+    Case(
+        "out-other-run",
+        "`--out` holds a run with another scheme",
+        lambda c: c.pretrain(out=_copy_run(c), scheme="bert-a", resume=True),
+        ("holds a different run", "scheme: 'tupe-a' -> 'bert-a'", "--overwrite"),
+    ),
+    Case(
+        "out-same-run",
+        "`--out` holds this run and neither --resume nor --overwrite",
+        lambda c: c.pretrain(out=_copy_run(c)),
+        ("already holds this run", "--resume"),
+    ),
+    Case(
+        "out-run-file-corrupt",
+        "`--out` with a corrupt tupe_run.json",
+        lambda c: c.pretrain(out=_write(_copy_run(c) / "tupe_run.json", '{"scheme": ').parent, resume=True),
+        ("tupe_run.json", "unreadable"),
+    ),
+    Case(
+        "resume-all-checkpoints-corrupt",
+        "`--resume` where every checkpoint's weights are truncated",
+        _corrupt_latest_and_previous,
+        ("no complete checkpoint",),
+    ),
+    # ---------------------------------------------------------------------------------------------------- GLUE
+    Case(
+        "glue-task-unknown",
+        "unknown GLUE `--task`",
+        lambda c: c.glue(task="SST-9"),
+        ("unknown GLUE task 'SST-9'",),
+    ),
+    Case(
+        "glue-missing-column",
+        "TSV without the label column",
+        lambda c: _glue_file(c, "SST-2", "train.tsv", "sentence\tscore\nfine\t1\n"),
+        ("train.tsv:1", "missing column 'label'"),
+    ),
+    Case(
+        "glue-unknown-label",
+        "TSV with an unknown label",
+        lambda c: _glue_file(c, "SST-2", "dev.tsv", "sentence\tlabel\nfine\t1\nmeh\tpositive\n"),
+        ("dev.tsv:3", "unknown label 'positive'"),
+    ),
+    Case(
+        "glue-malformed-row",
+        "TSV row with a missing field",
+        lambda c: _glue_file(
+            c,
+            "MRPC",
+            "train.tsv",
+            "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\ta\tb\n0\t3\t4\tonly one sentence\n",
+        ),
+        ("train.tsv:3", "malformed row", "4 tab-separated fields, expected 5"),
+    ),
+    Case(
+        "glue-stsb-range",
+        "STS-B score outside 0-5",
+        lambda c: _glue_file(
+            c,
+            "STS-B",
+            "dev.tsv",
+            "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\t"
+            "sentence1\tsentence2\tscore\n0\tg\tf\ty\t0\ts\ts\ta\tb\t7.5\n",
+        ),
+        ("dev.tsv:2", "outside the STS-B range"),
+    ),
+    Case(
+        "glue-not-utf8",
+        "TSV that is not UTF-8",
+        lambda c: _glue_file(c, "SST-2", "train.tsv", "sentence\tlabel\ncaf\xe9\t1\n".encode("latin-1")),
+        ("train.tsv", "not UTF-8", "byte 18"),
+    ),
+    Case(
+        "glue-empty-file",
+        "empty TSV",
+        lambda c: _glue_file(c, "SST-2", "dev.tsv", ""),
+        ("dev.tsv:1", "empty file"),
+    ),
+    Case(
+        "glue-jsonl-bad-line",
+        "JSON-lines dev file with a broken line",
+        lambda c: c.glue(
+            "--train-file",
+            c.glue_data / "SST-2" / "train.tsv",
+            "--dev-file",
+            _write(c.tmp / "dev.jsonl", '{"sentence": "ok", "label": 1}\n{"sentence": "cut\n'),
+        ),
+        ("dev.jsonl:2", "not JSON"),
+    ),
+    Case(
+        "glue-model-missing",
+        "`--model` folder that does not exist",
+        lambda c: c.glue(model=c.tmp / "nomodel"),
+        ("no config.json",),
+    ),
+    Case(
+        "glue-model-bert",
+        "checkpoint of another model type (BERT config)",
+        _bert_config,
+        ("model_type 'bert' is not a tupe model",),
+    ),
+    Case(
+        "glue-scheme-mismatch",
+        "`--scheme` other than the checkpoint's",
+        lambda c: c.glue("--scheme", "bert-a"),
+        ("--scheme bert-a does not match", "'tupe-a'"),
+    ),
+    Case(
+        "glue-config-corrupt",
+        "config.json that is not JSON",
+        lambda c: c.glue(model=_write(c.copy_model() / "config.json", "{ not json").parent),
+        ("config.json", "cannot read the model config"),
+    ),
+    Case(
+        "glue-weights-truncated",
+        "truncated model.safetensors (interrupted copy)",
+        lambda c: c.glue(model=(lambda m: _truncate(m / "model.safetensors") or m)(c.copy_model())),
+        ("model.safetensors: corrupt or truncated safetensors file",),
+    ),
+    Case(
+        "glue-weights-garbage",
+        "model.safetensors that is not safetensors",
+        lambda c: c.glue(model=_write(c.copy_model() / "model.safetensors", b"<html>404</html>").parent),
+        ("model.safetensors: corrupt or truncated",),
+    ),
+    Case(
+        "glue-weights-pickle",
+        "only pytorch_model.bin (pickle) weights",
+        _bin_only,
+        ("only pickle weights", "save_pretrained"),
+    ),
+    Case(
+        "glue-no-tokenizer",
+        "checkpoint folder without tokenizer files",
+        lambda c: c.glue(model=(lambda m: [p.unlink() for p in m.glob("tokenizer*")] and m)(c.copy_model())),
+        ("no tokenizer files",),
+    ),
+    Case(
+        "glue-too-long",
+        "`--max-seq-len` longer than the model allows",
+        lambda c: c.glue("--max-seq-len", "4096"),
+        ("--max-seq-len 4096 exceeds", "max_position_embeddings 64"),
+    ),
+    Case(
+        "glue-lrs-not-numbers",
+        "`--lrs` that are not numbers",
+        lambda c: c.glue("--lrs", "fast"),
+        ("--lrs", "expected comma-separated numbers"),
+    ),
+    Case(
+        "glue-out-other-settings",
+        "`--out` holds grid runs made with other settings",
+        _other_glue_run,
+        ("made with other settings", "--overwrite"),
+    ),
+    # ------------------------------------------------------------------------------------------------ analyze
+    Case(
+        "analyze-model-missing",
+        "`--model` that does not exist",
+        lambda c: ["analyze", "--model", c.tmp / "none", "--out", c.tmp / "a"],
+        ("does not exist",),
+    ),
+    Case(
+        "analyze-model-type",
+        "checkpoint of an unsupported model type",
+        lambda c: [
+            "analyze",
+            "--model",
+            _write(c.copy_model() / "config.json", '{"model_type": "gpt2"}').parent,
+            "--out",
+            c.tmp / "a",
+        ],
+        ("model_type 'gpt2' is not supported",),
+    ),
+    Case(
+        "analyze-weights-truncated",
+        "truncated model.safetensors",
+        lambda c: [
+            "analyze",
+            "--model",
+            (lambda m: _truncate(m / "model.safetensors") or m)(c.copy_model()),
+            "--out",
+            c.tmp / "a",
+        ],
+        ("corrupt or truncated safetensors file",),
+    ),
+    # ---------------------------------------------------------------------------------------------------- CLI
+    Case("command-unknown", "unknown command", lambda c: ["pretrian"], ("invalid choice: 'pretrian'",)),
+]
+
+
+def _dataset(ctx: Ctx) -> Path:
+    import datasets
+
+    path = ctx.tmp / "ds"
+    datasets.Dataset.from_dict({"body": ["some text"] * 4}).save_to_disk(str(path))
+    return path
+
+
+def markdown_table(ctx: Ctx) -> str:
+    """Run every case and return the docs table (message with the scratch folder shown as DIR)."""
+    import contextlib
+    import io
+
+    from tupe.cli import main
+
+    rows = ["| bad input | command | message (one line, exit code 2) | test |", "|---|---|---|---|"]
+    for case in CASES:
+        case_tmp = ctx.tmp / case.id
+        case_tmp.mkdir(parents=True, exist_ok=True)
+        c = Ctx(
+            case_tmp, ctx.corpus, ctx.tokenizer, ctx.cache, ctx.finished_run, ctx.glue_model, ctx.glue_data
+        )
+        argv = [str(a) for a in case.make(c)]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(argv)
+        line = next(
+            (ln for ln in err.getvalue().splitlines() if ": error: " in ln), f"(no error, exit {code})"
+        )
+        for path, name in ((case_tmp, "DIR"), (ctx.glue_model, "MODEL"), (ctx.glue_data, "GLUE"),
+                           (ctx.tokenizer, "TOK"), (ctx.corpus, "CORPUS"), (ctx.cache, "CACHE")):  # fmt: skip
+            line = line.replace(str(path), name)
+        rows.append(
+            f"| {case.what} | `tupe {argv[0]}` | `{line}` | `test_bad_inputs.py::test_bad_input[{case.id}]` |"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,107 @@
+"""Every bad input of `bad_inputs.CASES`, through the real CLI (`tupe.cli.main`): exit code 2, exactly one
+`tupe COMMAND: error: ...` line naming the file/line/value, and no traceback. Plus the `--debug` escape hatch and
+the inputs that are accepted with a warning when the user asks for it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .bad_inputs import CASES, Case, Ctx
+from .conftest import assert_user_error, pretrain_args, run_cli
+
+
+@pytest.fixture(scope="session")
+def finished_run(rel_corpus, rel_tokenizer, rel_cache, tmp_path_factory):  # noqa: ANN001, ANN201
+    from tupe.cli import main
+
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main([str(a) for a in pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, max_steps=4)]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def glue_assets(tmp_path_factory):  # noqa: ANN001, ANN201
+    from tests.glue.fixtures import make_checkpoint, write_task
+
+    root = tmp_path_factory.mktemp("rel_glue")
+    model = make_checkpoint(root / "model")
+    for task in ("SST-2", "STS-B", "MRPC"):
+        write_task(root / "data", task, n_train=16, n_dev=8)
+    return model, root / "data"
+
+
+@pytest.fixture()
+def ctx(tmp_path, rel_corpus, rel_tokenizer, rel_cache, finished_run, glue_assets) -> Ctx:  # noqa: ANN001
+    return Ctx(tmp_path, rel_corpus, rel_tokenizer, rel_cache, finished_run, *glue_assets)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, ctx: Ctx, capsys) -> None:  # noqa: ANN001
+    argv = case.make(ctx)
+    code, _, err = run_cli(argv, capsys)
+    assert_user_error(code, err, *case.needles)
+
+
+def test_debug_flag_shows_the_traceback(ctx: Ctx) -> None:
+    from tupe.cli import main
+    from tupe.errors import TupeError
+
+    argv = [str(a) for a in ctx.pretrain(corpus=ctx.tmp / "nope.txt")]
+    with pytest.raises(TupeError, match="corpus path not found"):
+        main([argv[0], "--debug", *argv[1:]])
+
+
+def test_shared_artefacts_were_not_modified(finished_run: Path, glue_assets) -> None:  # noqa: ANN001
+    """The cases copy what they break; the shared run and model must still be whole."""
+    from tupe.training.checkpointing import check_model_weights, verify_checkpoint
+
+    model, data = glue_assets
+    check_model_weights(model)
+    assert (data / "SST-2" / "train.tsv").read_text().startswith("sentence\tlabel")
+    assert all(verify_checkpoint(p) is None for p in finished_run.glob("checkpoint-*"))
+
+
+def test_skip_bad_text_trains_with_one_warning_per_file(ctx: Ctx, capsys) -> None:  # noqa: ANN001
+    corpus = Path(shutil.copytree(ctx.corpus, ctx.tmp / "corpus"))
+    (corpus / "latin.txt").write_bytes("ok line\ncaf\xe9 au lait\nmore\n".encode("latin-1"))
+    (corpus / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+    code, _, err = run_cli(ctx.pretrain(corpus=corpus, skip_bad_text=True), capsys)
+    assert code == 0, err
+    warnings = [ln for ln in err.splitlines() if ln.startswith("warning: corpus file")]
+    assert len(warnings) == 2, err  # one per bad file although the corpus is read twice (BPE and packing)
+    assert any(
+        "latin.txt: skipped 1 line(s) that are not UTF-8 (first at byte offset 11)" in w for w in warnings
+    )
+    assert any("image.png: skipped" in w for w in warnings)
+
+
+def test_resume_skips_a_corrupt_latest_checkpoint_with_a_warning(ctx: Ctx, capsys) -> None:  # noqa: ANN001
+    """A checkpoint damaged after it was written (a flipped byte: same size, valid header) is caught by its
+    manifest's SHA-256; --resume names it and continues from the previous one."""
+    run = Path(shutil.copytree(ctx.finished_run, ctx.tmp / "run"))
+    (run / "model.safetensors").unlink()
+    weights = run / "checkpoint-4" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    code, _, err = run_cli(ctx.pretrain(out=run, resume=True), capsys)
+    assert code == 0, err
+    assert "skipping" in err and "checkpoint-4: model.safetensors does not match its SHA-256" in err
+    assert (run / "model.safetensors").is_file()
+
+
+def test_sequence_longer_than_the_model_allows_python_api() -> None:
+    import torch
+
+    from tupe import TupeConfig, TupeForMaskedLM
+
+    for scheme in ("bert-a", "tupe-a", "tupe-r", "rope"):
+        cfg = TupeConfig(
+            vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+            max_position_embeddings=8, position_scheme=scheme,
+        )  # fmt: skip
+        with pytest.raises(ValueError, match="input length 9 exceeds max_position_embeddings 8"):
+            TupeForMaskedLM(cfg)(torch.randint(5, 64, (1, 9)))
