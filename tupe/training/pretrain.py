@@ -359,7 +359,10 @@ class PretrainTrainer(Trainer):
             # zero loss still connected to every parameter: this batch adds no gradient, and every process
             # (DDP) still takes part in the gradient all-reduce
             params = [p for p in model.parameters() if p.requires_grad]
-            return torch.stack([p.reshape(-1)[0].float() for p in params]).sum() * 0.0
+            zero = torch.stack([p.reshape(-1)[0].float() for p in params]).sum() * 0.0
+            # value: the non-finite loss, replaced in the logs by the running mean (logging_nan_inf_filter);
+            # gradient: zero (the non-finite value is a detached constant)
+            return zero + loss_sum.detach()
         last = find_latest_checkpoint(self.args.output_dir, log=None, deep=False)
         raise TupeError(
             f"training loss is {loss_sum.item()} (not finite) at step {step}; the run stopped there "
@@ -543,7 +546,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         dataloader_pin_memory=torch.cuda.is_available(),
         remove_unused_columns=False,
         prediction_loss_only=True,
-        logging_nan_inf_filter=False,
+        logging_nan_inf_filter=config.skip_nonfinite,
         include_num_input_tokens_seen="non_padding",
         average_tokens_across_devices=True,
         ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None,
