@@ -121,6 +121,11 @@ class PretrainConfig:
         return values
 
 
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
 def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -307,6 +312,18 @@ class PretrainTrainer(Trainer):
                 return TrainOutput(state.global_step, sum(losses) / max(1, len(losses)), {})
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
+    def _get_num_items_in_batch(self, batch_samples, device):  # noqa: ANN001, ANN202
+        # Masked tokens of the whole global batch (all accumulation steps, all processes). Counted here rather than
+        # by the Trainer: its accelerate gather leaves a 0-dim tensor un-gathered on CPU/gloo.
+        if not batch_samples or "labels" not in batch_samples[0]:
+            return None
+        count = sum((b["labels"] != -100).sum() for b in batch_samples).to(device=device, dtype=torch.float32)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            count = count.reshape(1).clone()
+            torch.distributed.all_reduce(count)
+            count = count[0]
+        return count
+
     def _get_train_sampler(self, train_dataset=None):  # noqa: ANN001, ANN202
         return (
             self._tupe_sampler
@@ -314,7 +331,8 @@ class PretrainTrainer(Trainer):
             else super()._get_train_sampler(train_dataset)
         )
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
+    def _masked_lm_sum(self, model, inputs):  # noqa: ANN001, ANN202
+        """(sum of cross-entropy over masked tokens, number of masked tokens, model outputs)."""
         labels = inputs["labels"]
         selected = labels != -100
         sparse = getattr(self.accelerator.unwrap_model(model).config, "sparse_prediction", True)
@@ -326,19 +344,56 @@ class PretrainTrainer(Trainer):
         else:
             outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
             logits = outputs.logits[selected]
-        loss_sum = F.cross_entropy(logits.float(), labels[selected], reduction="sum")
+        return F.cross_entropy(logits.float(), labels[selected], reduction="sum"), selected.sum(), outputs
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
+        loss_sum, count, outputs = self._masked_lm_sum(model, inputs)
         if model.training:
             loss_sum = self._stop_if_not_finite(loss_sum, model)
         if num_items_in_batch is not None:
-            count = torch.as_tensor(num_items_in_batch, device=loss_sum.device, dtype=torch.float32).clamp(
+            total = torch.as_tensor(num_items_in_batch, device=loss_sum.device, dtype=torch.float32).clamp(
                 min=1
             )
-            loss = loss_sum / count
-            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
+            loss = loss_sum / total
+            if self.accelerator.num_processes > 1:
                 loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
         else:
-            loss = loss_sum / selected.sum().clamp(min=1)
+            loss = loss_sum / count.clamp(min=1)
         return (loss, outputs) if return_outputs else loss
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):  # noqa: ANN001, ANN201
+        """Validation loss = mean cross-entropy over *all* masked tokens of the validation blocks.
+
+        Token-weighted and independent of the batch size and of the number of processes (each process takes
+        blocks rank, rank + P, ...; sums are all-reduced), so 1-process and N-process runs report the same number.
+        """
+        ds = eval_dataset if eval_dataset is not None else self.eval_dataset
+        model = self.model
+        was_training = model.training
+        model.eval()
+        rank, world = self.args.process_index, self.args.world_size
+        order = list(range(rank, len(ds), world))
+        bs = self.args.per_device_eval_batch_size
+        sums = torch.zeros(2, dtype=torch.float64, device=self.args.device)
+        t0 = time.perf_counter()
+        with torch.no_grad(), self.compute_loss_context_manager():
+            for i in range(0, len(order), bs):
+                batch = self._prepare_inputs(self.data_collator([ds[j] for j in order[i : i + bs]]))
+                loss_sum, count, _ = self._masked_lm_sum(model, batch)
+                sums[0] += loss_sum.double()
+                sums[1] += count.double()
+        if world > 1:
+            torch.distributed.all_reduce(sums)
+        if was_training:
+            model.train()
+        metrics = {
+            f"{metric_key_prefix}_loss": float(sums[0] / sums[1].clamp(min=1)),
+            f"{metric_key_prefix}_masked_tokens": int(sums[1]),
+            f"{metric_key_prefix}_runtime": round(time.perf_counter() - t0, 3),
+        }
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
 
     def _stop_if_not_finite(self, loss_sum: torch.Tensor, model) -> torch.Tensor:  # noqa: ANN001
         bad = (~torch.isfinite(loss_sum.detach())).float().reshape(1)
@@ -549,7 +604,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         logging_nan_inf_filter=config.skip_nonfinite,
         include_num_input_tokens_seen="non_padding",
         average_tokens_across_devices=True,
-        ddp_backend="gloo" if world > 1 and not torch.cuda.is_available() else None,
+        use_cpu=not torch.cuda.is_available(),  # also what makes accelerate run data-parallel on CPU (gloo)
         **flags,
     )
 
@@ -621,6 +676,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         | {"seed": config.seed, "grad_accum": config.grad_accum},
     }
     action = check_out_dir(out, identity, config.resume, config.overwrite)
+    _barrier()  # every process decided before the main one changes the folder
     resume_from = None
     with args.main_process_first(desc="output folder", local=False):
         if _is_main():
@@ -701,12 +757,12 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
     train_out = trainer.train(resume_from_checkpoint=resume_from)
-    final_eval = None
-    if trainer.state.global_step % int(v["eval_steps"]) != 0:
-        final_eval = trainer.evaluate()["eval_loss"]
-    else:
-        evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
-        final_eval = evals[-1] if evals else trainer.evaluate()["eval_loss"]
+    final_evals = [
+        h["eval_loss"]
+        for h in trainer.state.log_history
+        if "eval_loss" in h and h.get("step") == trainer.state.global_step
+    ]
+    final_eval = final_evals[-1] if final_evals else trainer.evaluate()["eval_loss"]
     _save_final_model(trainer, out)
     summary = {
         "scheme": config.scheme,

@@ -1,0 +1,51 @@
+"""Data-parallel pre-training with 2 CPU processes (torchrun, gloo) equals the 1-process run (same global batch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.training.conftest import tiny_cli_args
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_match_one(
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir)
+    args += ["--dropout", "0", "--max-steps", "4", "--save-steps", "2", "--scheme", "tupe-r"]
+    root = Path(__file__).resolve().parents[2]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run([sys.executable, "-m", "tupe", "pretrain", "--out", str(one), *args], root)
+    _run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "tupe", "pretrain", "--out", str(two), *args],
+        root,
+    )  # fmt: skip
+    a, b = _records(one), _records(two)
+    assert [(r["step"], "loss" in r) for r in a] == [(r["step"], "loss" in r) for r in b]  # each record once
+    for ra, rb in zip(a, b):
+        key = "loss" if "loss" in ra else "eval_loss"
+        assert rb[key] == pytest.approx(ra[key], rel=2e-4, abs=2e-4), (ra, rb)
+    # checkpoints written once, by one process; each process saved its own RNG state into the same folder
+    assert sorted(p.name for p in two.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    names = sorted(p.name for p in (two / "checkpoint-4").iterdir())
+    assert names.count("model.safetensors") == 1 and {"rng_state_0.pth", "rng_state_1.pth"} <= set(names)
+    assert not list(two.glob(".tmp-checkpoint-*"))
+    assert json.loads((two / "pretrain_summary.json").read_text())["steps"] == 4
