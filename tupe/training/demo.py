@@ -23,6 +23,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", help="tokenizer/data cache (default $TUPE_CACHE or ~/.cache/tupe)")
     p.add_argument("--overwrite", action="store_true", help="start again instead of reusing runs in --out")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: the mini model gains "
+        "little from more, and a busy machine loses a lot with them)",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
 
@@ -40,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         resume=not args.overwrite,
         overwrite=args.overwrite,
         progress=args.progress,
+        threads=args.threads,
     )
     summary = compare(base, schemes)
     minutes = (time.perf_counter() - t0) / 60
