@@ -417,7 +417,7 @@ class PretrainTrainer(Trainer):
             # (DDP) still takes part in the gradient all-reduce
             params = [p for p in model.parameters() if p.requires_grad]
             zero = torch.stack([p.reshape(-1)[0].float() for p in params]).sum() * 0.0
-            # value: the non-finite loss, replaced in the logs by the running mean (logging_nan_inf_filter);
+            # value: the non-finite loss, so the logs show nan for this step's window (not a made-up number);
             # gradient: zero (the non-finite value is a detached constant)
             return zero + loss_sum.detach()
         last = find_latest_checkpoint(self.args.output_dir, log=None, deep=False)
@@ -605,7 +605,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         dataloader_pin_memory=torch.cuda.is_available(),
         remove_unused_columns=False,
         prediction_loss_only=True,
-        logging_nan_inf_filter=config.skip_nonfinite,
+        logging_nan_inf_filter=False,
         include_num_input_tokens_seen="non_padding",
         average_tokens_across_devices=True,
         use_cpu=not torch.cuda.is_available(),  # also what makes accelerate run data-parallel on CPU (gloo)
