@@ -416,10 +416,8 @@ class PretrainTrainer(Trainer):
             # zero loss still connected to every parameter: this batch adds no gradient, and every process
             # (DDP) still takes part in the gradient all-reduce
             params = [p for p in model.parameters() if p.requires_grad]
-            zero = torch.stack([p.reshape(-1)[0].float() for p in params]).sum() * 0.0
-            # value: the non-finite loss, so the logs show nan for this step's window (not a made-up number);
-            # gradient: zero (the non-finite value is a detached constant)
-            return zero + loss_sum.detach()
+            # value 0 in the logged average (a nan would stay in the Trainer's running loss sum for good)
+            return torch.stack([p.reshape(-1)[0].float() for p in params]).sum() * 0.0
         last = find_latest_checkpoint(self.args.output_dir, log=None, deep=False)
         raise TupeError(
             f"training loss is {loss_sum.item()} (not finite) at step {step}; the run stopped there "
