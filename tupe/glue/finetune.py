@@ -13,6 +13,7 @@ after every run with all scores, the median per learning rate and the best one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -20,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -591,7 +592,53 @@ def _subsample(split: Split, n: int | None) -> Split:
     return split.subset(rows)
 
 
-def run_grid(
+@contextlib.contextmanager
+def grid_lock(out_dir: Path) -> Iterator[None]:
+    """One `tupe glue` per output folder at a time: two would train the same runs and overwrite each other."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = out_dir / ".lock"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            alive = False
+            if pid > 0:
+                try:
+                    os.kill(pid, 0)
+                    alive = True
+                except ProcessLookupError:
+                    alive = False
+                except PermissionError:
+                    alive = True
+            if alive and pid != os.getpid():
+                raise TupeError(
+                    f"{out_dir}: another `tupe glue` (pid {pid}) is writing here; wait for it"
+                ) from None
+            lock.unlink(missing_ok=True)  # left by a process that is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        break
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def run_grid(model_dir: str | Path, settings: GlueSettings, out_dir: str | Path, **kwargs: Any) -> GridResult:
+    """Fine-tune every (lr, seed) of the grid that has not finished yet in `out_dir`, then summarise.
+
+    Keyword arguments: data_dir, train_file, dev_files, scheme, tokenizer_dir, save_models, overwrite, log.
+    """
+    with grid_lock(Path(out_dir)):
+        return _run_grid(model_dir, settings, out_dir, **kwargs)
+
+
+def _run_grid(
     model_dir: str | Path,
     settings: GlueSettings,
     out_dir: str | Path,
@@ -604,7 +651,6 @@ def run_grid(
     overwrite: bool = False,
     log: Callable[[str], None] = print,
 ) -> GridResult:
-    """Fine-tune every (lr, seed) of the grid that has not finished yet in `out_dir`, then summarise."""
     from tqdm.auto import tqdm
 
     task = get_task(settings.task)

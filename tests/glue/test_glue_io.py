@@ -1,0 +1,37 @@
+"""The pieces that make an interrupted grid safe to resume: atomic writes and one writer per output folder."""
+
+import json
+import os
+
+import pytest
+
+from tupe.errors import TupeError
+from tupe.glue.finetune import atomic_write_json, grid_lock
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    target = tmp_path / "result.json"
+    atomic_write_json(target, {"a": float("nan"), "b": [1.5]})
+    assert json.loads(target.read_text()) == {"a": None, "b": [1.5]}  # NaN is not JSON: null
+
+    def boom(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_json(target, {"a": 2})
+    assert json.loads(target.read_text()) == {"a": None, "b": [1.5]}  # the old file, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]  # no temp file left behind
+
+
+def test_one_grid_per_output_folder(tmp_path):
+    with grid_lock(tmp_path):
+        assert (tmp_path / ".lock").read_text() == str(os.getpid())
+    assert not (tmp_path / ".lock").exists()
+    (tmp_path / ".lock").write_text("1")  # pid 1 is always alive
+    with pytest.raises(TupeError, match=r"another `tupe glue` \(pid 1\) is writing here"):
+        with grid_lock(tmp_path):
+            pass
+    (tmp_path / ".lock").write_text("999999999")  # a process that is gone: a stale lock is taken over
+    with grid_lock(tmp_path):
+        pass
