@@ -12,7 +12,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tupe import POSITION_SCHEMES, TupeForMaskedLM
-from tupe.modeling.kernels import FOLD_PAD_LOGIT, FastDropout, biased_attention, fold_queries_keys
+from tupe.modeling.kernels import (
+    FOLD_PAD_LOGIT,
+    FastDropout,
+    biased_attention,
+    fold_queries_keys,
+    keep_scale_mask,
+)
 
 from .conftest import tiny_config
 
@@ -92,10 +98,9 @@ def test_auto_kernel_choice_on_cpu():
 
 
 def _reference_attention(q, k, v, bias, padding, scale, p):
-    """The eager formula, with the dropout mask drawn exactly as `biased_attention` draws it."""
+    """The eager formula, with the dropout mask drawn as `biased_attention` draws it (tested below)."""
     probs = torch.softmax(q @ k.transpose(-1, -2) * scale + bias + padding, dim=-1)
-    keep = torch.rand(probs.shape, dtype=torch.float32) >= p
-    return (probs * keep / (1 - p)) @ v
+    return (probs * keep_scale_mask(probs.shape, p, probs)) @ v
 
 
 def test_biased_attention_gradcheck_and_dropout():
@@ -148,12 +153,38 @@ def test_fast_dropout_distribution_and_gradient():
     layer = FastDropout(0.1)
     y = layer(x)
     kept = y != 0
-    assert abs(kept.float().mean().item() - 0.9) < 0.005
-    torch.testing.assert_close(y[kept], x[kept] / 0.9)
+    p_used = round(0.1 * 65536) / 65536
+    # 200k Bernoulli draws: the kept fraction is within 5 standard deviations of 1 - p
+    assert abs(kept.float().mean().item() - (1 - p_used)) < 5 * (0.1 * 0.9 / x.numel()) ** 0.5
+    torch.testing.assert_close(y[kept], x[kept] / (1 - p_used))
     (g,) = torch.autograd.grad(y.sum(), x)
-    torch.testing.assert_close(g, kept.float() / 0.9)
+    torch.testing.assert_close(g, kept.float() / (1 - p_used))
     assert torch.equal(layer.eval()(x), x)
     assert FastDropout(1.0)(x).abs().sum() == 0
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9, 1e-6])
+def test_keep_mask_is_uniform_and_unbiased(p):
+    """Every element independent Bernoulli: the kept fraction matches in every column and every block of rows,
+    neighbouring elements (which share a 64-bit draw) are uncorrelated, and the mean of the mask is 1."""
+    n = 256 * 1024
+    mask = keep_scale_mask(torch.Size([n // 64, 64]), p, torch.empty(0))
+    kept = (mask > 0).float()
+    sd = (p * (1 - p) / n) ** 0.5 + 1e-12
+    assert abs(mask.mean().item() - 1.0) < 6 * sd / (1 - p)
+    for part in (
+        kept[:, 0::4],
+        kept[:, 1::4],
+        kept[:, 2::4],
+        kept[:, 3::4],
+        kept[: n // 128],
+        kept[n // 128 :],
+    ):
+        assert abs(part.mean().item() - (1 - p)) < 6 * sd * 2 + 1e-9
+    if 0.01 < p < 0.99:
+        flat = kept.flatten() - kept.mean()
+        corr = (flat[:-1] * flat[1:]).mean() / flat.var()
+        assert abs(corr.item()) < 6 / n**0.5
 
 
 def test_fold_is_exact_padded_to_eight_and_builds_no_square_tensor():

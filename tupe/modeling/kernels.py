@@ -1,11 +1,11 @@
 """Fast attention and dropout kernels behind `TupeSelfAttention`, each exact against the eager reference.
 
 Why these exist (measured on the project's 2-core AVX-512 CPU, see `docs/benchmarks.md`):
-- `torch.nn.functional.dropout` on CPU draws its mask with `bernoulli_`, several times slower than a uniform
-  draw and a comparison; with attention dropout, SDPA on CPU also falls back to its unfused "math" kernel, which
+- `torch.nn.functional.dropout` on CPU draws its mask with `bernoulli_`, several times slower than 16 random
+  bits per element and a comparison (`keep_scale_mask`); with attention dropout, SDPA on CPU also falls back to its unfused "math" kernel, which
   materialises scores, scaled scores, biased scores, probabilities and dropped probabilities as separate n x n
   tensors. `biased_attention` keeps one n x n buffer in the forward pass (probabilities, softmax in place) plus the
-  scaled keep mask (made in place in the uniform draw), takes the content-free term (computed once per forward pass) as a broadcast (h, n, n)
+  scaled keep mask, takes the content-free term (computed once per forward pass) as a broadcast (h, n, n)
   tensor, never a (b x h, n, n) copy, and returns its gradient summed over the batch.
 - `fold_queries_keys` turns a low-rank content-free term (TUPE-A) and the key padding into extra query/key
   columns, padded to a multiple of 8, so SDPA runs without any n x n mask (fused GPU kernels, long sequences).
@@ -13,6 +13,8 @@ Why these exist (measured on the project's 2-core AVX-512 CPU, see `docs/benchma
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -22,20 +24,28 @@ from torch import nn
 FOLD_PAD_LOGIT = -1.0e4
 
 
-def _keep_scale(shape: torch.Size, p: float, like: torch.Tensor) -> torch.Tensor:
-    """Float mask, 1 / (1 - p) where kept and 0 where dropped (Bernoulli(1 - p) from one `torch.rand` draw).
+def keep_scale_mask(shape: torch.Size, p: float, like: torch.Tensor) -> torch.Tensor:
+    """Float mask: 1 / (1 - p') where kept, 0 where dropped, each element dropped with probability p'.
 
-    Made in place in the uniform draw's own buffer: a bool mask would be converted to a float copy by every
-    multiplication (slower than the multiplication itself on CPU), and masked_fill is slower still.
+    p' is p rounded to a multiple of 2^-16 (|p' - p| <= 2^-17; the rescaling uses p', so the mask stays
+    unbiased): every element takes 16 random bits, so one 64-bit draw serves four elements. PyTorch's CPU
+    generator is serial, and `torch.rand` spends a 32-bit draw and a float conversion per element, twice the
+    time. A float mask because a bool one is converted to a float copy by every multiplication on CPU.
     """
-    keep = torch.rand(shape, device=like.device, dtype=torch.float32)  # float32 draw whatever the dtype
-    return keep.ge_(p).mul_(1.0 / (1.0 - p)).to(like.dtype)
+    numel = math.prod(shape)
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=like.device)
+    bits = words.random_(-(2**63), 2**63 - 1).view(torch.int16)[:numel].view(shape)  # uniform on int16
+    dropped = round(p * 65536)  # number of the 65536 values that drop
+    if dropped >= 65536:
+        return torch.zeros(shape, device=like.device, dtype=like.dtype)
+    keep = bits.to(torch.float32).ge_(dropped - 32768)
+    return keep.mul_(65536 / (65536 - dropped)).to(like.dtype)
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        keep = _keep_scale(x.shape, p, x)
+        keep = keep_scale_mask(x.shape, p, x)
         ctx.save_for_backward(keep)
         return x * keep
 
@@ -76,7 +86,7 @@ class _BiasedAttention(torch.autograd.Function):
         torch.softmax(s, dim=-1, out=s)  # in place: the only n x n float buffer kept for backward
         keep = None
         if dropout_p > 0.0:
-            keep = _keep_scale(s.shape, dropout_p, s)  # 0 or 1 / (1 - p)
+            keep = keep_scale_mask(s.shape, dropout_p, s)  # 0 or 1 / (1 - p)
             out = torch.matmul(s * keep, v)
         else:
             out = torch.matmul(s, v)
@@ -123,8 +133,8 @@ def biased_attention(
     Args:
         q, k, v: (b, h, n, d). bias: (h, n, n) or None, differentiable (it carries TUPE's positional gradient).
         padding: (b, 1, 1, n) additive key mask (0 / dtype-min) or None. scale: factor on `q k^T`.
-    Returns (b, h, n, d). Equal to the eager reference (same dropout distribution; an element is kept
-    where `torch.rand(...) >= p`). Float32/float64 only: under autocast the caller uses SDPA instead.
+    Returns (b, h, n, d). Equal to the eager reference (same dropout distribution, up to p rounded to a
+    multiple of 2^-16, see `keep_scale_mask`). Float32/float64 only: under autocast the caller uses SDPA instead.
     """
     return _BiasedAttention.apply(q, k, v, bias, padding, scale, dropout_p)
 
