@@ -152,6 +152,7 @@ def get_or_train_tokenizer(
     min_frequency: int = 2,
     max_bytes: int | None = None,
     log=print,  # noqa: ANN001
+    progress: bool = True,
 ) -> PreTrainedTokenizerFast:
     """Train the BPE once per (corpus, settings) and keep it in `cache_dir/tokenizers/KEY`; reuse it later."""
     from transformers import AutoTokenizer
@@ -163,7 +164,7 @@ def get_or_train_tokenizer(
         log(f"tokenizer: reusing cached BPE ({vocab_size} entries) from {target}")
         return AutoTokenizer.from_pretrained(str(target))
     log(f"tokenizer: training byte-level BPE with {vocab_size} entries on {corpus.describe()}")
-    tok = train_tokenizer(corpus, vocab_size, min_frequency, max_bytes)
+    tok = train_tokenizer(corpus, vocab_size, min_frequency, max_bytes, show_progress=progress)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
     tok.save_pretrained(str(tmp))

@@ -617,7 +617,12 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         else:
             max_bytes = int(config.tokenizer_max_mb * 1e6) if config.tokenizer_max_mb else None
             tokenizer = get_or_train_tokenizer(
-                corpus, cache_dir, int(v["vocab_size"]), max_bytes=max_bytes, log=log
+                corpus,
+                cache_dir,
+                int(v["vocab_size"]),
+                max_bytes=max_bytes,
+                log=log,
+                progress=config.progress and not config.quiet and _is_main(),
             )
         packed = load_or_build_packed(
             corpus,
