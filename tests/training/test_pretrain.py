@@ -43,7 +43,7 @@ def test_fill_mask_metrics_and_tensorboard(tiny_config, tmp_path: Path) -> None:
     import transformers
 
     out = tmp_path / "run"
-    pretrain(tiny_config(out))
+    pretrain(tiny_config(out, save_at=[3]))
     fill = transformers.pipeline("fill-mask", model=str(out))
     preds = fill("the man [MASK] the door")
     assert len(preds) == 5 and all("[MASK]" not in p["sequence"] for p in preds)
@@ -54,7 +54,11 @@ def test_fill_mask_metrics_and_tensorboard(tiny_config, tmp_path: Path) -> None:
     assert [r["step"] for r in valid] == [2, 4]
     assert all(r["lr"] >= 0 and r["tokens_per_s"] > 0 for r in train) and train[1]["lr"] > 0
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [
+        "checkpoint-2",
+        "checkpoint-3",
+        "checkpoint-4",
+    ]
     summary = json.loads((out / "pretrain_summary.json").read_text())
     assert summary["final_eval_loss"] == valid[-1]["eval_loss"]
 
@@ -156,3 +160,14 @@ def test_cli_corpus_errors_are_one_line(tmp_path: Path, capsys) -> None:  # noqa
                      "--no-progress", "--quiet"])  # fmt: skip
         err = capsys.readouterr().err.strip()
         assert code == 2 and expected in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_matches_one_big_batch(tiny_config, tmp_path: Path) -> None:  # noqa: ANN001
+    pretrain(tiny_config(tmp_path / "one", max_steps=3, eval_steps=3, dropout=0.0))
+    pretrain(tiny_config(tmp_path / "acc", max_steps=3, eval_steps=3, dropout=0.0, grad_accum=4))
+    a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "acc")
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        key = "loss" if "loss" in ra else "eval_loss"
+        assert rb[key] == pytest.approx(ra[key], rel=1e-4)
