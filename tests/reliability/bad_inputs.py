@@ -520,6 +520,30 @@ def markdown_table(ctx: Ctx) -> str:
                            (ctx.tokenizer, "TOK"), (ctx.corpus, "CORPUS"), (ctx.cache, "CACHE")):  # fmt: skip
             line = line.replace(str(path), name)
         rows.append(
-            f"| {case.what} | `tupe {argv[0]}` | `{line}` | `test_bad_inputs.py::test_bad_input[{case.id}]` |"
+            f"| {case.what} | `tupe {argv[0]}` | `` {line} `` | `test_bad_inputs.py::test_bad_input[{case.id}]` |"
         )
     return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m tests.reliability.bad_inputs  > the table of docs/reliability.md
+    import tempfile
+
+    from tests.glue.fixtures import make_checkpoint, write_task
+    from tupe.cli import main as cli_main
+    from tupe.data import resolve_corpus, train_tokenizer
+
+    from .conftest import pretrain_args, write_corpus
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        corpus = write_corpus(root / "corpus")
+        tok = root / "tok"
+        train_tokenizer(resolve_corpus([str(corpus)]), vocab_size=300, show_progress=False).save_pretrained(
+            tok
+        )
+        run = root / "finished"
+        assert cli_main([str(a) for a in pretrain_args(corpus, tok, root / "cache", run, max_steps=4)]) == 0
+        model = make_checkpoint(root / "model")
+        for task in ("SST-2", "STS-B", "MRPC"):
+            write_task(root / "glue", task, n_train=16, n_dev=8)
+        print(markdown_table(Ctx(root / "cases", corpus, tok, root / "cache", run, model, root / "glue")))
