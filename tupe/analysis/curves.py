@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,18 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
         raise TupeError(f"{run_dir}: no metrics.jsonl (not a `tupe pretrain` output folder?)")
     train: dict[int, dict] = {}
     valid: dict[int, dict] = {}
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
             step = int(rec["step"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            if lineno == len(lines) and not text.endswith("\n"):  # cut by a kill: the run wrote it last
+                print(f"warning: {path}:{lineno}: ignoring a cut last line", file=sys.stderr)
+                continue
             raise TupeError(f"{path}:{lineno}: not a metrics record: {line[:80]!r}") from None
         if "eval_loss" in rec:
             valid[step] = rec
