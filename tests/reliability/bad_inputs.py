@@ -122,6 +122,22 @@ def _glue_file(ctx: Ctx, task: str, name: str, text: str | bytes) -> list:
     ]  # fmt: skip
 
 
+def _glue_missing_dev(ctx: Ctx) -> list:
+    d = ctx.copy_task("SST-2")
+    (d / "dev.tsv").unlink()
+    return [
+        "glue",
+        "--model",
+        ctx.glue_model,
+        "--task",
+        "SST-2",
+        "--data-dir",
+        d.parent,
+        "--out",
+        ctx.tmp / "g",
+    ]
+
+
 def _other_glue_run(ctx: Ctx) -> list:
     from tupe.cli import main
 
@@ -220,6 +236,12 @@ CASES: list[Case] = [
         "corpus too small for two blocks",
         lambda c: c.pretrain(corpus=_write(c.tmp / "tiny.txt", "one two three\n")),
         ("corpus too small",),
+    ),
+    Case(
+        "dataset-corrupt",
+        "`datasets` folder that cannot be loaded",
+        lambda c: c.pretrain(corpus=_write(c.tmp / "ds" / "state.json", "{}").parent),
+        ("cannot load as a `datasets` dataset",),
     ),
     Case(
         "dataset-no-column",
@@ -451,6 +473,24 @@ CASES: list[Case] = [
         _other_glue_run,
         ("made with other settings", "--overwrite"),
     ),
+    Case(
+        "glue-no-dev-file",
+        "task folder with train.tsv but no dev.tsv",
+        lambda c: _glue_missing_dev(c),
+        ("dev.tsv: no such file", "SST-2 layout"),
+    ),
+    Case(
+        "glue-header-only",
+        "TSV with a header and no examples",
+        lambda c: _glue_file(c, "SST-2", "train.tsv", "sentence\tlabel\n"),
+        ("train.tsv: no examples",),
+    ),
+    Case(
+        "glue-tokenizer-corrupt",
+        "checkpoint whose tokenizer.json is cut",
+        lambda c: c.glue(model=_write(c.copy_model() / "tokenizer.json", '{"version": "1.0", "trunc').parent),
+        ("cannot load a tokenizer", "JSONDecodeError"),
+    ),
     # ------------------------------------------------------------------------------------------------ analyze
     Case(
         "analyze-model-missing",
@@ -481,6 +521,36 @@ CASES: list[Case] = [
             c.tmp / "a",
         ],
         ("corrupt or truncated safetensors file",),
+    ),
+    # ----------------------------------------------------------------------------------- plot, report, compare
+    Case(
+        "plot-bad-line",
+        "metrics.jsonl with a malformed line in the middle",
+        lambda c: [
+            "plot",
+            _write(c.tmp / "r" / "metrics.jsonl", '{"step": 1, "eval_loss": 5\n{"step": 2}\n').parent,
+            "--out",
+            c.tmp / "p.png",
+        ],
+        ("metrics.jsonl:1", "not a metrics record"),
+    ),
+    Case(
+        "plot-not-a-run",
+        "`tupe plot` on a folder that is not a run",
+        lambda c: ["plot", c.tmp, "--out", c.tmp / "p.png"],
+        ("no metrics.jsonl",),
+    ),
+    Case(
+        "report-no-results",
+        "`tupe report` on a folder without GLUE results",
+        lambda c: ["report", c.tmp],
+        ("no results.json under",),
+    ),
+    Case(
+        "compare-unknown-scheme",
+        "`tupe compare` with an unknown scheme",
+        lambda c: ["compare", "--schemes", "tupe-a,tupe-b", "--out", c.tmp / "c"],
+        ("unknown scheme 'tupe-b'",),
     ),
     # ---------------------------------------------------------------------------------------------------- CLI
     Case("command-unknown", "unknown command", lambda c: ["pretrian"], ("invalid choice: 'pretrian'",)),
