@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
 from tupe.errors import TupeError
+from tupe.training.checkpointing import atomic_write_text
 from tupe.training.pretrain import (
     SUMMARY_FILE,
     PretrainConfig,
@@ -74,11 +76,12 @@ def summarize(out: Path, schemes: list[str]) -> dict[str, Any]:
             "fraction_of_first_steps": round(step / base_steps, 3) if step is not None else None,
         }
 
-    with (out / "valid_loss.csv").open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["step", *schemes])
-        for st in steps:
-            w.writerow([st, *[f"{by_step[s][st]:.4f}" if st in by_step[s] else "" for s in schemes]])
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    w.writerow(["step", *schemes])
+    for st in steps:
+        w.writerow([st, *[f"{by_step[s][st]:.4f}" if st in by_step[s] else "" for s in schemes]])
+    atomic_write_text(out / "valid_loss.csv", fh.getvalue())
 
     lines = ["| step | " + " | ".join(schemes) + " |", "|---:|" + "---:|" * len(schemes)]
     for st in steps:
@@ -105,10 +108,10 @@ def summarize(out: Path, schemes: list[str]) -> dict[str, Any]:
             f"{f'{frac:.0%}' if frac is not None else '-'} |"
         )
     table = "\n".join(lines) + "\n"
-    (out / "valid_loss.md").write_text(table)
+    atomic_write_text(out / "valid_loss.md", table)
     png = plot_curves([out / s for s in schemes], out / "valid_loss.png", labels=schemes)
     summary = {"schemes": schemes, "baseline": base, "reach": reach, "plot": str(png), "table": table}
-    (out / "compare_summary.json").write_text(json.dumps(summary, indent=1))
+    atomic_write_text(out / "compare_summary.json", json.dumps(summary, indent=1))
     return summary
 
 
