@@ -78,7 +78,8 @@ class _BiasedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, padding, scale: float, dropout_p: float):
-        s = torch.matmul(q * scale, k.transpose(-1, -2))  # (b, h, n, n)
+        # k straight from the fused QKV projection is strided; q k^T then runs at half speed, so copy it (n x d)
+        s = torch.matmul(q * scale, k.contiguous().transpose(-1, -2))  # (b, h, n, n)
         if bias is not None:
             s.add_(bias)  # (h, n, n) broadcast over the batch, never expanded
         if padding is not None:
@@ -106,8 +107,8 @@ class _BiasedAttention(torch.autograd.Function):
         else:
             dv = torch.matmul(probs.transpose(-1, -2), dout) if ctx.needs_input_grad[2] else None
             buf = torch.matmul(dout, v.transpose(-1, -2))
-        ds = torch._softmax_backward_data(buf, probs, -1, probs.dtype)  # P * (dP - rowsum(dP * P))
-        del buf
+        # P * (dP - rowsum(dP * P)), written over dP (row by row: each row is read before it is written)
+        ds = torch.ops.aten._softmax_backward_data.out(buf, probs, -1, probs.dtype, grad_input=buf)
         dq = torch.matmul(ds, k).mul_(ctx.scale) if ctx.needs_input_grad[0] else None
         dk = torch.matmul(ds.transpose(-1, -2), q).mul_(ctx.scale) if ctx.needs_input_grad[1] else None
         dbias = None
