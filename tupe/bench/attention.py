@@ -27,6 +27,7 @@ class AttentionCandidate:
     kernel: str
     run: Callable[[], None]
     times: list[float] = field(default_factory=list)
+    cpu_times: list[float] = field(default_factory=list)
 
 
 def build_attention_candidate(
@@ -90,13 +91,14 @@ def time_attention(
             cand = candidates[i]
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             cand.run()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
             if r >= warmup:
                 cand.times.append(elapsed)
+                cand.cpu_times.append(time.process_time() - c0)
             if progress is not None:
                 progress(f"{'warm-up' if r < warmup else 'round'} {cand.label} {elapsed * 1e3:.1f} ms")
         order = order[1:] + order[:1]
@@ -112,10 +114,12 @@ def time_attention(
                 "ms_median": statistics.median(times) * 1e3,
                 "ms_min": times[0] * 1e3,
                 "ms_max": times[-1] * 1e3,
+                "cpu_ms_median": statistics.median(cand.cpu_times) * 1e3,
             }
         )
-    by_scheme_eager = {r["scheme"]: r["ms_median"] for r in rows if r["backend"] == "eager"}
+    eager = {r["scheme"]: r for r in rows if r["backend"] == "eager"}
     for r in rows:
-        ref = by_scheme_eager.get(r["scheme"])
-        r["vs_eager"] = r["ms_median"] / ref if ref else None
+        ref = eager.get(r["scheme"])
+        r["vs_eager"] = r["ms_median"] / ref["ms_median"] if ref else None
+        r["cpu_vs_eager"] = r["cpu_ms_median"] / ref["cpu_ms_median"] if ref else None
     return rows

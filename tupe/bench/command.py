@@ -129,9 +129,9 @@ def _fmt_bytes(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
-def ratios(rows: list[dict]) -> dict[str, float]:
+def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
     """Step-time ratios the targets are stated in (medians of the same run)."""
-    by = {(r["scheme"], r["backend"]): r["step_s_median"] for r in rows}
+    by = {(r["scheme"], r["backend"]): r[key] for r in rows if r.get(key)}
     out = {}
     hf = by.get((HF_BERT, "sdpa"))
     for (scheme, backend), t in by.items():
@@ -186,12 +186,16 @@ def run(args: argparse.Namespace) -> int:
             f"attention core, {shape.num_hidden_layers} layers, batch {args.batch_size} x {args.seq_len}, "
             f"forward + backward, median of {args.rounds}:"
         )
-        print(f"{'model':28s} {'kernel':7s} {'ms':>9s} {'min':>9s} {'max':>9s} {'vs eager':>9s}")
+        print(
+            f"{'model':28s} {'kernel':7s} {'ms':>9s} {'min':>9s} {'max':>9s} {'vs eager':>9s} "
+            f"{'cpu ms':>9s} {'vs eager':>9s}"
+        )
         for r in rows:
             vs = "-" if r["vs_eager"] is None else f"{r['vs_eager']:.3f}"
+            cvs = "-" if r["cpu_vs_eager"] is None else f"{r['cpu_vs_eager']:.3f}"
             print(
                 f"{r['label']:28s} {r['kernel']:7s} {r['ms_median']:9.1f} {r['ms_min']:9.1f} "
-                f"{r['ms_max']:9.1f} {vs:>9s}"
+                f"{r['ms_max']:9.1f} {vs:>9s} {r['cpu_ms_median']:9.1f} {cvs:>9s}"
             )
     else:
         batch = make_batch(args.batch_size, args.seq_len, shape.vocab_size, device)
@@ -219,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
         result["matmul_peak_by_size"] = {"before": by_size, "after": by_size_after}
         result["steps"] = rows
         result["ratios"] = ratios(rows)
+        result["ratios_cpu_time"] = ratios(rows, "cpu_s_median")
         print(
             f"training step, batch {args.batch_size} x {args.seq_len}, {shape.num_hidden_layers} x "
             f"{shape.hidden_size}, vocab {shape.vocab_size}, {args.autocast if autocast else 'float32'}, "
@@ -236,9 +241,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['step_s_q1']:6.2f}-{r['step_s_q3']:<6.2f} {r['tokens_per_s']:8.1f} "
                 f"{100 * r['mfu']:5.1f}% {_fmt_bytes(r['peak_memory_bytes']):>10s} {rel:>8s}"
             )
-        print("ratios of median step times:")
+        print(f"ratios of median step times: {'wall':>8s} {'cpu':>8s}")
         for k, v in result["ratios"].items():
-            print(f"  {k:40s} {v:.3f}")
+            cpu = result["ratios_cpu_time"].get(k)
+            print(f"  {k:40s} {v:8.3f} {'-' if cpu is None else f'{cpu:8.3f}':>8s}")
     try:
         result["machine"]["loadavg_end"] = os.getloadavg()
     except OSError:  # pragma: no cover

@@ -42,6 +42,7 @@ class Candidate:
     batch: dict[str, torch.Tensor]
     flops: float
     times: list[float] = field(default_factory=list)
+    cpu_times: list[float] = field(default_factory=list)
     peak_memory: int | None = None
     memory_method: str = ""
 
@@ -71,6 +72,7 @@ class Candidate:
             "step_s_min": times[0],
             "step_s_max": times[-1],
             "steps_timed": len(times),
+            "cpu_s_median": statistics.median(self.cpu_times) if self.cpu_times else None,
             "tokens_per_s": tokens / median,
             "model_tflops_per_step": self.flops / 1e12,
             "mfu": self.flops / median / peak_flops,
@@ -182,7 +184,11 @@ def time_interleaved(
     autocast_dtype: torch.dtype | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> None:
-    """`warmup` untimed rounds then `rounds` timed rounds; the order rotates every round."""
+    """`warmup` untimed rounds then `rounds` timed rounds; the order rotates every round.
+
+    Wall time is what the targets use; the process's CPU time (all its threads) is recorded too: on a CPU shared
+    with other jobs it moves less with their load (with `--threads 1` it is close to the work done).
+    """
     ctx = (
         (lambda: torch.autocast(device.type, dtype=autocast_dtype))
         if autocast_dtype is not None
@@ -193,13 +199,14 @@ def time_interleaved(
         for i in order:
             cand = candidates[i]
             _sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with ctx():
                 cand.step()
             _sync(device)
             elapsed = time.perf_counter() - t0
             if r >= warmup:
                 cand.times.append(elapsed)
+                cand.cpu_times.append(time.process_time() - c0)
             if progress is not None:
                 tag = "warm-up" if r < warmup else f"round {r - warmup + 1}/{rounds}"
                 progress(f"{tag}: {cand.label} {elapsed:.3f} s")
