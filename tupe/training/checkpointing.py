@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from tupe.errors import TupeError
 
 MANIFEST_NAME = "tupe_checkpoint.json"
@@ -282,3 +284,73 @@ def remove_stale_staging(run_dir: str | os.PathLike) -> list[str]:
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
                 removed.append(p.name)
     return removed
+
+
+# ------------------------------------------------------------------------------------------------ pre-emption
+class StopOnSignal(TrainerCallback):
+    """On SIGTERM or SIGINT (pre-emption, Ctrl-C), finish the current step, save a checkpoint and stop training.
+
+    Why: schedulers send SIGTERM some seconds before SIGKILL; without this, everything since the last periodic
+    checkpoint would be recomputed. A second signal stops at once (the default behaviour). Under torchrun every
+    process learns of the signal at the same step (the flag is all-reduced), so all stop together. After
+    `trainer.train()` returns, `received` holds the signal number (None if training ran to its end).
+    """
+
+    def __init__(self, signals: tuple[int, ...] | None = None) -> None:
+        import signal
+
+        self.signals = signals if signals is not None else (signal.SIGTERM, signal.SIGINT)
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        import signal
+        import sys
+
+        if self.received is not None:  # second signal: stop now, as without this callback
+            signal.signal(signum, signal.SIG_DFL)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signum)
+            return
+        self.received = signum
+        print(
+            f"received {signal.Signals(signum).name}: stopping after this step with a checkpoint "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for s in self.signals:
+                self._previous[s] = signal.signal(s, self._handle)
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        import torch
+
+        flag = 1.0 if self.received is not None else 0.0
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            t = torch.tensor(
+                [flag], device=args.device if torch.distributed.get_backend() == "nccl" else "cpu"
+            )
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            flag = float(t.item())
+            if flag and self.received is None:
+                import signal
+
+                self.received = signal.SIGTERM  # another process got it
+        if flag:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        import signal
+
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
