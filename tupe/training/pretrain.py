@@ -30,6 +30,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from tupe.errors import TupeError
 from tupe.training.checkpointing import (
     MANIFEST_NAME,
+    StopOnSignal,
     atomic_write_text,
     find_latest_checkpoint,
     list_checkpoints,
@@ -755,7 +756,8 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
 
     tb = TensorBoardCallback()
     tb.logging_dir = str(out / "tensorboard")
-    callbacks: list[TrainerCallback] = [MetricsCallback(out / METRICS_FILE), tb]
+    stop = StopOnSignal()  # pre-emption (SIGTERM) or Ctrl-C: checkpoint at the end of the step, then stop
+    callbacks: list[TrainerCallback] = [MetricsCallback(out / METRICS_FILE), tb, stop]
     if v["save_at"]:
         callbacks.append(SaveAtStepsCallback([int(s) for s in v["save_at"]]))
     trainer = PretrainTrainer(
@@ -776,6 +778,14 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
     train_out = trainer.train(resume_from_checkpoint=resume_from)
+    if stop.received is not None:
+        import signal
+
+        _warn(
+            f"tupe pretrain: stopped by {signal.Signals(stop.received).name} after step {trainer.state.global_step}; "
+            f"saved {out / f'checkpoint-{trainer.state.global_step}'}: continue with the same command and --resume"
+        )
+        raise SystemExit(128 + int(stop.received))
     final_evals = [
         h["eval_loss"]
         for h in trainer.state.log_history
