@@ -176,3 +176,42 @@ def test_killed_glue_grid_resumes_without_redoing_finished_runs(tmp_path):  # no
     assert b["complete"] and [r["scores"] for r in b["runs"]] == [r["scores"] for r in a["runs"]]
     assert [r["train_loss"] for r in b["runs"]] == [r["train_loss"] for r in a["runs"]]
     shutil.rmtree(tmp_path / "model")
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_at_the_next_step_then_resume_is_bit_exact(
+    rel_corpus, rel_tokenizer, rel_cache, tmp_path
+):  # noqa: ANN001
+    """Pre-emption: SIGTERM (what schedulers send before SIGKILL) costs no recomputation. With no periodic
+    checkpoint due, the run finishes its step, checkpoints it, exits 143 with a one-line hint, and resumes exactly."""
+    from safetensors.torch import load_file
+
+    opts = dict(max_steps=12, save_steps=1000, eval_steps=4)
+    ref = tmp_path / "ref"
+    code, err = _finish(
+        start_cli(pretrain_args(rel_corpus, rel_tokenizer, rel_cache, ref, **opts)), "reference"
+    )
+    assert code == 0, err
+
+    out = tmp_path / "run"
+    args = pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, **opts)
+    proc = start_cli(args)
+    deadline = time.monotonic() + TIMEOUT
+    while _last_step(out) < 5 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    code, err = _finish(proc, "SIGTERM")
+    assert code == 128 + signal.SIGTERM, err[-2000:]
+    assert "Traceback" not in err
+    stopped = _last_step(out)
+    assert 5 <= stopped < 12
+    line = [ln for ln in err.splitlines() if "stopped by SIGTERM" in ln]
+    assert len(line) == 1 and f"after step {stopped}" in line[0] and "--resume" in line[0]
+    latest = find_latest_checkpoint(out, log=None)
+    assert latest is not None and latest.name == f"checkpoint-{stopped}"  # nothing computed was lost
+
+    code, err = _finish(start_cli(args + ["--resume"]), "resume")
+    assert code == 0, err[-3000:]
+    assert _records(out) == _records(ref)
+    a, b = load_file(ref / "model.safetensors"), load_file(out / "model.safetensors")
+    assert all((a[k] == b[k]).all() for k in a)
