@@ -139,3 +139,23 @@ def test_report_errors(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{")
     assert main(["report", str(tmp_path / "bad.json")]) == 2
     assert "bad.json:1: not valid JSON" in capsys.readouterr().err
+
+
+def test_report_flags_settings_other_than_the_papers(tmp_path):
+    d = _results(tmp_path, "mnli", "MNLI", "tupe-r", 300, "cc", {"dev_matched": {"accuracy": 0.5}})
+    data = json.loads((d / "results.json").read_text())
+    paper = {"lrs": [2e-5, 3e-5, 4e-5, 5e-5], "seeds": [1, 2, 3, 4, 5], "epochs": 5.0, "batch_size": 32,
+             "warmup_ratio": 0.06, "weight_decay": 0.01, "adam_epsilon": 1e-6, "dropout": 0.1, "max_seq_len": 512,
+             "max_train_samples": None, "max_eval_samples": None}  # fmt: skip
+    data["settings"] = paper
+    (d / "results.json").write_text(json.dumps(data))
+    md, _ = make_report([str(d)])
+    assert "differs from the paper" not in md
+    assert md.splitlines()[0] == "| model | steps | MNLI-m | Avg |"  # no mismatched dev set was scored
+    data["settings"] = paper | {"epochs": 3.0, "seeds": [1, 2], "max_train_samples": 1000}
+    data["data"] = {"train_examples": 1000}
+    (d / "results.json").write_text(json.dumps(data))
+    md, _ = make_report([str(d)])
+    assert (
+        "differs from the paper's protocol: 3 epochs (paper 5); 2 seeds (paper 5); train subset of 1000" in md
+    )

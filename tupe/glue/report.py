@@ -82,6 +82,48 @@ class Row:
     cells: dict[str, float] = field(default_factory=dict)  # column -> score x 100
     incomplete: set[str] = field(default_factory=set)  # columns whose grid is not finished
     details: dict[str, str] = field(default_factory=dict)  # task -> "best lr 2e-05, 5 seeds, f1 90.1"
+    off_protocol: set[str] = field(default_factory=set)  # tasks run with settings other than the paper's
+
+
+def protocol_differences(data: dict[str, Any]) -> list[str]:
+    """How a results.json's settings differ from the paper's fine-tuning protocol (TUPE spec, section 5)."""
+    from tupe.glue.finetune import PAPER_LRS
+    from tupe.glue.tasks import get_task
+
+    s = data.get("settings") or {}
+    if not s:
+        return []
+    task = get_task(data["task"])
+    out = []
+    if s.get("epochs") is not None and float(s["epochs"]) != task.epochs:
+        out.append(f"{s['epochs']:g} epochs (paper {task.epochs})")
+    lrs = sorted(float(x) for x in s.get("lrs", PAPER_LRS))
+    if lrs != sorted(PAPER_LRS):
+        out.append(f"lr {','.join(f'{x:g}' for x in lrs)} (paper 2e-5,3e-5,4e-5,5e-5)")
+    n_seeds = len(s.get("seeds", [1, 2, 3, 4, 5]))
+    if n_seeds != 5:
+        out.append(f"{n_seeds} seeds (paper 5)")
+    paper = {
+        "batch_size": 32,
+        "warmup_ratio": 0.06,
+        "weight_decay": 0.01,
+        "adam_epsilon": 1e-6,
+        "dropout": 0.1,
+    }
+    for key, value in paper.items():
+        if key in s and s[key] != value:
+            out.append(f"{key} {s[key]} (paper {value})")
+    if s.get("max_seq_len") not in (None, 512):
+        limit = (data.get("model", {}).get("config") or {}).get("max_position_embeddings")
+        why = ", the model's limit" if limit == s["max_seq_len"] else ""
+        out.append(f"max length {s['max_seq_len']}{why} (paper 512)")
+    if s.get("max_train_samples"):
+        out.append(
+            f"train subset of {data.get('data', {}).get('train_examples', s['max_train_samples'])} examples"
+        )
+    if s.get("max_eval_samples"):
+        out.append("dev subset")
+    return out
 
 
 def find_results(paths: list[str]) -> list[Path]:
@@ -149,9 +191,13 @@ def build_rows(paths: list[Path]) -> list[Row]:
             for m, v in ms.items()
             if v is not None
         ]
+        diffs = protocol_differences(data)
+        if diffs:
+            row.off_protocol.add(data["task"])
         row.details[data["task"]] = (
             f"best lr {best['lr']:g}, median of {best['n_seeds']} seeds: {', '.join(others)}"
             + ("" if data.get("complete", False) else " (grid not finished)")
+            + (f"; differs from the paper's protocol: {'; '.join(diffs)}" if diffs else "")
         )
     out = list(rows.values())
     # Disambiguate rows that would print the same name.
@@ -190,11 +236,11 @@ def render(rows: list[Row]) -> tuple[str, str]:
     columns = table_columns(rows)
     md_cols: list[str] = []
     for c in columns:
-        if c in ("MNLI-m", "MNLI-mm"):
+        if c in ("MNLI-m", "MNLI-mm") and {"MNLI-m", "MNLI-mm"} <= set(columns):
             if "MNLI-m/mm" not in md_cols:
                 md_cols.append("MNLI-m/mm")
         else:
-            md_cols.append(c)
+            md_cols.append(c)  # MNLI-m alone when only the matched dev set was scored
 
     def cell(row: Row, c: str) -> str:
         if c == "MNLI-m/mm":
@@ -230,6 +276,8 @@ def render(rows: list[Row]) -> tuple[str, str]:
         notes.append("* averaged over the columns this row has.")
     if any(r.incomplete for r in rows):
         notes.append("† the lr x seed grid of this cell is not finished.")
+    if any(r.off_protocol for r in rows):
+        notes.append("Some cells come from settings other than the paper's protocol: see the list below.")
     details = []
     for r in rows:
         for task, text in r.details.items():
