@@ -192,6 +192,12 @@ def test_user_errors_are_one_line(tiny_model, glue_dir, tmp_path, capsys):
     err = err_of(*base, "--task", "QQP", "--data-dir", str(bad))
     assert f"{d / 'dev.tsv'}:10: malformed row: 7 tab-separated fields, expected 6" in err
 
+    unfinished = tmp_path / "pretrain-out"
+    shutil.copytree(tiny_model, unfinished / "checkpoint-200")
+    err = err_of("glue", "--model", str(unfinished), "--out", str(tmp_path / "o"), "--task", "CoLA",
+                 "--data-dir", str(glue_dir))  # fmt: skip
+    assert "no config.json" in err and "checkpoint-200" in err
+
     err = err_of(*base, "--task", "CoLA", "--data-dir", str(glue_dir), "--max-seq-len", "100")
     assert "exceeds the model's max_position_embeddings 64" in err
 

@@ -209,7 +209,15 @@ def inspect_checkpoint(model_dir: str | Path, scheme: str | None = None) -> tupl
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
-        raise TupeError(f"{model_dir}: no config.json (expected a directory written by save_pretrained)")
+        ckpts = (
+            sorted(model_dir.glob("checkpoint-*"), key=lambda p: (len(p.name), p.name))
+            if model_dir.is_dir()
+            else []
+        )
+        hint = f"; pass a checkpoint folder such as {ckpts[-1]}" if ckpts else ""
+        raise TupeError(
+            f"{model_dir}: no config.json (expected a directory written by save_pretrained){hint}"
+        )
     try:
         config = AutoConfig.from_pretrained(str(model_dir))
     except (ValueError, OSError, KeyError) as err:
