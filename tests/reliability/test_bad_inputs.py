@@ -64,6 +64,7 @@ def test_shared_artefacts_were_not_modified(finished_run: Path, glue_assets) -> 
     assert all(verify_checkpoint(p) is None for p in finished_run.glob("checkpoint-*"))
 
 
+@pytest.mark.slow
 def test_skip_bad_text_trains_with_one_warning_per_file(ctx: Ctx, capsys) -> None:  # noqa: ANN001
     corpus = Path(shutil.copytree(ctx.corpus, ctx.tmp / "corpus"))
     (corpus / "latin.txt").write_bytes("ok line\ncaf\xe9 au lait\nmore\n".encode("latin-1"))

@@ -118,6 +118,7 @@ def test_state_files_are_weights_only_loadable(run4: Path) -> None:
             torch.load(path, weights_only=True)
 
 
+@pytest.mark.slow
 def test_the_trainer_loads_state_with_weights_only(
     monkeypatch,
     run4: Path,
@@ -164,6 +165,7 @@ def _poison(monkeypatch, at: set[int]) -> None:  # noqa: ANN001
     monkeypatch.setattr(TupeForMaskedLM, "forward", forward)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     monkeypatch,
     rel_corpus,
@@ -183,6 +185,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     assert not (out / "checkpoint-6").exists() and not list(out.glob(".tmp-*"))
 
 
+@pytest.mark.slow
 def test_skip_nonfinite_skips_and_counts_and_resumes_the_count(
     monkeypatch,
     rel_corpus,
