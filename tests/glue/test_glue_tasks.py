@@ -224,3 +224,12 @@ def test_train_and_dev_files_instead_of_a_folder(glue_dir):
         _load_data(get_task("RTE"), None, str(glue_dir / "RTE" / "train.tsv"), both)
     with pytest.raises(TupeError, match="go together"):
         _load_data(get_task("RTE"), None, str(glue_dir / "RTE" / "train.tsv"), None)
+
+
+def test_last_row_without_newline_and_empty_sentence(tmp_path):
+    f = tmp_path / "dev.tsv"
+    f.write_bytes(
+        b"gj04\t1\t\tfirst .\ngj04\t0\t*\t\ngj04\t1\t\tlast, no newline ."
+    )  # like the real CoLA dev
+    split = read_tsv(get_task("CoLA"), f)
+    assert split.text_a == ["first .", "", "last, no newline ."] and split.index == [1, 2, 3]
