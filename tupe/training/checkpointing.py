@@ -354,3 +354,24 @@ class StopOnSignal(TrainerCallback):
         for s, handler in self._previous.items():
             signal.signal(s, handler)
         self._previous.clear()
+
+
+def check_checkpoint_config(ckpt_dir: str | os.PathLike, expected: dict[str, Any]) -> None:
+    """Raise a one-line `TupeError` unless `ckpt_dir/config.json` describes the model this run builds.
+
+    Why: the Trainer loads checkpoint weights with `strict=False`, so a checkpoint of another scheme or size copied
+    into a run folder would load partially, with only a log warning.
+    """
+    path = Path(ckpt_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise TupeError(f"{path}: cannot read the checkpoint's model config ({err})") from None
+    if config.get("model_type") != "tupe":
+        raise TupeError(f"{path}: model_type {config.get('model_type')!r} is not a tupe checkpoint")
+    for key, want in expected.items():
+        if key in config and config[key] != want:
+            raise TupeError(
+                f"{path}: {key} {config[key]!r} does not match this run's {want!r}; the checkpoint belongs to "
+                "another model (use another --out, or --overwrite to start again)"
+            )
