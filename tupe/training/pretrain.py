@@ -32,6 +32,7 @@ from tupe.training.checkpointing import (
     MANIFEST_NAME,
     StopOnSignal,
     atomic_write_text,
+    check_checkpoint_config,
     find_latest_checkpoint,
     list_checkpoints,
 )
@@ -720,6 +721,10 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
                 "warnings); use --overwrite to start again"
             )
         resume_from = str(latest) if latest is not None else None
+        if latest is not None:
+            shape = ("position_scheme", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+            shape += ("intermediate_size", "max_position_embeddings")
+            check_checkpoint_config(latest, {k: model_kwargs[k] for k in shape})
         if latest is not None and (latest / MANIFEST_NAME).is_file():
             nonfinite_skipped = int(
                 json.loads((latest / MANIFEST_NAME).read_text()).get("nonfinite_skipped", 0)
