@@ -146,6 +146,18 @@ def _other_glue_run(ctx: Ctx) -> list:
     return ctx.glue("--max-train-samples", "8", "--max-eval-samples", "4", "--batch-size", "4")
 
 
+def _foreign_checkpoint(ctx: Ctx) -> list:
+    from tupe.training.checkpointing import write_manifest
+
+    run = _copy_run(ctx)
+    ckpt = run / "checkpoint-4"
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["position_scheme"] = "bert-a"
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    write_manifest(ckpt, 4)  # a complete checkpoint of another run, copied in
+    return ctx.pretrain(out=run, resume=True)
+
+
 def _corrupt_latest_and_previous(ctx: Ctx) -> list:
     run = _copy_run(ctx)
     for ckpt in sorted(run.glob("checkpoint-*")):
@@ -341,6 +353,12 @@ CASES: list[Case] = [
         "`--resume` where every checkpoint's weights are truncated",
         _corrupt_latest_and_previous,
         ("no complete checkpoint",),
+    ),
+    Case(
+        "resume-foreign-checkpoint",
+        "`--resume` where the latest checkpoint (valid manifest) is of another scheme",
+        _foreign_checkpoint,
+        ("checkpoint-4/config.json", "position_scheme 'bert-a' does not match this run's 'tupe-a'"),
     ),
     # ---------------------------------------------------------------------------------------------------- GLUE
     Case(

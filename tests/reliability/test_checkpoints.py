@@ -242,3 +242,15 @@ def test_pickle_weights_are_refused_before_loading(tmp_path: Path) -> None:
     (tmp_path / "pytorch_model.bin").write_bytes(b"not even a pickle")
     with pytest.raises(TupeError, match="only pickle weights"):
         check_model_weights(tmp_path)
+
+
+def test_checkpoints_load_without_trust_remote_code(run4: Path) -> None:
+    """`import tupe` registers the model type: a run folder and its checkpoints load with the Auto classes locally,
+    trust_remote_code=False."""
+    from transformers import AutoModelForMaskedLM
+
+    import tupe  # noqa: F401
+
+    for folder in (run4, run4 / "checkpoint-2"):
+        model = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=False)
+        assert type(model).__module__.startswith("tupe.")
