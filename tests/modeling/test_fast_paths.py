@@ -216,8 +216,8 @@ class _ShapeRecorder(TorchDispatchMode):
 
 
 def test_fold_path_never_builds_a_square_mask(monkeypatch):
-    """With padding, the folded path hands SDPA no mask and builds no (b, h, n, n) tensor of its own (the
-    released code expanded one per layer). SDPA itself is stubbed: which kernel it runs is the backend's business."""
+    """With padding, the folded path hands SDPA no mask and builds no n x n tensor of its own (the released
+    code expanded a (b x h, n, n) one per layer). SDPA itself is stubbed: which kernel it runs is the backend's business."""
     config = tiny_config("tupe-a")
     model = TupeForMaskedLM(config).eval()
     model.tupe.attention_kernel = "fold"
@@ -235,7 +235,8 @@ def test_fold_path_never_builds_a_square_mask(monkeypatch):
         model(ids, attention_mask=mask)
     assert len(seen) == config.num_hidden_layers
     assert all(m is None and width % 8 == 0 for m, width in seen)
-    assert not any(len(s) == 4 and s[-2:] == (n, n) for s in recorder.shapes), (b, h)
+    # not even the (h, n, n) content-free term: the folded pass never builds it (seq 8192 on GPU needs this)
+    assert not any(len(s) >= 2 and s[-2:] == (n, n) for s in recorder.shapes), (b, h)
 
 
 def test_content_free_term_computed_once_per_forward():

@@ -267,7 +267,7 @@ class TupeModel(TupePreTrainedModel):
         if kernel == "fused":
             return "fused" if dtype in (torch.float32, torch.float64) else "sdpa"
         if kernel == "flex":
-            return "flex" if ctx.bias is not None else "sdpa"
+            return "flex" if ctx.has_bias else "sdpa"
         if kernel != "auto":
             return "sdpa"
         dropout = self.training and self.config.attention_probs_dropout_prob > 0
@@ -278,7 +278,7 @@ class TupeModel(TupePreTrainedModel):
             return "sdpa"
         if can_fold:
             return "fold"
-        if ctx.bias is not None and not dropout and device.type == "cuda":
+        if ctx.has_bias and not dropout and device.type == "cuda":
             return "flex"
         return "sdpa"
 

@@ -11,7 +11,8 @@ Notation (see `docs/model.md` and the spec): `d` head dimension, `p` the learned
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -31,6 +32,8 @@ class PositionalContext:
     - rotary (cos, sin), each (n, d): rotation of queries and keys (RoPE).
     - fold (h, n, r) x 2: extra query / key columns whose products equal `bias` up to a per-query constant
       (which cancels in the softmax), so attention can run without an n x n tensor. Already scaled.
+    - bias_fn: builds `bias` on first access (then cached), so a pass that folds never materialises it
+      (long sequences on GPU); `has_bias` tells whether there is one without building it.
     """
 
     logit_scale: float
@@ -40,6 +43,26 @@ class PositionalContext:
     key_add: torch.Tensor | None = None
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None
     fold: tuple[torch.Tensor, torch.Tensor] | None = None
+    bias_fn: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def has_bias(self) -> bool:
+        return self.__dict__.get("_bias") is not None or self.bias_fn is not None
+
+
+def _get_bias(ctx: PositionalContext) -> torch.Tensor | None:
+    if ctx.__dict__.get("_bias") is None and ctx.__dict__.get("bias_fn") is not None:
+        ctx.__dict__["_bias"] = ctx.bias_fn()
+        ctx.bias_fn = None
+    return ctx.__dict__.get("_bias")
+
+
+def _set_bias(ctx: PositionalContext, value: torch.Tensor | None) -> None:
+    ctx.__dict__["_bias"] = value
+
+
+# Installed after the dataclass is built (whose __init__ keeps `bias` as an ordinary keyword argument).
+PositionalContext.bias = property(_get_bias, _set_bias)  # type: ignore[assignment]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -212,13 +235,15 @@ class TupeA(PositionalScheme):
 
     def forward(self, n: int) -> PositionalContext:
         q, k = self.untied(n)  # (h, n, d)
-        bias = torch.matmul(q, k.transpose(-1, -2)) * self.logit_scale
-        ctx = PositionalContext(self.logit_scale, bias=bias)
-        ctx.fold = (q * self.logit_scale, k)
+        scale = self.logit_scale
+        ctx = PositionalContext(scale)
         if self.reset:
-            theta = self.untied.theta(self.logit_scale)
-            ctx.bias = cls_reset(bias, theta)
+            theta = self.untied.theta(scale)
+            ctx.bias_fn = lambda: cls_reset(torch.matmul(q, k.transpose(-1, -2)) * scale, theta)
             ctx.fold = self._fold_with_reset(q, k, theta)
+        else:
+            ctx.bias_fn = lambda: torch.matmul(q, k.transpose(-1, -2)) * scale
+            ctx.fold = (q * scale, k)
         return ctx
 
     def _fold_with_reset(self, q, k, theta):
