@@ -375,3 +375,49 @@ def check_checkpoint_config(ckpt_dir: str | os.PathLike, expected: dict[str, Any
                 f"{path}: {key} {config[key]!r} does not match this run's {want!r}; the checkpoint belongs to "
                 "another model (use another --out, or --overwrite to start again)"
             )
+
+
+def check_weights_match_config(model_dir: str | os.PathLike) -> None:
+    """Raise a one-line `TupeError` if a tupe folder's weights do not fit its config.json (shape or missing tensor).
+
+    Why: `from_pretrained` re-initialises mismatched or missing tensors with only a log warning (GLUE loads with
+    `ignore_mismatched_sizes=True` for the new head), so an edited config or weights copied from another model
+    would train from random encoder weights without any error. Only the encoder (`tupe.*`) is compared: heads
+    differ legitimately between masked-LM and classification checkpoints. Reads shapes from the safetensors
+    headers and builds the model on the meta device: no weights are loaded.
+    """
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    import tupe  # noqa: F401  (registers the tupe model type)
+    from tupe.modeling import TupeForMaskedLM
+
+    model_dir = Path(model_dir)
+    files = check_model_weights(model_dir)
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        expected = {
+            k: tuple(v.shape)
+            for k, v in TupeForMaskedLM(config).state_dict().items()
+            if k.startswith("tupe.")
+        }
+    found: set[str] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                if name not in expected:
+                    continue
+                found.add(name)
+                got = tuple(fh.get_slice(name).get_shape())
+                if got != expected[name]:
+                    raise TupeError(
+                        f"{f}: tensor {name} has shape {list(got)} but {model_dir / 'config.json'} implies "
+                        f"{list(expected[name])}: the weights and the config belong to different models"
+                    )
+    missing = sorted(set(expected) - found)
+    if missing:
+        raise TupeError(
+            f"{model_dir}: {len(missing)} encoder tensor(s) that config.json implies are not in the weights "
+            f"(first: {missing[0]}): the weights and the config belong to different models"
+        )
