@@ -43,10 +43,12 @@ def load_encoder(model_dir: str | Path):
 def _load(model_dir: str | Path, model_type: str | None):
     import tupe  # noqa: F401  (registers the Auto classes)
     from tupe.modeling import TupeForMaskedLM, TupeModel
-    from tupe.training.checkpointing import check_model_weights
+    from tupe.training.checkpointing import check_model_weights, check_weights_match_config
 
     if model_type in ("tupe", "bert"):
         check_model_weights(model_dir)  # safetensors only; truncation is one clear error, not a traceback
+    if model_type == "tupe":
+        check_weights_match_config(model_dir)  # weights of another shape: one line, not a RuntimeError
     if model_type == "tupe":
         encoder = TupeModel.from_pretrained(str(model_dir))
         description = f"TUPE checkpoint, position_scheme {encoder.config.position_scheme}"

@@ -234,10 +234,12 @@ def inspect_checkpoint(model_dir: str | Path, scheme: str | None = None) -> tupl
             f"--scheme {scheme} does not match the checkpoint's position_scheme {config.position_scheme!r} "
             f"({model_dir / 'config.json'}): fine-tuning must use the scheme the model was pre-trained with"
         )
-    from tupe.training.checkpointing import check_model_weights
+    from tupe.training.checkpointing import check_model_weights, check_weights_match_config
 
     # safetensors only (pickle weights can run code), each file checked: truncation is one clear error, here
     files = check_model_weights(model_dir)
+    # from_pretrained(ignore_mismatched_sizes=True) would silently re-initialise an encoder that does not fit
+    check_weights_match_config(model_dir)
     keep = (
         "position_scheme",
         "vocab_size",
