@@ -89,6 +89,14 @@ def _bert_config(ctx: Ctx) -> list:
     return ctx.glue(model=m)
 
 
+def _edit_config(ctx: Ctx, **changes: object) -> Path:
+    m = ctx.copy_model()
+    cfg = json.loads((m / "config.json").read_text())
+    cfg.update(changes)
+    (m / "config.json").write_text(json.dumps(cfg))
+    return m
+
+
 def _bin_only(ctx: Ctx) -> list:
     import torch
     from safetensors.torch import load_file
@@ -462,6 +470,18 @@ CASES: list[Case] = [
         ("model.safetensors: corrupt or truncated",),
     ),
     Case(
+        "glue-weights-config-mismatch",
+        "config.json edited after training (weights of another shape)",
+        lambda c: c.glue(model=_edit_config(c, intermediate_size=128)),
+        ("tupe.layers.0.intermediate.bias has shape [64]", "implies [128]", "belong to different models"),
+    ),
+    Case(
+        "glue-weights-missing-layer",
+        "config.json with more layers than the weights hold",
+        lambda c: c.glue(model=_edit_config(c, num_hidden_layers=3)),
+        ("encoder tensor(s) that config.json implies are not in the weights", "tupe.layers.2."),
+    ),
+    Case(
         "glue-weights-pickle",
         "only pytorch_model.bin (pickle) weights",
         _bin_only,
@@ -539,6 +559,18 @@ CASES: list[Case] = [
             c.tmp / "a",
         ],
         ("corrupt or truncated safetensors file",),
+    ),
+    Case(
+        "analyze-weights-config-mismatch",
+        "config.json that does not fit the weights",
+        lambda c: [
+            "analyze",
+            "--model",
+            _edit_config(c, hidden_size=64, intermediate_size=64),
+            "--out",
+            c.tmp / "a",
+        ],
+        ("has shape", "belong to different models"),
     ),
     # ----------------------------------------------------------------------------------- plot, report, compare
     Case(
