@@ -349,6 +349,11 @@ class StopOnSignal(TrainerCallback):
         return control
 
     def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        self.restore()
+
+    def restore(self) -> None:
+        """Put the previous handlers back (idempotent; call it in a `finally`, since a failed training run never
+        reaches on_train_end and would leave Ctrl-C captured in a notebook or a test session)."""
         import signal
 
         for s, handler in self._previous.items():
