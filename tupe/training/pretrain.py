@@ -782,7 +782,10 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
 
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
-    train_out = trainer.train(resume_from_checkpoint=resume_from)
+    try:
+        train_out = trainer.train(resume_from_checkpoint=resume_from)
+    finally:
+        stop.restore()
     if stop.received is not None:
         import signal
 
