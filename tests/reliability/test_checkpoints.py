@@ -174,9 +174,14 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     tmp_path,
     capsys,  # noqa: ANN001
 ) -> None:
+    import signal
+
     _poison(monkeypatch, {5})
     out = tmp_path / "run"
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     code, _, err = run_cli(pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, max_steps=8), capsys)
+    # the graceful-stop handlers are put back although training failed
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
     line = assert_user_error(
         code, err, "training loss is nan (not finite) at step 5", "checkpoint-4", "--skip-nonfinite"
     )
