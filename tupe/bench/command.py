@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             for b in backends:
                 if b == "flex" and device.type != "cuda":
                     raise TupeError("backend flex needs CUDA (flex_attention has no CPU backward)")
-                cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32))
+                cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32, autocast))
         peak_dtype = autocast or torch.float32
         peak_before, by_size = matmul_peak(device, peak_dtype)
         log(f"matmul peak before: {peak_before / 1e9:.1f} GFLOP/s {by_size}")

@@ -116,7 +116,9 @@ def build_tupe(
     batch: dict[str, torch.Tensor],
     device: torch.device,
     dtype: torch.dtype,
+    compute_dtype: torch.dtype | None = None,
 ) -> Candidate:
+    """A TupeForMaskedLM candidate; `compute_dtype` (the autocast dtype, if any) decides the kernel label."""
     from tupe import TupeConfig, TupeForMaskedLM
 
     implementation, kernel, fold = BACKENDS[backend]
@@ -139,7 +141,7 @@ def build_tupe(
     resolved = "eager"
     if implementation != "eager":
         with torch.autocast(device.type, enabled=False):
-            resolved = model.tupe._attention_inputs(seq_len, None, dtype, eager=False).kernel
+            resolved = model.tupe._attention_inputs(seq_len, None, compute_dtype or dtype, eager=False).kernel
     rows = int((batch["labels"] != -100).sum())
     flops = train_step_flops(shape, scheme, batch["input_ids"].shape[0], seq_len, rows)
     label = f"{scheme} [{backend}]"
