@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     autocast = None if args.autocast == "none" else DTYPES[args.autocast]
     log = (lambda m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     result: dict = {
-        "command": "tupe " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("tupe") else None,
+        "argv": sys.argv,
         "machine": machine_description(device),
         "shape": shape.__dict__,
         "seq_len": args.seq_len,
