@@ -214,12 +214,17 @@ def run(args: argparse.Namespace) -> int:
         peak_after, by_size_after = matmul_peak(device, peak_dtype)
         log(f"matmul peak after: {peak_after / 1e9:.1f} GFLOP/s")
         peak = max(peak_before, peak_after)
+        peak_cpu = None
+        if device.type == "cpu":
+            peak_cpu = max(matmul_peak(device, peak_dtype, clock="cpu")[0] for _ in range(2))
+            log(f"matmul peak per CPU-second: {peak_cpu / 1e9:.1f} GFLOP/s")
         if not args.no_memory:
             for cand in cands:
                 measure_peak_memory(cand, device, autocast)
         tokens = args.batch_size * args.seq_len
-        rows = [c.summary(tokens, peak) for c in cands]
+        rows = [c.summary(tokens, peak, peak_cpu) for c in cands]
         result["matmul_peak_flops"] = peak
+        result["matmul_peak_flops_per_cpu_second"] = peak_cpu
         result["matmul_peak_by_size"] = {"before": by_size, "after": by_size_after}
         result["steps"] = rows
         result["ratios"] = ratios(rows)
@@ -231,15 +236,16 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"{'model':26s} {'kernel':7s} {'step s':>8s} {'q1-q3':>13s} {'tok/s':>8s} {'MFU':>6s} "
-            f"{'memory':>10s} {'/hf-bert':>8s}"
+            f"{'memory':>10s} {'/hf-bert':>8s} {'MFU(cpu)':>8s}"
         )
         hf = next((r["step_s_median"] for r in rows if r["scheme"] == HF_BERT), None)
         for r in rows:
             rel = "-" if not hf else f"{r['step_s_median'] / hf:.3f}"
+            mfu_cpu = "-" if r["mfu_cpu_time"] is None else f"{100 * r['mfu_cpu_time']:.1f}%"
             print(
                 f"{r['label']:26s} {r['kernel']:7s} {r['step_s_median']:8.3f} "
                 f"{r['step_s_q1']:6.2f}-{r['step_s_q3']:<6.2f} {r['tokens_per_s']:8.1f} "
-                f"{100 * r['mfu']:5.1f}% {_fmt_bytes(r['peak_memory_bytes']):>10s} {rel:>8s}"
+                f"{100 * r['mfu']:5.1f}% {_fmt_bytes(r['peak_memory_bytes']):>10s} {rel:>8s} {mfu_cpu:>8s}"
             )
         print(f"ratios of median step times: {'wall':>8s} {'cpu':>8s}")
         for k, v in result["ratios"].items():

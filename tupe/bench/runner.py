@@ -53,7 +53,7 @@ class Candidate:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def summary(self, tokens: int, peak_flops: float) -> dict:
+    def summary(self, tokens: int, peak_flops: float, peak_flops_cpu: float | None = None) -> dict:
         times = sorted(self.times)
         median = statistics.median(times)
         q1, q3 = (
@@ -76,6 +76,11 @@ class Candidate:
             "tokens_per_s": tokens / median,
             "model_tflops_per_step": self.flops / 1e12,
             "mfu": self.flops / median / peak_flops,
+            "mfu_cpu_time": (
+                self.flops / statistics.median(self.cpu_times) / peak_flops_cpu
+                if peak_flops_cpu and self.cpu_times
+                else None
+            ),
             "peak_memory_bytes": self.peak_memory,
             "memory_method": self.memory_method,
         }
