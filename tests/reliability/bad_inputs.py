@@ -97,6 +97,13 @@ def _edit_config(ctx: Ctx, **changes: object) -> Path:
     return m
 
 
+def _unfinished_run(ctx: Ctx) -> Path:
+    run = _copy_run(ctx)
+    for name in ("model.safetensors", "pretrain_summary.json"):
+        (run / name).unlink()
+    return run
+
+
 def _bin_only(ctx: Ctx) -> list:
     import torch
     from safetensors.torch import load_file
@@ -480,6 +487,12 @@ CASES: list[Case] = [
         "config.json with more layers than the weights hold",
         lambda c: c.glue(model=_edit_config(c, num_hidden_layers=3)),
         ("encoder tensor(s) that config.json implies are not in the weights", "tupe.layers.2."),
+    ),
+    Case(
+        "glue-run-in-progress",
+        "`--model` is a pre-training folder whose run has not finished (checkpoints only)",
+        lambda c: c.glue(model=_unfinished_run(c)),
+        ("no model weights", "a pre-training run not finished yet? use --model", "checkpoint-4"),
     ),
     Case(
         "glue-weights-pickle",

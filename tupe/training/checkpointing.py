@@ -139,7 +139,9 @@ def check_model_weights(model_dir: str | os.PathLike) -> list[Path]:
                 f"{model_dir}: only pickle weights (pytorch_model.bin), which tupe does not load because unpickling "
                 "can run code; re-save the model with save_pretrained(DIR) (safetensors)"
             )
-        raise TupeError(f"{model_dir}: no model weights (model.safetensors)")
+        ckpts = list_checkpoints(model_dir)
+        hint = f"; a pre-training run not finished yet? use --model {ckpts[0]}" if ckpts else ""
+        raise TupeError(f"{model_dir}: no model weights (model.safetensors){hint}")
     for f in files:
         check_safetensors(f)
     return files
