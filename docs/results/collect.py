@@ -15,7 +15,11 @@ import statistics
 import sys
 from pathlib import Path
 
-SCHEMES = [s for s in ["bert-a", "bert-r", "tupe-a", "tupe-r", "tupe-a-tie-cls"] if len(sys.argv) < 3 or s in sys.argv[2:]]
+SCHEMES = [
+    s
+    for s in ["bert-a", "bert-r", "tupe-a", "tupe-r", "tupe-a-tie-cls"]
+    if len(sys.argv) < 3 or s in sys.argv[2:]
+]
 TASKS = [("CoLA", "mcc"), ("SST-2", "accuracy"), ("MRPC", "accuracy")]
 HERE = Path(__file__).resolve().parent
 ANALYSIS_TEXT = "/work/shared/data/corpus/gutenberg/203-0.txt"
