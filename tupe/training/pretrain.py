@@ -722,7 +722,13 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
             )
         resume_from = str(latest) if latest is not None else None
         if latest is not None:
-            shape = ("position_scheme", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+            shape = (
+                "position_scheme",
+                "vocab_size",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+            )
             shape += ("intermediate_size", "max_position_embeddings")
             check_checkpoint_config(latest, {k: model_kwargs[k] for k in shape})
         if latest is not None and (latest / MANIFEST_NAME).is_file():
