@@ -161,3 +161,15 @@ def test_every_scheme_trains(scheme):
         losses.append(loss.item())
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first - 0.5, (first, last)
+
+
+def test_return_dict_false_gives_transformers_style_tuples():
+    model = TupeForMaskedLM(tiny_config("tupe-a")).eval()
+    ids = torch.randint(5, 50, (2, 8))
+    as_output = model(ids, labels=ids, output_hidden_states=True)
+    as_tuple = model(ids, labels=ids, output_hidden_states=True, return_dict=False)
+    assert len(as_tuple) == 3  # loss, logits, hidden states
+    torch.testing.assert_close(as_tuple[0], as_output.loss)
+    torch.testing.assert_close(as_tuple[1], as_output.logits)
+    assert len(as_tuple[2]) == 3  # embeddings + 2 layers
+    assert len(model(ids, return_dict=False)) == 1  # logits only

@@ -187,6 +187,17 @@ class TupePreTrainedModel(PreTrainedModel):
         }
         return super().save_pretrained(save_directory, *args, **kwargs)
 
+    def _head_output(
+        self, output_cls, loss, logits, encoder_outputs: BaseModelOutput, return_dict: bool | None
+    ):
+        """A head's result: `output_cls(...)`, or with `return_dict=False` the transformers-style tuple
+        (loss first when there is one, absent entries left out)."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        hidden_states, attentions = encoder_outputs.hidden_states, encoder_outputs.attentions
+        if not return_dict:
+            return tuple(t for t in (loss, logits, hidden_states, attentions) if t is not None)
+        return output_cls(loss=loss, logits=logits, hidden_states=hidden_states, attentions=attentions)
+
     def _attn_implementation_name(self) -> str:
         impl = getattr(self.config, "_attn_implementation", None) or "sdpa"
         return "eager" if impl == "eager" else "sdpa"
@@ -370,7 +381,6 @@ class TupeForMaskedLM(TupePreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> MaskedLMOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
@@ -392,12 +402,7 @@ class TupeForMaskedLM(TupePreTrainedModel):
                 loss = F.cross_entropy(
                     logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100
                 )
-        if not return_dict:
-            out = (logits, outputs.hidden_states, outputs.attentions)
-            return ((loss,) if loss is not None else ()) + tuple(t for t in out if t is not None)
-        return MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+        return self._head_output(MaskedLMOutput, loss, logits, outputs, return_dict)
 
     @classmethod
     def from_bert(cls, model_or_path, **config_overrides) -> TupeForMaskedLM:
@@ -437,7 +442,6 @@ class TupeForSequenceClassification(TupePreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> SequenceClassifierOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
@@ -453,9 +457,4 @@ class TupeForSequenceClassification(TupePreTrainedModel):
                 loss = F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
             else:
                 loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1))
-        if not return_dict:
-            out = (logits, outputs.hidden_states, outputs.attentions)
-            return ((loss,) if loss is not None else ()) + tuple(t for t in out if t is not None)
-        return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+        return self._head_output(SequenceClassifierOutput, loss, logits, outputs, return_dict)
