@@ -2,7 +2,7 @@
 
 `tupe demo [--out DIR]` trains a byte-level BPE on the built-in public-domain corpus, packs it once, pre-trains
 `bert-a` then `tupe-a` on identical data, masks and seeds, and prints the validation-loss table and the path of
-the curve plot. About 15 minutes on 2 CPU cores. Running it again reuses finished runs and continues an
+the curve plot. About 3-4 minutes on 2 free CPU cores (longer when they are shared). Running it again reuses finished runs and continues an
 interrupted one (pass --overwrite to start from scratch).
 """
 
