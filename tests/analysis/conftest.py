@@ -27,30 +27,9 @@ def make_text(num_words: int = 4000, seed: int = 0) -> str:
 
 def make_tokenizer(vocab_size: int = 300):
     """Byte-level BPE following the project's tokenizer contract ([PAD]=0 [CLS]=1 [SEP]=2 [MASK]=3 [UNK]=4)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from ..helpers import train_test_tokenizer
 
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator([make_text(2000, seed=1)], trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        unk_token="[UNK]",
-        model_input_names=["input_ids", "attention_mask"],
-    )
+    return train_test_tokenizer([make_text(2000, seed=1)], vocab_size)
 
 
 def randomise(model: torch.nn.Module, seed: int = 0) -> None:

@@ -111,34 +111,9 @@ def corpus_lines() -> list[str]:
 
 def make_tokenizer(vocab_size: int = 400):
     """A byte-level BPE tokenizer following the project's contract ([PAD]=0 [CLS]=1 [SEP]=2 [MASK]=3 [UNK]=4)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from ..helpers import train_test_tokenizer
 
-    specials = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus_lines(), trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", 1), ("[SEP]", 2)],
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-        unk_token="[UNK]",
-        model_input_names=["input_ids", "attention_mask"],
-    )
+    return train_test_tokenizer(corpus_lines(), vocab_size)
 
 
 def make_checkpoint(path: Path, scheme: str = "tupe-a", max_positions: int = 64) -> Path:
