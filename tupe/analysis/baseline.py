@@ -1,0 +1,66 @@
+"""The unigram baseline: what a masked-LM loss is worth when the model ignores the context entirely.
+
+A model that predicts every masked token from the token frequencies of its training data scores the
+cross-entropy of those frequencies on the masked targets. Every number this project reports about pre-training
+(compare, demo, evaluate) is printed beside it, because a masked LM first settles just below it, on a plateau
+where it predicts from the bag of context words, before it learns to use word order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tupe.data.packing import PackedCorpus
+from tupe.data.tokenizer import SPECIAL_TOKENS
+
+NUM_SPECIAL = len(SPECIAL_TOKENS)
+
+
+def block_token_counts(packed: PackedCorpus, block_indices: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Occurrences of every token id in the given blocks (the [CLS] that starts each block not counted)."""
+    c = packed.content_len
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    blocks = np.asarray(block_indices, dtype=np.int64)
+    if blocks.size == len(packed) and np.array_equal(blocks, np.arange(len(packed))):
+        return np.bincount(np.asarray(packed.stream), minlength=vocab_size)[:vocab_size].astype(np.int64)
+    # runs of consecutive blocks are one slice of the stream
+    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+    for run in np.split(blocks, breaks):
+        if run.size:
+            part = np.asarray(packed.stream[int(run[0]) * c : (int(run[-1]) + 1) * c])
+            counts += np.bincount(part, minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def unigram_log_probs(
+    counts: np.ndarray, num_special: int = NUM_SPECIAL, smoothing: float = 0.5
+) -> np.ndarray:
+    """log p(token) from counts with add-`smoothing` over the non-special vocabulary (specials get -inf:
+    they are never masked targets)."""
+    c = counts.astype(np.float64).copy()
+    c[:num_special] = 0.0
+    c[num_special:] += smoothing
+    with np.errstate(divide="ignore"):
+        return np.log(c) - np.log(c.sum())
+
+
+def unigram_loss(log_probs: np.ndarray, targets: np.ndarray, num_special: int = NUM_SPECIAL) -> float:
+    """Mean negative log-probability of the non-special `targets` (nats per token)."""
+    t = np.asarray(targets, dtype=np.int64).reshape(-1)
+    t = t[t >= num_special]
+    if t.size == 0:
+        return float("nan")
+    return float(-log_probs[t].mean())
+
+
+def train_valid_unigram(packed: PackedCorpus, valid_every: int, vocab_size: int) -> dict[str, float | int]:
+    """Unigram loss of the training blocks' token frequencies on every non-special token of the validation
+    blocks: the expected unigram loss on the validation masked targets, whatever the masks' seed."""
+    train_idx, valid_idx = packed.split(valid_every)
+    log_probs = unigram_log_probs(block_token_counts(packed, train_idx, vocab_size))
+    valid_counts = block_token_counts(packed, valid_idx, vocab_size)
+    valid_counts[:NUM_SPECIAL] = 0
+    total = int(valid_counts.sum())
+    seen = valid_counts > 0
+    loss = float(-(valid_counts[seen] * log_probs[seen]).sum() / max(1, total))
+    return {"unigram_loss": loss, "valid_tokens": total}
