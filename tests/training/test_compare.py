@@ -28,7 +28,8 @@ def test_compare_writes_plot_tables_and_fractions(
     args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "4"]
     assert main(["compare", "--schemes", "bert-a,tupe-a", "--out", str(out), *args]) == 0
     printed = capsys.readouterr().out
-    assert "| step | bert-a | tupe-a |" in printed and "valid_loss.png" in printed
+    assert "| bert-a | 1 |" in printed and "| tupe-a | 1 |" in printed and "valid_loss.png" in printed
+    assert "Unigram baseline" in printed
     for name in ("valid_loss.png", "valid_loss.md", "valid_loss.csv", "compare_summary.json"):
         assert (out / name).stat().st_size > 0
     rows = list(csv.reader((out / "valid_loss.csv").open()))
@@ -39,7 +40,13 @@ def test_compare_writes_plot_tables_and_fractions(
             r[1 + ("bert-a", "tupe-a").index(scheme)] for r in rows[1:]
         ]
     summary = json.loads((out / "compare_summary.json").read_text())
-    assert summary["reach"]["bert-a"]["fraction_of_first_steps"] == 1.0
+    stats = summary["stats"]["schemes"]
+    assert stats["bert-a"]["steps_to_reach_reference"] == [4] and stats["bert-a"]["diff_vs_reference"] == [
+        0.0
+    ]
+    final = {s: read_metrics(out / s)[1][-1]["eval_loss"] for s in ("bert-a", "tupe-a")}
+    assert stats["tupe-a"]["diff_vs_reference"] == pytest.approx([final["tupe-a"] - final["bert-a"]])
+    assert "| step | bert-a | tupe-a |" in (out / "valid_loss.md").read_text()
     # identical data for both schemes: same data cache, same tokenizer files
     a = json.loads((out / "bert-a" / "pretrain_summary.json").read_text())
     b = json.loads((out / "tupe-a" / "pretrain_summary.json").read_text())
@@ -68,3 +75,45 @@ def test_demo_runs_end_to_end_on_a_small_corpus(tiny_corpus: Path, tmp_path: Pat
     assert "| step | bert-a | tupe-a |" in printed and "demo finished" in printed
     assert (out / "valid_loss.png").exists()
     assert json.loads((out / "tupe-a" / "tupe_run.json").read_text())["model"]["hidden_size"] == 128
+
+
+@pytest.mark.slow
+def test_compare_several_seeds_in_parallel(
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path, capsys
+) -> None:  # noqa: ANN001
+    out = tmp_path / "seeds"
+    args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "4"]
+    cmd = ["compare", "--schemes", "bert-a,tupe-a", "--seeds", "0,1", "--parallel", "2", "--out", str(out)]
+    assert main([*cmd, *args]) == 0
+    printed = capsys.readouterr().out
+    assert "| bert-a | 2 |" in printed and "| tupe-a | 2 |" in printed
+    summary = json.loads((out / "compare_summary.json").read_text())
+    assert summary["seeds"] == [0, 1]
+    for scheme in ("bert-a", "tupe-a"):
+        finals = [read_metrics(out / scheme / f"seed-{k}")[1][-1]["eval_loss"] for k in (0, 1)]
+        assert summary["stats"]["schemes"][scheme]["final_losses"] == pytest.approx(finals)
+        for k in (0, 1):
+            run = json.loads((out / scheme / f"seed-{k}" / "tupe_run.json").read_text())
+            assert run["optim"]["seed"] == k and (out / scheme / f"seed-{k}" / "train.log").exists()
+    # different seeds, different runs; same seed, same initial data order across schemes
+    assert (
+        summary["stats"]["schemes"]["bert-a"]["final_losses"][0]
+        != summary["stats"]["schemes"]["bert-a"]["final_losses"][1]
+    )
+    rows = list(csv.reader((out / "valid_loss.csv").open()))
+    assert rows[0] == ["step", "bert-a/seed-0", "bert-a/seed-1", "tupe-a/seed-0", "tupe-a/seed-1"]
+    assert (out / "valid_loss.png").read_bytes()[:4] == b"\x89PNG"
+    # a rerun with --resume trains nothing
+    mtime = (out / "tupe-a" / "seed-1" / "model.safetensors").stat().st_mtime_ns
+    assert main([*cmd, "--resume", *args]) == 0
+    assert (out / "tupe-a" / "seed-1" / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_parse_seeds() -> None:
+    from tupe.errors import TupeError
+    from tupe.training.compare import parse_seeds
+
+    assert parse_seeds("0,1,2") == [0, 1, 2] and parse_seeds("3-5") == [3, 4, 5] and parse_seeds("7") == [7]
+    for bad in ("a", "1,1", ""):
+        with pytest.raises(TupeError, match="--seeds"):
+            parse_seeds(bad)

@@ -8,10 +8,14 @@ where it predicts from the bag of context words, before it learns to use word or
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from tupe.data.packing import PackedCorpus
 from tupe.data.tokenizer import SPECIAL_TOKENS
+from tupe.errors import TupeError
 
 NUM_SPECIAL = len(SPECIAL_TOKENS)
 
@@ -64,3 +68,16 @@ def train_valid_unigram(packed: PackedCorpus, valid_every: int, vocab_size: int)
     seen = valid_counts > 0
     loss = float(-(valid_counts[seen] * log_probs[seen]).sum() / max(1, total))
     return {"unigram_loss": loss, "valid_tokens": total}
+
+
+def run_unigram(run_dir: str | Path) -> dict[str, float | int] | None:
+    """The unigram baseline of a finished `tupe pretrain` run's own train/valid split (None if its data cache
+    is gone)."""
+    run_dir = Path(run_dir)
+    try:
+        run = json.loads((run_dir / "tupe_run.json").read_text())
+        summary = json.loads((run_dir / "pretrain_summary.json").read_text())
+        packed = PackedCorpus.open(summary["data_cache"], int(run["data"]["max_length"]))
+    except (OSError, KeyError, ValueError, TupeError):
+        return None
+    return train_valid_unigram(packed, int(run["data"]["valid_every"]), int(run["model"]["vocab_size"]))

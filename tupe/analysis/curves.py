@@ -65,8 +65,13 @@ def plot_curves(
     labels: list[str] | None = None,
     title: str | None = None,
     show_train: bool = False,
+    baseline: float | None = None,
 ) -> Path:
-    """Draw validation loss against step for every run on one figure and save it as a PNG."""
+    """Draw validation loss against step for every run on one figure and save it as a PNG.
+
+    Runs that share a label (several seeds of one scheme) share a colour and one legend entry; `baseline` draws
+    the unigram baseline as a dashed line.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,18 +83,22 @@ def plot_curves(
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=130)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     drawn = 0
-    for i, (run, label) in enumerate(zip(run_dirs, labels)):
+    color_of: dict[str, str] = {}
+    for run, label in zip(run_dirs, labels):
         train, valid = read_metrics(run)
-        color = colors[i % len(colors)]
+        first = label not in color_of
+        color = color_of.setdefault(label, colors[len(color_of) % len(colors)])
+        several = labels.count(label) > 1
         if valid:
             ax.plot(
                 [r["step"] for r in valid],
                 [r["eval_loss"] for r in valid],
-                marker="o",
+                marker="" if several else "o",
                 markersize=3.5,
-                linewidth=1.8,
+                linewidth=1.2 if several else 1.8,
+                alpha=0.85 if several else 1.0,
                 color=color,
-                label=label,
+                label=label if first else None,
             )
             drawn += 1
         if show_train and train:
@@ -100,11 +109,15 @@ def plot_curves(
                 linewidth=1.0,
                 alpha=0.7,
                 color=color,
-                label=f"{label} (training)",
+                label=f"{label} (training)" if first else None,
             )
     if drawn == 0:
         plt.close(fig)
         raise TupeError("none of the runs has a validation record yet (eval_loss in metrics.jsonl)")
+    if baseline is not None:
+        ax.axhline(
+            baseline, color="0.4", linestyle="--", linewidth=1.0, label=f"unigram baseline ({baseline:.2f})"
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("validation masked-LM loss (nats / masked token)")
     ax.set_title(title or "Pre-training validation loss")

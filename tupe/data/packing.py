@@ -47,6 +47,21 @@ class PackedCorpus:
     block_size: int
     meta: dict
 
+    @classmethod
+    def open(cls, path: str | os.PathLike, block_size: int) -> PackedCorpus:
+        """The cached stream in `path` (a folder written by `load_or_build_packed`) as blocks of `block_size`."""
+        path = Path(path)
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TupeError(f"{path}: not a packed token stream ({e})") from None
+        if meta["num_tokens"] == 0:
+            raise TupeError(f"corpus {meta['corpus']} produced no tokens")
+        stream = np.memmap(
+            path / "stream.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],)
+        )
+        return cls(path=path, stream=stream, block_size=block_size, meta=meta)
+
     @property
     def content_len(self) -> int:
         return self.block_size - 1
@@ -197,10 +212,4 @@ def load_or_build_packed(
         )
     else:
         log(f"data: reusing cached token stream {target}")
-    meta = json.loads((target / "meta.json").read_text())
-    if meta["num_tokens"] == 0:
-        raise TupeError(f"corpus {meta['corpus']} produced no tokens")
-    stream = np.memmap(
-        target / "stream.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],)
-    )
-    return PackedCorpus(path=target, stream=stream, block_size=block_size, meta=meta)
+    return PackedCorpus.open(target, block_size)

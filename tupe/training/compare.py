@@ -1,23 +1,32 @@
-"""Pre-train several positional schemes on identical data and seeds, then compare their validation loss.
+"""Pre-train several positional schemes (and seeds) on identical data, then compare their validation loss.
 
-`tupe compare --schemes bert-a,tupe-a --out DIR [pretrain options]` trains `DIR/<scheme>/` one after the other
-(same tokenizer, same cached blocks, same masks, same data order and initial seed), then writes:
+`tupe compare --schemes bert-a,tupe-a --out DIR [--seeds 0,1,2] [--parallel 2] [pretrain options]` trains one
+run per (scheme, seed) on the same tokenizer and cached blocks; runs of one seed share the initial seed, the data
+order and the masks, so scheme differences within a seed are paired. Layout: `DIR/<scheme>/` for one seed,
+`DIR/<scheme>/seed-<s>/` for several. `--parallel N` trains N runs at once in separate processes (one thread each
+by default: on a small CPU this is the fastest way to use several cores), each logging to its `train.log`.
 
-- `DIR/valid_loss.png`: validation-loss curves (tupe.analysis.curves);
-- `DIR/valid_loss.md` and `DIR/valid_loss.csv`: validation loss of every scheme at every evaluation;
-- for each scheme, the first evaluated step at which it reaches the *first* scheme's final validation loss and
-  that step as a fraction of the first scheme's steps (the paper's "TUPE needs 30% of the steps" claim, Fig. 5a),
-  in the Markdown table and in `DIR/compare_summary.json`.
+Outputs in DIR:
 
-With `--resume`, finished schemes are kept and an interrupted one continues from its latest checkpoint.
+- `valid_loss.png`: every run's validation curve (seeds of a scheme share a colour) and the unigram baseline;
+- `valid_loss.md`, `valid_loss.csv`: the validation loss of every run at every evaluation;
+- `compare_summary.json`: per scheme the final loss (mean ± std over seeds), the step each run left the plateau
+  (validation loss 1 nat below the unigram baseline), the steps it needed to reach the first scheme's final loss
+  of the same seed (the paper's "TUPE needs 30% of the steps", Fig. 5a), and the paired difference from the first
+  scheme with a Student-t interval over seeds.
+
+With `--resume`, finished runs are kept and interrupted ones continue from their latest checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +40,8 @@ from tupe.training.pretrain import (
     config_from_args,
     pretrain,
 )
+
+LOG_FILE = "train.log"  # a parallel run's own output
 
 
 def parse_schemes(text: str) -> list[str]:
@@ -47,6 +58,28 @@ def parse_schemes(text: str) -> list[str]:
     return schemes
 
 
+def parse_seeds(text: str) -> list[int]:
+    """`0,1,2` or a range `0-4`."""
+    try:
+        if "-" in text.strip().lstrip("-") and "," not in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            seeds = list(range(lo, hi + 1))
+        else:
+            seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise TupeError(f"--seeds must be integers like 0,1,2 or a range 0-4, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise TupeError(f"--seeds needs distinct integers, got {text!r}")
+    return seeds
+
+
+def run_dirs(out: Path, schemes: list[str], seeds: list[int]) -> dict[tuple[str, int], Path]:
+    """Where each (scheme, seed) run lives: `out/scheme` for one seed, `out/scheme/seed-s` for several."""
+    if len(seeds) == 1:
+        return {(s, seeds[0]): out / s for s in schemes}
+    return {(s, k): out / s / f"seed-{k}" for s in schemes for k in seeds}
+
+
 def _finished(run_dir: Path, max_steps: int) -> bool:
     try:
         return json.loads((run_dir / SUMMARY_FILE).read_text())["steps"] >= max_steps
@@ -54,85 +87,180 @@ def _finished(run_dir: Path, max_steps: int) -> bool:
         return False
 
 
-def summarize(out: Path, schemes: list[str]) -> dict[str, Any]:
-    """Write the plot, the Markdown/CSV tables and compare_summary.json for finished runs in `out`."""
-    from tupe.analysis.curves import plot_curves, read_metrics, steps_to_reach
+def _last_step(run_dir: Path) -> int:
+    """Latest step a run has logged (0 if none): progress of a run in another process."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 4096))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+        for line in reversed(lines):
+            try:
+                return int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    except OSError:
+        pass
+    return 0
 
-    runs = {s: read_metrics(out / s)[1] for s in schemes}
-    steps = sorted({r["step"] for v in runs.values() for r in v})
-    by_step = {s: {r["step"]: r["eval_loss"] for r in v} for s, v in runs.items()}
-    base = schemes[0]
-    if not runs[base]:
-        raise TupeError(f"{out / base}: no validation record")
-    base_final = runs[base][-1]["eval_loss"]
-    base_steps = runs[base][-1]["step"]
-    reach = {}
-    for s in schemes:
-        step = steps_to_reach(runs[s], base_final)
-        reach[s] = {
-            "final_step": runs[s][-1]["step"] if runs[s] else None,
-            "final_eval_loss": runs[s][-1]["eval_loss"] if runs[s] else None,
-            "steps_to_reach_first_final": step,
-            "fraction_of_first_steps": round(step / base_steps, 3) if step is not None else None,
-        }
 
-    fh = io.StringIO(newline="")
-    w = csv.writer(fh)
-    w.writerow(["step", *schemes])
-    for st in steps:
-        w.writerow([st, *[f"{by_step[s][st]:.4f}" if st in by_step[s] else "" for s in schemes]])
-    atomic_write_text(out / "valid_loss.csv", fh.getvalue())
+def _child(cfg: PretrainConfig, log_path: str) -> None:  # pragma: no cover - runs in a subprocess
+    """Entry point of a parallel run: all output to its log file, errors as one line there."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    try:
+        pretrain(cfg)
+    except TupeError as e:
+        print(f"error: {e}", flush=True)
+        sys.exit(2)
 
-    lines = ["| step | " + " | ".join(schemes) + " |", "|---:|" + "---:|" * len(schemes)]
-    for st in steps:
-        vals = [by_step[s].get(st) for s in schemes]
-        best = min(v for v in vals if v is not None)
-        cells = [
-            "" if v is None else (f"**{v:.4f}**" if v == best and len(schemes) > 1 else f"{v:.4f}")
-            for v in vals
-        ]
-        lines.append(f"| {st} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"Steps each scheme needs to reach {base}'s final validation loss ({base_final:.4f} at step {base_steps}):",
-        "",
-        "| scheme | final valid loss | steps to reach | fraction of steps |",
-        "|---|---:|---:|---:|",
-    ]
-    for s in schemes:
-        r = reach[s]
-        step = r["steps_to_reach_first_final"]
-        frac = r["fraction_of_first_steps"]
-        lines.append(
-            f"| {s} | {r['final_eval_loss']:.4f} | {step if step is not None else 'not reached'} | "
-            f"{f'{frac:.0%}' if frac is not None else '-'} |"
-        )
-    table = "\n".join(lines) + "\n"
-    atomic_write_text(out / "valid_loss.md", table)
-    png = plot_curves([out / s for s in schemes], out / "valid_loss.png", labels=schemes)
-    summary = {"schemes": schemes, "baseline": base, "reach": reach, "plot": str(png), "table": table}
-    atomic_write_text(out / "compare_summary.json", json.dumps(summary, indent=1))
+
+def _train_parallel(jobs: list[tuple[str, PretrainConfig]], parallel: int, progress: bool, log) -> None:  # noqa: ANN001
+    """Run `pretrain` for every job, `parallel` processes at a time, with one progress bar over all steps."""
+    import multiprocessing as mp
+
+    from tqdm.auto import tqdm
+
+    ctx = mp.get_context("spawn")
+    pending = list(jobs)
+    active: dict[str, tuple[Any, Path, int]] = {}
+    failed: list[str] = []
+    total = sum(int(c.resolved()["max_steps"]) for _, c in jobs)
+    bar = tqdm(total=total, desc="pre-training", unit="step", disable=not progress, dynamic_ncols=True)
+    done_steps: dict[str, int] = {}
+    try:
+        while pending or active:
+            while pending and len(active) < parallel:
+                name, cfg = pending.pop(0)
+                run_dir = Path(cfg.out)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                proc = ctx.Process(target=_child, args=(cfg, str(run_dir / LOG_FILE)), name=name)
+                proc.start()
+                log(f"started {name} (pid {proc.pid}, log {run_dir / LOG_FILE})")
+                active[name] = (proc, run_dir, int(cfg.resolved()["max_steps"]))
+            time.sleep(1.0)
+            for name, (proc, run_dir, steps) in list(active.items()):
+                done_steps[name] = min(steps, _last_step(run_dir))
+                if not proc.is_alive():
+                    proc.join()
+                    del active[name]
+                    if proc.exitcode == 0:
+                        done_steps[name] = steps
+                        log(f"finished {name}")
+                    else:
+                        failed.append(f"{name} (exit {proc.exitcode}, see {run_dir / LOG_FILE})")
+            bar.n = sum(done_steps.values())
+            bar.set_postfix_str(", ".join(f"{n} {done_steps.get(n, 0)}" for n in active), refresh=False)
+            bar.refresh()
+    except KeyboardInterrupt:
+        for proc, _, _ in active.values():  # they got the SIGINT too: let them checkpoint and stop
+            proc.join(timeout=120)
+        raise
+    finally:
+        bar.close()
+    if failed:
+        raise TupeError("runs failed: " + "; ".join(failed) + " (rerun with --resume to continue them)")
+
+
+def compare(
+    base: PretrainConfig,
+    schemes: list[str],
+    seeds: list[int] | None = None,
+    parallel: int = 1,
+    log=print,  # noqa: ANN001
+) -> dict[str, Any]:
+    """Pre-train every (scheme, seed) with `base`'s settings under `base.out` and summarise."""
+    out = Path(base.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = seeds or [base.seed]
+    max_steps = int(base.resolved()["max_steps"])
+    dirs = run_dirs(out, schemes, seeds)
+    jobs = []
+    for (scheme, seed), run_dir in dirs.items():
+        name = scheme if len(seeds) == 1 else f"{scheme}/seed-{seed}"
+        if base.resume and _finished(run_dir, max_steps):
+            log(f"{name}: already finished in {run_dir}, reusing it")
+            continue
+        # the runs of one comparison resume what they find (an interrupted run continues)
+        resume = base.resume and (run_dir / "tupe_run.json").exists()
+        cfg = dataclasses.replace(base, out=str(run_dir), scheme=scheme, seed=seed, resume=resume)
+        jobs.append((name, cfg))
+    t0 = time.perf_counter()
+    if parallel > 1 and len(jobs) > 1:
+        # tokenizer and packed blocks once, before the runs start sharing the cache
+        pretrain(dataclasses.replace(base, prepare_only=True, resume=False))
+        threads = base.threads or max(1, (os.cpu_count() or 1) // parallel)
+        jobs = [(n, dataclasses.replace(c, threads=threads, progress=False)) for n, c in jobs]
+        _train_parallel(jobs, parallel, base.progress and not base.quiet, log)
+    else:
+        for i, (name, cfg) in enumerate(jobs, 1):
+            log(f"[{i}/{len(jobs)}] pre-training {name} -> {cfg.out}")
+            pretrain(cfg)
+    summary = summarize(out, schemes, seeds)
+    summary["train_seconds"] = round(time.perf_counter() - t0, 1)
     return summary
 
 
-def compare(base: PretrainConfig, schemes: list[str], log=print) -> dict[str, Any]:  # noqa: ANN001
-    """Pre-train every scheme with `base`'s settings into `base.out/<scheme>` and summarise."""
-    out = Path(base.out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    max_steps = int(base.resolved()["max_steps"])
-    timings = {}
-    for i, scheme in enumerate(schemes, 1):
-        run_dir = out / scheme
-        if base.resume and _finished(run_dir, max_steps):
-            log(f"[{i}/{len(schemes)}] {scheme}: already finished in {run_dir}, reusing it")
-            continue
-        log(f"[{i}/{len(schemes)}] pre-training {scheme} -> {run_dir}")
-        t0 = time.perf_counter()
-        cfg = PretrainConfig(**{**base.__dict__, "out": str(run_dir), "scheme": scheme})
-        pretrain(cfg)
-        timings[scheme] = round(time.perf_counter() - t0, 1)
-    summary = summarize(out, schemes)
-    summary["seconds_per_scheme"] = timings
+def summarize(out: Path, schemes: list[str], seeds: list[int] | None = None) -> dict[str, Any]:
+    """Write the plot, the Markdown/CSV tables and compare_summary.json for the finished runs in `out`."""
+    from tupe.analysis.baseline import run_unigram
+    from tupe.analysis.curves import plot_curves, read_metrics
+    from tupe.analysis.seeds import aggregate, render_table
+
+    seeds = seeds or [0]
+    dirs = run_dirs(out, schemes, seeds)
+    valid = {key: read_metrics(d)[1] for key, d in dirs.items()}
+    base = schemes[0]
+    for key, records in valid.items():
+        if not records:
+            raise TupeError(f"{dirs[key]}: no validation record")
+    unigram = run_unigram(dirs[(base, seeds[0])])
+    stats = aggregate(
+        {s: {k: valid[(s, k)] for k in seeds} for s in schemes},
+        reference=base,
+        unigram=None if unigram is None else unigram["unigram_loss"],
+    )
+
+    names = {(s, k): (s if len(seeds) == 1 else f"{s}/seed-{k}") for (s, k) in dirs}
+    steps = sorted({r["step"] for v in valid.values() for r in v})
+    by_step = {key: {r["step"]: r["eval_loss"] for r in v} for key, v in valid.items()}
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    w.writerow(["step", *names.values()])
+    for st in steps:
+        w.writerow([st, *[f"{by_step[k][st]:.4f}" if st in by_step[k] else "" for k in dirs]])
+    atomic_write_text(out / "valid_loss.csv", fh.getvalue())
+
+    lines = ["| step | " + " | ".join(names.values()) + " |", "|---:|" + "---:|" * len(names)]
+    for st in steps:
+        vals = [by_step[k].get(st) for k in dirs]
+        best = min(v for v in vals if v is not None)
+        cells = [
+            "" if v is None else (f"**{v:.4f}**" if v == best and len(vals) > 1 else f"{v:.4f}") for v in vals
+        ]
+        lines.append(f"| {st} | " + " | ".join(cells) + " |")
+    table = render_table(stats)
+    atomic_write_text(out / "valid_loss.md", "\n".join(lines) + "\n\n" + table)
+    png = plot_curves(
+        list(dirs.values()),
+        out / "valid_loss.png",
+        labels=[s for s, _ in dirs],
+        title="Pre-training validation loss"
+        + (f" ({len(seeds)} seeds per scheme)" if len(seeds) > 1 else ""),
+        baseline=stats["unigram_loss"],
+    )
+    summary = {
+        "schemes": schemes,
+        "seeds": seeds,
+        "baseline": base,
+        "runs": {names[k]: str(d) for k, d in dirs.items()},
+        "stats": stats,
+        "plot": str(png),
+        "table": table,
+    }
+    atomic_write_text(out / "compare_summary.json", json.dumps(summary, indent=1))
     return summary
 
 
@@ -143,14 +271,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated schemes; the first is the reference, e.g. bert-a,tupe-a",
     )
     p.add_argument("--out", required=True, help="output folder (one sub-folder per scheme)")
-    p.add_argument("--resume", action="store_true", help="keep finished schemes, continue an interrupted one")
-    p.add_argument("--overwrite", action="store_true", help="start every scheme again")
+    p.add_argument(
+        "--seeds",
+        help="several seeds per scheme, e.g. 0,1,2 or 0-4 (each changes initialisation, data order and masks); "
+        "default: --seed alone",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="runs trained at once, each in its own process (default 1; on a small CPU use the number of "
+        "cores, with one thread each)",
+    )
+    p.add_argument("--resume", action="store_true", help="keep finished runs, continue interrupted ones")
+    p.add_argument("--overwrite", action="store_true", help="start every run again")
     add_model_data_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     schemes = parse_schemes(args.schemes)
-    summary = compare(config_from_args(args, scheme=schemes[0]), schemes)
+    seeds = parse_seeds(args.seeds) if args.seeds else None
+    if args.parallel < 1:
+        raise TupeError(f"--parallel must be at least 1, got {args.parallel}")
+    summary = compare(config_from_args(args, scheme=schemes[0]), schemes, seeds=seeds, parallel=args.parallel)
     print()
     print(summary["table"])
     print(f"plot: {summary['plot']}")
