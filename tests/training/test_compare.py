@@ -94,7 +94,7 @@ def test_compare_several_seeds_in_parallel(
         assert summary["stats"]["schemes"][scheme]["final_losses"] == pytest.approx(finals)
         for k in (0, 1):
             run = json.loads((out / scheme / f"seed-{k}" / "tupe_run.json").read_text())
-            assert run["optim"]["seed"] == k and (out / scheme / f"seed-{k}" / "train.log").exists()
+            assert run["optim"]["seed"] == k and (out / "logs" / f"{scheme}-seed-{k}.log").exists()
     # different seeds, different runs; same seed, same initial data order across schemes
     assert (
         summary["stats"]["schemes"]["bert-a"]["final_losses"][0]

@@ -4,7 +4,7 @@
 run per (scheme, seed) on the same tokenizer and cached blocks; runs of one seed share the initial seed, the data
 order and the masks, so scheme differences within a seed are paired. Layout: `DIR/<scheme>/` for one seed,
 `DIR/<scheme>/seed-<s>/` for several. `--parallel N` trains N runs at once in separate processes (one thread each
-by default: on a small CPU this is the fastest way to use several cores), each logging to its `train.log`.
+by default: on a small CPU this is the fastest way to use several cores), each logging to `DIR/logs/`.
 
 Outputs in DIR:
 
@@ -41,7 +41,7 @@ from tupe.training.pretrain import (
     pretrain,
 )
 
-LOG_FILE = "train.log"  # a parallel run's own output
+LOG_DIR = "logs"  # a parallel run's output: DIR/logs/<scheme>[-seed-<s>].log
 
 
 def parse_schemes(text: str) -> list[str]:
@@ -117,7 +117,13 @@ def _child(cfg: PretrainConfig, log_path: str) -> None:  # pragma: no cover - ru
         sys.exit(2)
 
 
-def _train_parallel(jobs: list[tuple[str, PretrainConfig]], parallel: int, progress: bool, log) -> None:  # noqa: ANN001
+def _train_parallel(
+    jobs: list[tuple[str, PretrainConfig]],
+    parallel: int,
+    log_dir: Path,
+    progress: bool,
+    log,  # noqa: ANN001
+) -> None:
     """Run `pretrain` for every job, `parallel` processes at a time, with one progress bar over all steps."""
     import multiprocessing as mp
 
@@ -125,7 +131,8 @@ def _train_parallel(jobs: list[tuple[str, PretrainConfig]], parallel: int, progr
 
     ctx = mp.get_context("spawn")
     pending = list(jobs)
-    active: dict[str, tuple[Any, Path, int]] = {}
+    active: dict[str, tuple[Any, Path, int, Path]] = {}
+    log_dir.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
     total = sum(int(c.resolved()["max_steps"]) for _, c in jobs)
     bar = tqdm(total=total, desc="pre-training", unit="step", disable=not progress, dynamic_ncols=True)
@@ -135,13 +142,13 @@ def _train_parallel(jobs: list[tuple[str, PretrainConfig]], parallel: int, progr
             while pending and len(active) < parallel:
                 name, cfg = pending.pop(0)
                 run_dir = Path(cfg.out)
-                run_dir.mkdir(parents=True, exist_ok=True)
-                proc = ctx.Process(target=_child, args=(cfg, str(run_dir / LOG_FILE)), name=name)
+                log_path = log_dir / f"{name.replace('/', '-')}.log"
+                proc = ctx.Process(target=_child, args=(cfg, str(log_path)), name=name)
                 proc.start()
-                log(f"started {name} (pid {proc.pid}, log {run_dir / LOG_FILE})")
-                active[name] = (proc, run_dir, int(cfg.resolved()["max_steps"]))
+                log(f"started {name} (pid {proc.pid}, log {log_path})")
+                active[name] = (proc, run_dir, int(cfg.resolved()["max_steps"]), log_path)
             time.sleep(1.0)
-            for name, (proc, run_dir, steps) in list(active.items()):
+            for name, (proc, run_dir, steps, log_path) in list(active.items()):
                 done_steps[name] = min(steps, _last_step(run_dir))
                 if not proc.is_alive():
                     proc.join()
@@ -150,12 +157,12 @@ def _train_parallel(jobs: list[tuple[str, PretrainConfig]], parallel: int, progr
                         done_steps[name] = steps
                         log(f"finished {name}")
                     else:
-                        failed.append(f"{name} (exit {proc.exitcode}, see {run_dir / LOG_FILE})")
+                        failed.append(f"{name} (exit {proc.exitcode}, see {log_path})")
             bar.n = sum(done_steps.values())
             bar.set_postfix_str(", ".join(f"{n} {done_steps.get(n, 0)}" for n in active), refresh=False)
             bar.refresh()
     except KeyboardInterrupt:
-        for proc, _, _ in active.values():  # they got the SIGINT too: let them checkpoint and stop
+        for proc, *_ in active.values():  # they got the SIGINT too: let them checkpoint and stop
             proc.join(timeout=120)
         raise
     finally:
@@ -193,7 +200,7 @@ def compare(
         pretrain(dataclasses.replace(base, prepare_only=True, resume=False))
         threads = base.threads or max(1, (os.cpu_count() or 1) // parallel)
         jobs = [(n, dataclasses.replace(c, threads=threads, progress=False)) for n, c in jobs]
-        _train_parallel(jobs, parallel, base.progress and not base.quiet, log)
+        _train_parallel(jobs, parallel, out / LOG_DIR, base.progress and not base.quiet, log)
     else:
         for i, (name, cfg) in enumerate(jobs, 1):
             log(f"[{i}/{len(jobs)}] pre-training {name} -> {cfg.out}")
