@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from tupe.errors import TupeError
+from tupe.modeling.positional import scheme_class
 
-from .decomposition import DECOMPOSABLE_SCHEMES, TERMS, decompose
+from .decomposition import TERMS, decompose
 from .figures import decomposition_figure, offset_profile_figure, pattern_grid_figure
 from .loading import load_encoder, load_tokenizer, read_text, text_blocks
 from .patterns import DEFAULT_THRESHOLDS, PatternThresholds, head_patterns, offset_profile
@@ -96,7 +97,7 @@ def analyze(
     }
     with torch.no_grad():
         positional = encoder.positional_logits(n)
-    does_split = scheme in DECOMPOSABLE_SCHEMES
+    does_split = scheme_class(scheme).decomposable
     if not does_split and positional is None:
         raise TupeError(
             f"position_scheme {scheme!r} has neither input positions to split nor a content-free "
