@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .flops import Shape
-from .runner import backend_kernel
+from .runner import tupe_config
 
 
 @dataclass
@@ -33,21 +33,11 @@ class AttentionCandidate:
 def build_attention_candidate(
     scheme: str, backend: str, shape: Shape, batch_size: int, seq_len: int, device: torch.device
 ) -> AttentionCandidate:
-    from tupe import TupeConfig
     from tupe.modeling.modeling_tupe import TupeModel
 
-    config = TupeConfig(
-        vocab_size=8,  # no embeddings are used here
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=8,
-        max_position_embeddings=max(seq_len, 512),
-        position_scheme=scheme,
-        hidden_dropout_prob=shape.dropout,
-        attention_probs_dropout_prob=shape.dropout,
-        attention_kernel=backend_kernel(backend, scheme),
-    )
+    config = tupe_config(
+        scheme, backend, shape, seq_len, vocab_size=8, intermediate_size=8
+    )  # no embeddings used
     torch.manual_seed(0)
     model = TupeModel(config).to(device).train()
     eager = config.attention_kernel == "eager"

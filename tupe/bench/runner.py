@@ -36,6 +36,25 @@ def backend_kernel(backend: str, scheme: str) -> str:
     return kernel if kernel in scheme_class(scheme).kernels() else "sdpa"
 
 
+def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrides):
+    """The benchmarked `TupeConfig` of a scheme x backend (`overrides`: e.g. a tiny vocabulary)."""
+    from tupe import TupeConfig
+
+    values = dict(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=max(seq_len, 512),
+        position_scheme=scheme,
+        hidden_dropout_prob=shape.dropout,
+        attention_probs_dropout_prob=shape.dropout,
+        attention_kernel=backend_kernel(backend, scheme),
+    )
+    return TupeConfig(**{**values, **overrides})
+
+
 @dataclass
 class Candidate:
     """One model + optimizer + batch, and its timings."""
@@ -131,20 +150,9 @@ def build_tupe(
     compute_dtype: torch.dtype | None = None,
 ) -> Candidate:
     """A TupeForMaskedLM candidate; `compute_dtype` (the autocast dtype, if any) decides the kernel label."""
-    from tupe import TupeConfig, TupeForMaskedLM
+    from tupe import TupeForMaskedLM
 
-    config = TupeConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
-        max_position_embeddings=max(seq_len, 512),
-        position_scheme=scheme,
-        hidden_dropout_prob=shape.dropout,
-        attention_probs_dropout_prob=shape.dropout,
-        attention_kernel=backend_kernel(backend, scheme),
-    )
+    config = tupe_config(scheme, backend, shape, seq_len)
     torch.manual_seed(0)
     model = TupeForMaskedLM(config).to(device=device, dtype=dtype).train()
     resolved = "eager"

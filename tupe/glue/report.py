@@ -83,7 +83,7 @@ class Row:
 
 def protocol_differences(data: dict[str, Any]) -> list[str]:
     """How a results.json's settings differ from the paper's fine-tuning protocol (TUPE spec, section 5)."""
-    from tupe.glue.finetune import PAPER_LRS
+    from tupe.glue.protocol import PAPER_LRS
     from tupe.glue.tasks import get_task
 
     s = data.get("settings") or {}
