@@ -21,7 +21,7 @@ from tupe.modeling.kernels import (
 )
 from tupe.modeling.positional import SCHEMES
 
-from .conftest import tiny_config
+from ..helpers import tiny_config
 
 KERNELS = ("sdpa", "fold", "fused", "auto")
 

@@ -6,7 +6,7 @@ import torch
 import tupe
 from tupe import TupeConfig, TupeForMaskedLM, TupeModel
 
-from .conftest import tiny_config
+from ..helpers import tiny_config
 
 SCHEMES = list(tupe.POSITION_SCHEMES)
 
