@@ -14,12 +14,8 @@ import pytest
 import torch
 
 from tupe.errors import TupeError
-from tupe.training.checkpointing import (
-    MANIFEST_NAME,
-    check_model_weights,
-    find_latest_checkpoint,
-    verify_checkpoint,
-)
+from tupe.io.checkpoints import check_model_weights
+from tupe.training.checkpointing import MANIFEST_NAME, find_latest_checkpoint, verify_checkpoint
 
 from .conftest import assert_user_error, pretrain_args, run_cli
 

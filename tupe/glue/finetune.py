@@ -37,7 +37,7 @@ from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules impo
 )
 from tupe.glue.tasks import TASKS, Split, get_task
 from tupe.glue.trainer import _progress_callback, read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
-from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer, pretrain_steps_of  # noqa: F401
+from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
 
 

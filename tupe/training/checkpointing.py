@@ -26,14 +26,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tupe.errors import TupeError
-from tupe.io.checkpoints import (  # noqa: F401  (re-exported: the checks every checkpoint user needs)
-    check_model_weights,
-    check_safetensors,
-    check_weights_match_config,
-    checkpoint_step,
-    list_checkpoints,
-)
-from tupe.io.files import atomic_write_json, atomic_write_text, fsync_dir, sha256_file  # noqa: F401
+from tupe.io.checkpoints import check_model_weights, list_checkpoints
+from tupe.io.files import atomic_write_json, sha256_file
 
 MANIFEST_NAME = "tupe_checkpoint.json"
 MANIFEST_FORMAT = 1

@@ -29,6 +29,7 @@ from accelerate import PartialState
 from transformers import TrainerCallback
 
 from tupe.errors import TupeError
+from tupe.io.checkpoints import list_checkpoints
 from tupe.io.files import atomic_write_text
 from tupe.training.arguments import (  # noqa: F401  (re-exported: `tupe compare` and other commands use them)
     PretrainConfig,
@@ -42,7 +43,6 @@ from tupe.training.checkpointing import (
     StopOnSignal,
     check_checkpoint_config,
     find_latest_checkpoint,
-    list_checkpoints,
 )
 from tupe.training.model import build_model, check_scheme, model_config
 from tupe.training.run_folder import (  # noqa: F401  (re-exported)

@@ -8,11 +8,11 @@ run is never wiped.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 from tupe.errors import TupeError
+from tupe.io.files import atomic_write_text
 
 RUN_FILE = "tupe_run.json"
 METRICS_FILE = "metrics.jsonl"
@@ -110,6 +110,4 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
                 keep.append(line)
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # a line cut by the kill
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
