@@ -41,18 +41,23 @@ def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrid
     from tupe import TupeConfig
 
     values = dict(
+        shape_config(shape, seq_len), position_scheme=scheme, attention_kernel=backend_kernel(backend, scheme)
+    )
+    return TupeConfig(**{**values, **overrides})
+
+
+def shape_config(shape: Shape, seq_len: int) -> dict:
+    """Config values every benchmarked model shares (TUPE and transformers' BERT alike)."""
+    return dict(
         vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         num_hidden_layers=shape.num_hidden_layers,
         num_attention_heads=shape.num_attention_heads,
         intermediate_size=shape.intermediate_size,
         max_position_embeddings=max(seq_len, 512),
-        position_scheme=scheme,
         hidden_dropout_prob=shape.dropout,
         attention_probs_dropout_prob=shape.dropout,
-        attention_kernel=backend_kernel(backend, scheme),
     )
-    return TupeConfig(**{**values, **overrides})
 
 
 @dataclass
@@ -171,18 +176,7 @@ def build_hf_bert(
     """transformers' BertForMaskedLM, SDPA attention, same shape/vocabulary/dropout; its head predicts every row."""
     from transformers import BertConfig, BertForMaskedLM
 
-    config = BertConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
-        max_position_embeddings=max(seq_len, 512),
-        hidden_dropout_prob=shape.dropout,
-        attention_probs_dropout_prob=shape.dropout,
-        pad_token_id=0,
-        attn_implementation="sdpa",
-    )
+    config = BertConfig(**shape_config(shape, seq_len), pad_token_id=0, attn_implementation="sdpa")
     torch.manual_seed(0)
     model = BertForMaskedLM(config).to(device=device, dtype=dtype).train()
     b = batch["input_ids"].shape[0]

@@ -48,6 +48,8 @@ def build_model(config: Any, model_kwargs: dict[str, Any]):
 
     check_scheme(config.scheme)
     mcfg = TupeConfig(**model_kwargs)
-    if config.attn_implementation == "eager":  # the reference kernel, saved with the model ("sdpa": the default)
+    if (
+        config.attn_implementation == "eager"
+    ):  # the reference kernel, saved with the model ("sdpa": the default)
         mcfg.attention_kernel = "eager"
     return TupeForMaskedLM(mcfg)
