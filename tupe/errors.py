@@ -7,3 +7,9 @@ one line and exits non-zero without a traceback. Anything else is a bug and keep
 
 class TupeError(Exception):
     """An error in the user's input, reported as one line by the CLI."""
+
+
+def one_line(err: BaseException) -> str:
+    """The first line of an exception's message, whitespace collapsed: user errors are printed on one line."""
+    text = str(err).strip().split("\n")[0] if str(err).strip() else type(err).__name__
+    return " ".join(text.split())

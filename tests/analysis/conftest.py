@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tupe import TupeConfig, TupeForMaskedLM
+from tupe import TupeForMaskedLM
+
+from .. import helpers
 
 WORDS = (
     "the cat sat on the mat while a dog ran past the old house and the children laughed at the birds "
@@ -43,22 +45,10 @@ def randomise(model: torch.nn.Module, seed: int = 0) -> None:
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
 
 
-def tiny_config(scheme: str, **overrides) -> TupeConfig:
-    kwargs = dict(
-        vocab_size=300,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        position_scheme=scheme,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=16,
-    )
-    kwargs.update(overrides)
-    return TupeConfig(**kwargs)
+def tiny_config(scheme: str, **overrides):  # noqa: ANN201
+    """The shared tiny model, a little wider: the analysis draws per-head patterns over 64 positions."""
+    sizes = dict(vocab_size=300, hidden_size=32, num_attention_heads=4, intermediate_size=64)
+    return helpers.tiny_config(scheme, max_position_embeddings=64, **{**sizes, **overrides})
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,9 @@ import torch
 
 from tupe import TupeForMaskedLM
 from tupe.analysis import decompose, head_patterns
-from tupe.analysis.loading import load_tokenizer, read_text, text_blocks
+from tupe.analysis.loading import read_text, text_blocks
 from tupe.cli import main
+from tupe.io.checkpoints import load_tokenizer
 
 
 def _images(html: str) -> list[bytes]:

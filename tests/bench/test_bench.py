@@ -101,6 +101,8 @@ def test_bench_command_end_to_end(tmp_path, capsys):
             "bert-a,tupe-a,tupe-r",
             "--backends",
             "eager,sdpa,sdpa-fold,fused,default",
+            "--peak-flops",
+            "1e11",  # fixed: measuring the peak would take most of this test's time
             "--quiet",
             "--json",
             str(out),
@@ -108,6 +110,7 @@ def test_bench_command_end_to_end(tmp_path, capsys):
     )
     assert code == 0
     result = json.loads(out.read_text())
+    assert result["matmul_peak_flops"] == 1e11
     labels = [r["label"] for r in result["steps"]]
     assert labels[0] == "hf-bert" and len(labels) == 1 + 3 * 5
     for r in result["steps"]:

@@ -11,6 +11,7 @@ from sklearn.metrics import accuracy_score, f1_score
 import tupe.glue.finetune as ft
 from tupe.cli import main
 from tupe.glue.finetune import read_predictions
+from tupe.io.checkpoints import pretrain_steps_of
 
 from .fixtures import make_checkpoint, write_task
 
@@ -165,9 +166,9 @@ def test_bert_a_from_bert_and_pretrain_steps(glue_dir, tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["scheme"] == "bert-a" and res["pretrain_steps"] == 1500
     (model_dir / "trainer_state.json").write_text(json.dumps({"global_step": 2000}))
-    assert ft.pretrain_steps_of(model_dir) == 2000
+    assert pretrain_steps_of(model_dir) == 2000
     (model_dir / "pretrain_summary.json").write_text(json.dumps({"steps": 2500, "scheme": "bert-a"}))
-    assert ft.pretrain_steps_of(model_dir) == 2500
+    assert pretrain_steps_of(model_dir) == 2500
 
 
 def test_user_errors_are_one_line(tiny_model, glue_dir, tmp_path, capsys):

@@ -6,12 +6,12 @@ import os
 import pytest
 
 from tupe.errors import TupeError
-from tupe.glue.finetune import atomic_write_json, grid_lock
+from tupe.io.files import atomic_write_json, folder_lock
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
     target = tmp_path / "result.json"
-    atomic_write_json(target, {"a": float("nan"), "b": [1.5]})
+    atomic_write_json(target, {"a": float("nan"), "b": [1.5]}, clean=True)
     assert json.loads(target.read_text()) == {"a": None, "b": [1.5]}  # NaN is not JSON: null
 
     def boom(*args):
@@ -25,13 +25,10 @@ def test_atomic_write_leaves_no_partial_file(tmp_path, monkeypatch):
 
 
 def test_one_grid_per_output_folder(tmp_path):
-    with grid_lock(tmp_path):
-        assert (tmp_path / ".lock").read_text() == str(os.getpid())
-    assert not (tmp_path / ".lock").exists()
-    (tmp_path / ".lock").write_text("1")  # pid 1 is always alive
-    with pytest.raises(TupeError, match=r"another `tupe glue` \(pid 1\) is writing here"):
-        with grid_lock(tmp_path):
-            pass
-    (tmp_path / ".lock").write_text("999999999")  # a process that is gone: a stale lock is taken over
-    with grid_lock(tmp_path):
+    with folder_lock(tmp_path, "tupe glue"):
+        with pytest.raises(TupeError, match=r"another `tupe glue` is writing here"):
+            with folder_lock(tmp_path, "tupe glue"):
+                pass
+    (tmp_path / ".lock").write_text("999999999")  # a lock file left by a killed process is not a lock
+    with folder_lock(tmp_path, "tupe glue"):
         pass

@@ -8,7 +8,7 @@ import tupe
 from tupe import TupeForMaskedLM
 from tupe.modeling.positional import relative_position_bucket
 
-from .conftest import tiny_config
+from ..helpers import tiny_config
 from .reference import naive_forward, t5_bucket
 
 SCHEMES = list(tupe.POSITION_SCHEMES)

@@ -1,7 +1,7 @@
 """Every fast attention path equals the eager reference: outputs and gradients of every parameter.
 
 The eager path writes the logits exactly as the spec does (tests/modeling/test_equations.py checks it against an
-independent float64 oracle); here each kernel of `TupeModel.attention_kernel` is compared with it, with and
+independent float64 oracle); here each kernel of `TupeConfig.attention_kernel` is compared with it, with and
 without padding, and the kernels' own building blocks are checked against plain formulas.
 """
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tupe import POSITION_SCHEMES, TupeForMaskedLM
+from tupe import POSITION_SCHEMES, TupeConfig, TupeForMaskedLM
 from tupe.modeling.kernels import (
     FOLD_PAD_LOGIT,
     FastDropout,
@@ -19,8 +19,9 @@ from tupe.modeling.kernels import (
     fold_queries_keys,
     keep_scale_mask,
 )
+from tupe.modeling.positional import SCHEMES
 
-from .conftest import tiny_config
+from ..helpers import tiny_config
 
 KERNELS = ("sdpa", "fold", "fused", "auto")
 
@@ -39,7 +40,7 @@ def _run(config, kernel: str, implementation: str, ids, mask, labels):
     torch.manual_seed(0)
     model = TupeForMaskedLM(config)
     model.config._attn_implementation = implementation
-    model.tupe.attention_kernel = kernel
+    model.config.attention_kernel = kernel
     with torch.no_grad():  # move away from the init so every term (theta, relative bias) matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
@@ -49,8 +50,11 @@ def _run(config, kernel: str, implementation: str, ids, mask, labels):
     return out.logits.detach(), grads
 
 
-@pytest.mark.parametrize("scheme", POSITION_SCHEMES)
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize(
+    "scheme, kernel",
+    # only the kernels that apply: the others are refused (test_kernel_validated_against_scheme)
+    [(s, k) for s in POSITION_SCHEMES for k in KERNELS if k in SCHEMES[s].kernels()],
+)
 @pytest.mark.parametrize("padded", [False, True])
 def test_kernel_matches_eager_outputs_and_gradients(scheme, kernel, padded):
     config = tiny_config(scheme)
@@ -76,7 +80,7 @@ def test_flex_kernel_matches_eager_forward(scheme):
         torch.manual_seed(0)
         model = TupeForMaskedLM(config).eval()
         model.config._attn_implementation = implementation
-        model.tupe.attention_kernel = kernel
+        model.config.attention_kernel = kernel
         with torch.no_grad():
             outs[kernel] = model(ids, attention_mask=mask).logits
     torch.testing.assert_close(outs["flex"], outs["auto"], atol=2e-5, rtol=1e-5)
@@ -89,12 +93,46 @@ def test_auto_kernel_choice_on_cpu():
     assert inputs.kernel == "fused"  # training with attention dropout: SDPA would run its math fallback
     model.eval()
     assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "sdpa"
-    model.tupe.attention_kernel = "fold"
+    model.config.attention_kernel = "fold"
     assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "fold"
-    model.tupe.attention_kernel = "auto"
+    model.config.attention_kernel = "auto"
     with torch.no_grad():
         model.train()
         assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "sdpa"
+
+
+def test_kernel_validated_against_scheme():
+    """A kernel that cannot apply to the scheme is refused with the reason, not silently replaced."""
+    with pytest.raises(ValueError, match="low-rank"):
+        TupeConfig(position_scheme="tupe-r", attention_kernel="fold")
+    with pytest.raises(ValueError, match="content-free"):
+        TupeConfig(position_scheme="bert-a", attention_kernel="flex")
+    with pytest.raises(ValueError, match="unknown attention_kernel"):
+        TupeConfig(attention_kernel="flash")
+    model = TupeForMaskedLM(tiny_config("rope")).eval()
+    model.config.attention_kernel = "fold"  # set after construction: checked at the next forward pass
+    with pytest.raises(ValueError, match="low-rank"):
+        model(torch.randint(5, 50, (1, 8)))
+
+
+def test_flex_refuses_attention_dropout_in_training():
+    """flex_attention has no dropout: training with attention dropout must fail loudly, not drop it silently."""
+    model = TupeForMaskedLM(tiny_config("tupe-r", attention_probs_dropout_prob=0.1, attention_kernel="flex"))
+    with pytest.raises(ValueError, match="dropout"):
+        model(torch.randint(5, 50, (1, 8)))
+    model.eval()  # no dropout in eval mode: allowed
+    assert model.tupe._attention_inputs(8, None, torch.float32).kernel == "flex"
+
+
+def test_kernel_saved_and_overridden_at_load(tmp_path):
+    """The kernel is read back from config.json; `from_pretrained(attn_implementation=K)` replaces it."""
+    TupeForMaskedLM(tiny_config("tupe-a", attention_kernel="fold")).save_pretrained(tmp_path)
+    assert '"attention_kernel": "fold"' in (tmp_path / "config.json").read_text()
+    assert TupeForMaskedLM.from_pretrained(tmp_path).config.attention_kernel == "fold"
+    fused = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="fused")
+    assert fused.config.attention_kernel == "fused" and fused.config._attn_implementation == "sdpa"
+    eager = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="eager")
+    assert eager.config.attention_kernel == "eager"
 
 
 def _reference_attention(q, k, v, bias, padding, scale, p):
@@ -220,7 +258,7 @@ def test_fold_path_never_builds_a_square_mask(monkeypatch):
     code expanded a (b x h, n, n) one per layer). SDPA itself is stubbed: which kernel it runs is the backend's business."""
     config = tiny_config("tupe-a")
     model = TupeForMaskedLM(config).eval()
-    model.tupe.attention_kernel = "fold"
+    model.config.attention_kernel = "fold"
     ids, mask, _ = _batch(13)
     b, n, h = ids.shape[0], ids.shape[1], config.num_attention_heads
     seen = []

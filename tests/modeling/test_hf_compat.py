@@ -18,7 +18,7 @@ from transformers import (
 import tupe
 from tupe import TupeForMaskedLM, TupeForSequenceClassification, TupeModel
 
-from .conftest import tiny_config
+from ..helpers import tiny_config
 
 SCHEMES = list(tupe.POSITION_SCHEMES)
 
@@ -137,30 +137,6 @@ def test_sparse_and_dense_prediction_give_the_same_loss():
     assert s.logits.shape == (3, 50) and d.logits.shape == (2, 12, 50)
     torch.testing.assert_close(s.loss, d.loss)
     torch.testing.assert_close(s.logits, d.logits[labels != -100])
-
-
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_every_scheme_trains(scheme):
-    """A few dozen AdamW steps on a tiny masked-LM task (shifted counting sequences) reduce the loss."""
-    torch.manual_seed(0)
-    model = TupeForMaskedLM(tiny_config(scheme, hidden_size=32, num_attention_heads=4, intermediate_size=64))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(40):
-        start = torch.randint(0, 15, (16, 1))
-        ids = (start + torch.arange(16)) % 15 + 5
-        ids[:, 0] = 1
-        labels = torch.full_like(ids, -100)
-        masked = torch.rand(16, 16) < 0.2
-        masked[:, 0] = False
-        labels[masked] = ids[masked]
-        loss = model(ids.masked_fill(masked, 3), labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    assert last < first - 0.5, (first, last)
 
 
 def test_return_dict_false_gives_transformers_style_tuples():

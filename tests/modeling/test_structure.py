@@ -6,7 +6,7 @@ import torch
 import tupe
 from tupe import TupeConfig, TupeForMaskedLM, TupeModel
 
-from .conftest import tiny_config
+from ..helpers import tiny_config
 
 SCHEMES = list(tupe.POSITION_SCHEMES)
 
@@ -81,9 +81,9 @@ def test_theta2_changes_only_attention_to_cls():
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-@pytest.mark.parametrize("fold", [True, False])
-def test_backends_agree_on_outputs_and_gradients(scheme, fold):
-    config = tiny_config(scheme, fold_positional=fold)
+@pytest.mark.parametrize("kernel", ["auto", "sdpa"])
+def test_backends_agree_on_outputs_and_gradients(scheme, kernel):
+    config = tiny_config(scheme, attention_kernel=kernel)
     ids = torch.randint(5, 50, (3, 14))
     mask = torch.ones(3, 14, dtype=torch.long)
     mask[1, 9:] = 0

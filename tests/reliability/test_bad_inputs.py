@@ -56,7 +56,8 @@ def test_debug_flag_shows_the_traceback(ctx: Ctx) -> None:
 
 def test_shared_artefacts_were_not_modified(finished_run: Path, glue_assets) -> None:  # noqa: ANN001
     """The cases copy what they break; the shared run and model must still be whole."""
-    from tupe.training.checkpointing import check_model_weights, verify_checkpoint
+    from tupe.io.checkpoints import check_model_weights
+    from tupe.training.checkpointing import verify_checkpoint
 
     model, data = glue_assets
     check_model_weights(model)

@@ -58,7 +58,7 @@ TINY: dict[str, Any] = dict(
 
 
 @pytest.fixture()
-def tiny_config(tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path):  # noqa: ANN201
+def tiny_run(tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path):  # noqa: ANN201
     """Factory: PretrainConfig for a tiny run into `out`, with overrides."""
     from tupe.training.pretrain import PretrainConfig
 

@@ -23,11 +23,11 @@ def _metrics(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", POSITION_SCHEMES)
-def test_every_scheme_writes_a_loadable_model(scheme: str, tiny_config, tmp_path: Path) -> None:  # noqa: ANN001
+def test_every_scheme_writes_a_loadable_model(scheme: str, tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     out = tmp_path / scheme
-    summary = pretrain(tiny_config(out, scheme=scheme, max_steps=2))
+    summary = pretrain(tiny_run(out, scheme=scheme, max_steps=2))
     assert summary["steps"] == 2 and torch.isfinite(torch.tensor(summary["final_eval_loss"]))
     model = AutoModelForMaskedLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
@@ -39,11 +39,11 @@ def test_every_scheme_writes_a_loadable_model(scheme: str, tiny_config, tmp_path
 
 
 @pytest.mark.slow
-def test_fill_mask_metrics_and_tensorboard(tiny_config, tmp_path: Path) -> None:  # noqa: ANN001
+def test_fill_mask_metrics_and_tensorboard(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
     import transformers
 
     out = tmp_path / "run"
-    pretrain(tiny_config(out, save_at=[3]))
+    pretrain(tiny_run(out, save_at=[3]))
     fill = transformers.pipeline("fill-mask", model=str(out))
     preds = fill("the man [MASK] the door")
     assert len(preds) == 5 and all("[MASK]" not in p["sequence"] for p in preds)
@@ -64,9 +64,9 @@ def test_fill_mask_metrics_and_tensorboard(tiny_config, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_state_files_load_with_weights_only(tiny_config, tmp_path: Path) -> None:  # noqa: ANN001
+def test_state_files_load_with_weights_only(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "run"
-    pretrain(tiny_config(out, max_steps=2))
+    pretrain(tiny_run(out, max_steps=2))
     files = [p for p in (out / "checkpoint-2").iterdir() if p.suffix in (".pt", ".pth")]
     assert {"optimizer.pt", "scheduler.pt"} <= {p.name for p in files}
     from transformers.trainer_pt_utils import (
@@ -79,9 +79,9 @@ def test_state_files_load_with_weights_only(tiny_config, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_resume_after_interruption_is_bit_exact(tiny_config, tmp_path: Path) -> None:  # noqa: ANN001
+def test_resume_after_interruption_is_bit_exact(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
     full = tmp_path / "full"
-    pretrain(tiny_config(full, max_steps=6, save_steps=3, eval_steps=3))
+    pretrain(tiny_run(full, max_steps=6, save_steps=3, eval_steps=3))
     # the "killed" run: stopped after checkpoint-3 was written, with a half-written later checkpoint
     cut = tmp_path / "cut"
     shutil.copytree(full, cut)
@@ -94,8 +94,8 @@ def test_resume_after_interruption_is_bit_exact(tiny_config, tmp_path: Path) -> 
     with (cut / "metrics.jsonl").open("a") as fh:
         fh.write('{"step": 5, "loss": 1')  # a line cut by the kill
     with pytest.raises(TupeError, match="already holds this run"):
-        pretrain(tiny_config(cut, max_steps=6, save_steps=3, eval_steps=3))
-    pretrain(tiny_config(cut, max_steps=6, save_steps=3, eval_steps=3, resume=True))
+        pretrain(tiny_run(cut, max_steps=6, save_steps=3, eval_steps=3))
+    pretrain(tiny_run(cut, max_steps=6, save_steps=3, eval_steps=3, resume=True))
     assert _metrics(cut) == _metrics(full)
     assert not (cut / ".tmp-checkpoint-6").exists()
     from safetensors.torch import load_file
@@ -105,24 +105,24 @@ def test_resume_after_interruption_is_bit_exact(tiny_config, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_out_dir_guards(tiny_config, tmp_path: Path) -> None:  # noqa: ANN001
+def test_out_dir_guards(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
     out = tmp_path / "run"
-    pretrain(tiny_config(out, max_steps=2))
+    pretrain(tiny_run(out, max_steps=2))
     with pytest.raises(TupeError, match=r"holds a different run \(scheme: 'tupe-a' -> 'bert-a'"):
-        pretrain(tiny_config(out, max_steps=2, scheme="bert-a", resume=True))
+        pretrain(tiny_run(out, max_steps=2, scheme="bert-a", resume=True))
     with pytest.raises(TupeError, match="different run.*learning_rate"):
-        pretrain(tiny_config(out, max_steps=2, learning_rate=1e-3))
-    pretrain(tiny_config(out, max_steps=2, scheme="bert-a", overwrite=True))
+        pretrain(tiny_run(out, max_steps=2, learning_rate=1e-3))
+    pretrain(tiny_run(out, max_steps=2, scheme="bert-a", overwrite=True))
     assert json.loads((out / "tupe_run.json").read_text())["scheme"] == "bert-a"
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     with pytest.raises(TupeError, match="not a tupe run folder"):
-        pretrain(tiny_config(foreign, max_steps=2, overwrite=True))
+        pretrain(tiny_run(foreign, max_steps=2, overwrite=True))
     assert (foreign / "notes.txt").exists()
 
 
-def test_non_finite_loss_stops_and_names_the_step(tiny_config, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_non_finite_loss_stops_and_names_the_step(tiny_run, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     from tupe.modeling import TupeForMaskedLM
 
     real = TupeForMaskedLM.forward
@@ -138,13 +138,13 @@ def test_non_finite_loss_stops_and_names_the_step(tiny_config, tmp_path: Path, m
 
     monkeypatch.setattr(TupeForMaskedLM, "forward", poisoned)
     with pytest.raises(TupeError, match=r"not finite\) at step 3"):
-        pretrain(tiny_config(tmp_path / "run", max_steps=4))
+        pretrain(tiny_run(tmp_path / "run", max_steps=4))
 
 
 @pytest.mark.slow
-def test_sparse_and_dense_prediction_give_the_same_loss(tiny_config, tmp_path: Path) -> None:  # noqa: ANN001
-    pretrain(tiny_config(tmp_path / "s", max_steps=1, eval_steps=1, dropout=0.0))
-    pretrain(tiny_config(tmp_path / "d", max_steps=1, eval_steps=1, dropout=0.0, dense_prediction=True))
+def test_sparse_and_dense_prediction_give_the_same_loss(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
+    pretrain(tiny_run(tmp_path / "s", max_steps=1, eval_steps=1, dropout=0.0))
+    pretrain(tiny_run(tmp_path / "d", max_steps=1, eval_steps=1, dropout=0.0, dense_prediction=True))
     s, d = _metrics(tmp_path / "s"), _metrics(tmp_path / "d")
     assert s[0]["loss"] == pytest.approx(d[0]["loss"], rel=1e-5)
     assert s[-1]["eval_loss"] == pytest.approx(d[-1]["eval_loss"], rel=1e-5)
@@ -163,9 +163,9 @@ def test_cli_corpus_errors_are_one_line(tmp_path: Path, capsys) -> None:  # noqa
 
 
 @pytest.mark.slow
-def test_gradient_accumulation_matches_one_big_batch(tiny_config, tmp_path: Path) -> None:  # noqa: ANN001
-    pretrain(tiny_config(tmp_path / "one", max_steps=3, eval_steps=3, dropout=0.0))
-    pretrain(tiny_config(tmp_path / "acc", max_steps=3, eval_steps=3, dropout=0.0, grad_accum=4))
+def test_gradient_accumulation_matches_one_big_batch(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
+    pretrain(tiny_run(tmp_path / "one", max_steps=3, eval_steps=3, dropout=0.0))
+    pretrain(tiny_run(tmp_path / "acc", max_steps=3, eval_steps=3, dropout=0.0, grad_accum=4))
     a, b = _metrics(tmp_path / "one"), _metrics(tmp_path / "acc")
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for ra, rb in zip(a, b):

@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from tupe.errors import TupeError
+from tupe.io.checkpoints import load_tokenizer
+from tupe.modeling.positional import scheme_class
 
-from .decomposition import DECOMPOSABLE_SCHEMES, TERMS, decompose
+from .decomposition import TERMS, decompose
 from .figures import decomposition_figure, offset_profile_figure, pattern_grid_figure
-from .loading import load_encoder, load_tokenizer, read_text, text_blocks
+from .loading import load_encoder, read_text, text_blocks
 from .patterns import DEFAULT_THRESHOLDS, PatternThresholds, head_patterns, offset_profile
 from .report import render_html
 
@@ -96,7 +98,7 @@ def analyze(
     }
     with torch.no_grad():
         positional = encoder.positional_logits(n)
-    does_split = scheme in DECOMPOSABLE_SCHEMES
+    does_split = scheme_class(scheme).decomposable
     if not does_split and positional is None:
         raise TupeError(
             f"position_scheme {scheme!r} has neither input positions to split nor a content-free "
@@ -107,7 +109,7 @@ def analyze(
 
     figures: dict[str, bytes] = {}
     if text is not None:
-        tok = load_tokenizer(model_dir, tokenizer)
+        tok = load_tokenizer(tokenizer or model_dir, explicit=tokenizer is not None)
         raw = read_text(text, max_chars=max(200_000, num_blocks * n * 12))
         blocks = text_blocks(raw, tok, n, num_blocks, source=str(text))
         if int(blocks.max()) >= config.vocab_size:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tupe.errors import TupeError
+from tupe.modeling.positional import SCHEMES, scheme_class
 
 TERMS: tuple[str, ...] = ("word_word", "word_pos", "pos_word", "pos_pos")
 TERM_TITLES: dict[str, str] = {
@@ -42,16 +43,6 @@ TERM_TITLES: dict[str, str] = {
     "pos_pos": "position → position",
     "total": "first-layer logits (sum)",
 }
-INPUT_POSITION_SCHEMES: tuple[str, ...] = ("bert-a", "bert-r")
-DECOMPOSABLE_SCHEMES: tuple[str, ...] = (
-    "bert-a",
-    "bert-r",
-    "bert-a-d",
-    "tupe-a",
-    "tupe-r",
-    "tupe-a-tie-cls",
-    "tupe-r-tie-cls",
-)
 
 
 @dataclass
@@ -96,10 +87,11 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
     model = _encoder(model)
     config = model.config
     scheme = config.position_scheme
-    if scheme not in DECOMPOSABLE_SCHEMES:
+    if not scheme_class(scheme).decomposable:
+        decomposable = [name for name, cls in SCHEMES.items() if cls.decomposable]
         raise TupeError(
             f"position_scheme {scheme!r} has no word/position split of its logits; "
-            f"it applies to {', '.join(DECOMPOSABLE_SCHEMES)}"
+            f"it applies to {', '.join(decomposable)}"
         )
     b, n = input_ids.shape
     model._check_length(n)
@@ -117,7 +109,7 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
     bq, bk = b_qkv[:hidden], b_qkv[hidden : 2 * hidden]
 
     w = emb.word_embeddings(input_ids).to(dt)  # (b, n, hidden)
-    if scheme in INPUT_POSITION_SCHEMES:
+    if scheme_class(scheme).absolute_input:
         p = model.positional.embeddings.weight[:n].to(dt).expand(b, n, hidden)
     else:
         p = torch.zeros_like(w)  # bert-a-d, tupe-*: positions do not enter the input

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .flops import Shape
-from .runner import BACKENDS
+from .runner import tupe_config
 
 
 @dataclass
@@ -33,27 +33,14 @@ class AttentionCandidate:
 def build_attention_candidate(
     scheme: str, backend: str, shape: Shape, batch_size: int, seq_len: int, device: torch.device
 ) -> AttentionCandidate:
-    from tupe import TupeConfig
     from tupe.modeling.modeling_tupe import TupeModel
 
-    implementation, kernel, fold = BACKENDS[backend]
-    config = TupeConfig(
-        vocab_size=8,  # no embeddings are used here
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=8,
-        max_position_embeddings=max(seq_len, 512),
-        position_scheme=scheme,
-        hidden_dropout_prob=shape.dropout,
-        attention_probs_dropout_prob=shape.dropout,
-        fold_positional=fold,
-    )
+    config = tupe_config(
+        scheme, backend, shape, seq_len, vocab_size=8, intermediate_size=8
+    )  # no embeddings used
     torch.manual_seed(0)
     model = TupeModel(config).to(device).train()
-    model.config._attn_implementation = implementation
-    model.attention_kernel = kernel
-    eager = implementation == "eager"
+    eager = config.attention_kernel == "eager"
     h, d = config.num_attention_heads, config.head_dim
     g = torch.Generator(device="cpu").manual_seed(1)
     # (b, n, 3, h, d) leaves viewed as (b, h, n, d), the layout the fused QKV projection produces
@@ -69,7 +56,7 @@ def build_attention_candidate(
         outs = []
         for layer, leaf in zip(model.layers, leaves):
             q, k, v = leaf.permute(2, 0, 3, 1, 4)
-            outs.append(layer.attention.attend(q, k, v, inputs, implementation)[0])
+            outs.append(layer.attention.attend(q, k, v, inputs)[0])
         torch.autograd.backward(outs, grads)
         for t in leaves:
             t.grad = None

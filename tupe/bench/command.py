@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     parser.add_argument("--no-hf-bert", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=None,
+        help="matrix-multiply peak (FLOP/s) for MFU, instead of measuring it (for repeatable runs and tests)",
+    )
+    parser.add_argument(
         "--attention-only", action="store_true", help="time the attention core (forward + backward) only"
     )
     parser.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
@@ -208,15 +214,16 @@ def run(args: argparse.Namespace) -> int:
                     raise TupeError("backend flex needs CUDA (flex_attention has no CPU backward)")
                 cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32, autocast))
         peak_dtype = autocast or torch.float32
-        peak_before, by_size = matmul_peak(device, peak_dtype)
+        fixed = args.peak_flops
+        peak_before, by_size = (fixed, {}) if fixed else matmul_peak(device, peak_dtype)
         log(f"matmul peak before: {peak_before / 1e9:.1f} GFLOP/s {by_size}")
         time_interleaved(cands, device, args.rounds, args.warmup, autocast, log)
-        peak_after, by_size_after = matmul_peak(device, peak_dtype)
+        peak_after, by_size_after = (fixed, {}) if fixed else matmul_peak(device, peak_dtype)
         log(f"matmul peak after: {peak_after / 1e9:.1f} GFLOP/s")
         peak = max(peak_before, peak_after)
         peak_cpu = None
         if device.type == "cpu":
-            peak_cpu = max(matmul_peak(device, peak_dtype, clock="cpu")[0] for _ in range(2))
+            peak_cpu = fixed or max(matmul_peak(device, peak_dtype, clock="cpu")[0] for _ in range(2))
             log(f"matmul peak per CPU-second: {peak_cpu / 1e9:.1f} GFLOP/s")
         if not args.no_memory:
             for cand in cands:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+HF_BERT = "hf-bert"  # transformers' BertForMaskedLM: BERT-A's count
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -32,17 +34,15 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     `predicted_rows`: rows the MLM head runs on (masked tokens with sparse prediction, batch x seq_len without).
     `scheme` is a TUPE position scheme or "hf-bert" (BERT-A with a dense head; same count as "bert-a").
     """
+    from tupe.modeling.positional import scheme_class
+
     h, f, v, layers = shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.num_hidden_layers
     tokens = batch * seq_len
     per_layer = 2 * tokens * h * (3 * h) + 2 * tokens * h * h + 2 * 2 * tokens * h * f
     per_layer += 2 * 2 * batch * seq_len * seq_len * h  # q k^T and probs v, all heads
     total = layers * per_layer
-    if scheme.startswith("tupe") or scheme == "bert-a-d":
-        total += 2 * 2 * seq_len * h * h  # p U^Q and p U^K, once per forward (shared by the batch and layers)
-    if scheme.startswith("tupe"):
-        total += 2 * seq_len * seq_len * h  # (p U^Q)(p U^K)^T for all heads, once per forward
-    if scheme in ("tupe-a", "tupe-r"):
-        total += 2 * 2 * 2 * h * h  # theta: the two [CLS]-reset vectors through U^Q and U^K
+    if scheme != HF_BERT:
+        total += scheme_class(scheme).extra_forward_flops(h, seq_len)  # positional side, once per forward
     total += 2 * predicted_rows * h * h + 2 * predicted_rows * h * v  # MLM head: dense + tied decoder
     return float(total)
 

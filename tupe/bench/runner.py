@@ -15,18 +15,49 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .flops import Shape, train_step_flops
+from .flops import HF_BERT, Shape, train_step_flops
 
-# Backend name -> (attn_implementation, TupeModel.attention_kernel, config.fold_positional)
-BACKENDS: dict[str, tuple[str, str, bool]] = {
-    "eager": ("eager", "auto", False),  # the reference: logits materialised as written in the spec
-    "sdpa": ("sdpa", "sdpa", False),  # SDPA, content-free term (+ padding) as one additive mask
-    "sdpa-fold": ("sdpa", "fold", True),  # SDPA, low-rank term folded into q/k (tupe-a, tupe-a-tie-cls)
-    "fused": ("sdpa", "fused", True),  # kernels.biased_attention
-    "flex": ("sdpa", "flex", True),  # flex_attention score_mod (CUDA)
-    "default": ("sdpa", "auto", True),  # what TupeForMaskedLM does out of the box
+# Backend name -> TupeConfig.attention_kernel
+BACKENDS: dict[str, str] = {
+    "eager": "eager",  # the reference: logits materialised as written in the spec
+    "sdpa": "sdpa",  # SDPA, content-free term (+ padding) as one additive mask
+    "sdpa-fold": "fold",  # SDPA, low-rank term folded into q/k (tupe-a, tupe-a-tie-cls)
+    "fused": "fused",  # kernels.biased_attention
+    "flex": "flex",  # flex_attention score_mod (CUDA)
+    "default": "auto",  # what TupeForMaskedLM does out of the box
 }
-HF_BERT = "hf-bert"
+
+
+def backend_kernel(backend: str, scheme: str) -> str:
+    """The attention kernel a backend runs for a scheme: "sdpa" where the backend's kernel does not apply."""
+    from tupe.modeling.positional import scheme_class
+
+    kernel = BACKENDS[backend]
+    return kernel if kernel in scheme_class(scheme).kernels() else "sdpa"
+
+
+def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrides):
+    """The benchmarked `TupeConfig` of a scheme x backend (`overrides`: e.g. a tiny vocabulary)."""
+    from tupe import TupeConfig
+
+    values = dict(
+        shape_config(shape, seq_len), position_scheme=scheme, attention_kernel=backend_kernel(backend, scheme)
+    )
+    return TupeConfig(**{**values, **overrides})
+
+
+def shape_config(shape: Shape, seq_len: int) -> dict:
+    """Config values every benchmarked model shares (TUPE and transformers' BERT alike)."""
+    return dict(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=max(seq_len, 512),
+        hidden_dropout_prob=shape.dropout,
+        attention_probs_dropout_prob=shape.dropout,
+    )
 
 
 @dataclass
@@ -124,27 +155,13 @@ def build_tupe(
     compute_dtype: torch.dtype | None = None,
 ) -> Candidate:
     """A TupeForMaskedLM candidate; `compute_dtype` (the autocast dtype, if any) decides the kernel label."""
-    from tupe import TupeConfig, TupeForMaskedLM
+    from tupe import TupeForMaskedLM
 
-    implementation, kernel, fold = BACKENDS[backend]
-    config = TupeConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
-        max_position_embeddings=max(seq_len, 512),
-        position_scheme=scheme,
-        hidden_dropout_prob=shape.dropout,
-        attention_probs_dropout_prob=shape.dropout,
-        fold_positional=fold,
-    )
+    config = tupe_config(scheme, backend, shape, seq_len)
     torch.manual_seed(0)
     model = TupeForMaskedLM(config).to(device=device, dtype=dtype).train()
-    model.config._attn_implementation = implementation
-    model.tupe.attention_kernel = kernel
     resolved = "eager"
-    if implementation != "eager":
+    if config.attention_kernel != "eager":
         with torch.autocast(device.type, enabled=False):
             resolved = model.tupe._attention_inputs(seq_len, None, compute_dtype or dtype, eager=False).kernel
     rows = int((batch["labels"] != -100).sum())
@@ -159,18 +176,7 @@ def build_hf_bert(
     """transformers' BertForMaskedLM, SDPA attention, same shape/vocabulary/dropout; its head predicts every row."""
     from transformers import BertConfig, BertForMaskedLM
 
-    config = BertConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        intermediate_size=shape.intermediate_size,
-        max_position_embeddings=max(seq_len, 512),
-        hidden_dropout_prob=shape.dropout,
-        attention_probs_dropout_prob=shape.dropout,
-        pad_token_id=0,
-        attn_implementation="sdpa",
-    )
+    config = BertConfig(**shape_config(shape, seq_len), pad_token_id=0, attn_implementation="sdpa")
     torch.manual_seed(0)
     model = BertForMaskedLM(config).to(device=device, dtype=dtype).train()
     b = batch["input_ids"].shape[0]

@@ -118,7 +118,8 @@ def check_tokenizer(tok, where: str = "tokenizer") -> None:  # noqa: ANN001
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """Load an existing tokenizer directory (or a `tokenizer.json` file) and check the special-token contract."""
     from tokenizers import Tokenizer
-    from transformers import AutoTokenizer
+
+    from tupe.io.checkpoints import load_tokenizer as load_saved_tokenizer
 
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
@@ -127,10 +128,7 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
         except Exception as err:  # noqa: BLE001
             raise TupeError(f"{path}: not a tokenizers JSON file ({err})") from err
     elif path.is_dir():
-        try:
-            tok = AutoTokenizer.from_pretrained(str(path))
-        except Exception as err:  # noqa: BLE001
-            raise TupeError(f"{path}: cannot load a tokenizer from this folder ({err})") from err
+        tok = load_saved_tokenizer(path)
     else:
         raise TupeError(f"tokenizer not found: {path}")
     if not getattr(tok, "is_fast", False):

@@ -50,16 +50,12 @@ PAPER_ROWS: list[tuple[str, str, int, list[float]]] = [
     ("BERT-A^d", "bert-a-d", 1_000_000, [85.26, 85.28, 91.56, 91.02, 92.70, 59.73, 88.46, 71.31, 87.47]),
 ]
 
-SCHEME_NAMES = {
-    "bert-a": "BERT-A",
-    "bert-r": "BERT-R",
-    "bert-a-d": "BERT-A^d",
-    "tupe-a": "TUPE-A",
-    "tupe-r": "TUPE-R",
-    "tupe-a-tie-cls": "TUPE-A tie-cls",
-    "tupe-r-tie-cls": "TUPE-R tie-cls",
-    "rope": "RoPE",
-}
+
+def scheme_display_name(scheme: str) -> str:
+    """The paper's name of a scheme (its `display_name`), or the name itself for one this package lacks."""
+    from tupe.modeling.positional import SCHEMES
+
+    return SCHEMES[scheme].display_name if scheme in SCHEMES else scheme
 
 
 def format_steps(steps: int | None) -> str:
@@ -87,7 +83,7 @@ class Row:
 
 def protocol_differences(data: dict[str, Any]) -> list[str]:
     """How a results.json's settings differ from the paper's fine-tuning protocol (TUPE spec, section 5)."""
-    from tupe.glue.finetune import PAPER_LRS
+    from tupe.glue.protocol import PAPER_LRS
     from tupe.glue.tasks import get_task
 
     s = data.get("settings") or {}
@@ -171,7 +167,7 @@ def build_rows(paths: list[Path]) -> list[Row]:
         row = rows.get(key)
         if row is None:
             steps = data.get("pretrain_steps")
-            name = SCHEME_NAMES.get(data["scheme"], data["scheme"])
+            name = scheme_display_name(data["scheme"])
             row = rows[key] = Row(name, data["scheme"], steps, "ours", model["path"])
         best = data["best"]
         if best is None:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tupe.errors import TupeError
+from tupe.errors import TupeError, one_line
 
 
 @dataclass(frozen=True)
@@ -179,12 +179,6 @@ TASKS: dict[str, GlueTask] = {
         ),
     ]
 }
-
-
-def one_line(err: BaseException) -> str:
-    """The first line of an exception's message, whitespace collapsed: user errors are printed on one line."""
-    text = str(err).strip().split("\n")[0] if str(err).strip() else type(err).__name__
-    return " ".join(text.split())
 
 
 def _norm(name: str) -> str:

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-# Kept here (not imported from positional.py) so the config stays importable on its own; positional.py checks
-# that its registry matches this tuple.
-POSITION_SCHEMES: tuple[str, ...] = (
-    "bert-a",
-    "bert-r",
-    "bert-a-d",
-    "tupe-a",
-    "tupe-r",
-    "tupe-a-tie-cls",
-    "tupe-r-tie-cls",
-    "rope",
-)
+from .positional import SCHEMES, scheme_class
+
+POSITION_SCHEMES: tuple[str, ...] = tuple(SCHEMES)
+
+# The one attention switch (saved in config.json); see `TupeModel` and docs/model.md "Attention kernels".
+ATTENTION_KERNELS: tuple[str, ...] = ("auto", "eager", "sdpa", "fold", "fused", "flex")
 
 
 class TupeConfig(PretrainedConfig):
@@ -31,8 +25,11 @@ class TupeConfig(PretrainedConfig):
         embedding_layer_norm: LayerNorm on the (word [+ position]) input embedding, as in the released commands.
         sparse_prediction: with labels, run the masked-LM head on masked positions only.
         rope_theta: base of the rotary frequencies for `rope`.
-        fold_positional: with SDPA, fold a low-rank content-free term (`tupe-a`, `tupe-a-tie-cls`) into the
-            query/key head dimension instead of passing an n x n mask (exact; lets flash kernels run).
+        attention_kernel: the attention path, one of `ATTENTION_KERNELS`, saved with the model so a reloaded
+            model runs the kernel it was trained and benchmarked with. "auto" picks per forward pass (see
+            `TupeModel`); "eager" is the reference; "fold" needs a low-rank content-free term and "flex" a
+            content-free term (`PositionalScheme.kernels()` lists what applies). All are exact against "eager".
+            `from_pretrained(..., attn_implementation=K)` sets it too.
     """
 
     model_type = "tupe"
@@ -57,7 +54,7 @@ class TupeConfig(PretrainedConfig):
         classifier_dropout: float | None = None,
         sparse_prediction: bool = True,
         rope_theta: float = 10000.0,
-        fold_positional: bool = True,
+        attention_kernel: str = "auto",
         pad_token_id: int = 0,
         cls_token_id: int = 1,
         sep_token_id: int = 2,
@@ -65,10 +62,10 @@ class TupeConfig(PretrainedConfig):
         tie_word_embeddings: bool = True,
         **kwargs,
     ):
-        if position_scheme not in POSITION_SCHEMES:
-            raise ValueError(
-                f"unknown position_scheme {position_scheme!r}; valid schemes: {', '.join(POSITION_SCHEMES)}"
-            )
+        scheme_class(position_scheme)  # unknown names: a ValueError listing the valid ones
+        # Configs saved before `attention_kernel` existed carry `fold_positional` (default True): "auto" folded
+        # where it could, which is still what "auto" does.
+        kwargs.pop("fold_positional", None)
         if hidden_size % num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})"
@@ -93,11 +90,27 @@ class TupeConfig(PretrainedConfig):
         self.classifier_dropout = classifier_dropout
         self.sparse_prediction = sparse_prediction
         self.rope_theta = rope_theta
-        self.fold_positional = fold_positional
+        self.attention_kernel = attention_kernel
+        self.validate_attention_kernel()
         self.cls_token_id = cls_token_id
         self.sep_token_id = sep_token_id
         self.mask_token_id = mask_token_id
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def validate_attention_kernel(self) -> str:
+        """`attention_kernel`, checked against the scheme (e.g. "fold" needs a low-rank content-free term)."""
+        kernel, scheme = self.attention_kernel, scheme_class(self.position_scheme)
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(
+                f"unknown attention_kernel {kernel!r}; valid kernels: {', '.join(ATTENTION_KERNELS)}"
+            )
+        if kernel not in scheme.kernels():
+            why = "a low-rank content-free term" if kernel == "fold" else "a content-free logit term"
+            raise ValueError(
+                f"attention_kernel {kernel!r} needs {why}, which position_scheme {self.position_scheme!r} does "
+                f"not have; kernels for it: {', '.join(scheme.kernels())}"
+            )
+        return kernel
 
     @property
     def head_dim(self) -> int:

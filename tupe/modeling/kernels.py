@@ -8,8 +8,10 @@ Why these exist (measured on the project's 2-core AVX-512 CPU, see `docs/benchma
   scaled keep mask, takes the content-free term (computed once per forward pass) as a broadcast (h, n, n)
   tensor, never a (b x h, n, n) copy, and returns its gradient summed over the batch.
 - `fold_queries_keys` turns a low-rank content-free term (TUPE-A) and the key padding into extra query/key
-  columns, padded to a multiple of 8, so SDPA runs without any n x n mask (fused GPU kernels, long sequences).
-- `flex_bias_attention` (CUDA): `flex_attention` with the content-free term read inside the kernel.
+  columns, padded to a multiple of 8, so SDPA runs without any n x n tensor (long sequences). The query/key
+  heads become wider than the value heads, which rules out SDPA's flash kernel; CUDA runs the memory-efficient one.
+- `flex_bias_attention` (CUDA): `flex_attention` with the content-free term read inside the kernel (no dropout:
+  `TupeModel` refuses it when training with attention dropout).
 """
 
 from __future__ import annotations
@@ -151,7 +153,8 @@ def fold_queries_keys(
 
     `(q' k'^T)_ij = scale q_i.k_j + positional_ij (+ padding_j)` up to a per-query constant, so SDPA with
     `scale=1` and no mask gives the reference attention. The padding column is per batch element, (b, h, n, 1);
-    nothing of size n x n is built. The multiple-of-8 width is what fused GPU kernels need.
+    nothing of size n x n is built. The multiple-of-8 width keeps SDPA's memory-efficient CUDA kernel aligned;
+    q/k are wider than v, so the flash kernel (equal widths only) does not apply.
     """
     b, h, n, d = q.shape
     q_extra, k_extra = fold
@@ -180,7 +183,7 @@ def flex_bias_attention(
     scale: float,
 ) -> torch.Tensor:
     """`flex_attention` with the (h, n, n) content-free term added inside the kernel (no (b, h, n, n) tensor,
-    no dropout: flex has none). Compiled on CUDA; elsewhere PyTorch runs its unfused reference (for tests)."""
+    no dropout: flex has none, so the model refuses this kernel when training with attention dropout). Compiled on CUDA; elsewhere PyTorch runs its unfused reference (for tests)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     keep = None if padding is None else (padding.reshape(padding.shape[0], -1) >= 0)

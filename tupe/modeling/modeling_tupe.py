@@ -1,7 +1,9 @@
 """The TUPE model family: a post-LayerNorm BERT encoder whose positional scheme is one config value.
 
-Read top to bottom: embeddings, attention (eager reference and SDPA), layer, encoder, heads. The positional
-scheme (positional.py) is evaluated once per forward pass; its content-free term is shared by every layer.
+Read top to bottom: embeddings, attention (the reference and its exact fast kernels), layer, encoder, heads. The
+positional scheme (positional.py) is evaluated once per forward pass; its content-free term is shared by every
+layer. The attention kernel is one config field, `config.attention_kernel`, resolved once per forward pass by
+`TupeModel._choose_kernel`; the kernels themselves are in kernels.py.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ try:  # transformers >= 5 initialises through these (they respect already-loaded
 except ImportError:  # pragma: no cover
     init = nn.init
 
-from .configuration_tupe import TupeConfig
+from .configuration_tupe import ATTENTION_KERNELS, TupeConfig
 from .kernels import FastDropout, biased_attention, flex_bias_attention, fold_queries_keys
 from .positional import PositionalContext, RelativeBias, UntiedPositions, apply_rotary, build_scheme
 
@@ -34,11 +36,8 @@ class AttentionInputs:
     padding: (
         torch.Tensor | None
     )  # (b, 1, 1, n) additive, 0 for tokens and dtype-min for padding; None if no padding
-    sdpa_mask: (
-        torch.Tensor | None
-    )  # content-free term + padding, (1 or b, h, n, n), for the unfolded SDPA path
-    use_fold: bool
-    kernel: str = "sdpa"  # "eager", "sdpa", "fold", "fused" or "flex": see TupeModel.attention_kernel
+    sdpa_mask: torch.Tensor | None  # content-free term + padding, (1 or b, h, n, n), for the "sdpa" kernel
+    kernel: str = "sdpa"  # "eager", "sdpa", "fold", "fused" or "flex": see TupeModel._choose_kernel
 
 
 class TupeEmbeddings(nn.Module):
@@ -75,27 +74,19 @@ class TupeSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(
-        self, x: torch.Tensor, inputs: AttentionInputs, implementation: str, output_attentions: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         b, n, _ = x.shape
         q, k, v = (
             self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         )  # 3 x (b, h, n, d)
-        out, probs = self.attend(q, k, v, inputs, implementation, output_attentions)
+        out, probs = self.attend(q, k, v, inputs)
         return out.transpose(1, 2).reshape(b, n, -1), probs
 
     def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        inputs: AttentionInputs,
-        implementation: str,
-        output_attentions: bool = False,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The attention core on projected (b, h, n, d) queries, keys, values: what the backends differ in
-        (`tupe bench --attention-only` times this)."""
+        """The attention core on projected (b, h, n, d) queries, keys, values: what the kernels differ in
+        (`tupe bench --attention-only` times this). Probabilities are returned by the eager kernel only."""
         ctx = inputs.ctx
         if ctx.rotary is not None:
             q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
@@ -103,7 +94,7 @@ class TupeSelfAttention(nn.Module):
             q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
         dropout_p = self.dropout_p if self.training else 0.0
 
-        if implementation == "eager" or output_attentions:
+        if inputs.kernel == "eager":
             # Reference path: the logits exactly as written in the spec, materialised.
             logits = torch.matmul(q, k.transpose(-1, -2)) * ctx.logit_scale  # (b, h, n, n)
             if ctx.bias is not None:
@@ -119,9 +110,10 @@ class TupeSelfAttention(nn.Module):
         elif inputs.kernel == "flex":
             out = flex_bias_attention(q, k, v, ctx.bias, inputs.padding, ctx.logit_scale)
             probs = None
-        elif inputs.use_fold:
-            # Low-rank content-free term and padding folded into the head dimension (padded to a multiple of 8):
-            # no n x n tensor at all, so fused kernels apply.
+        elif inputs.kernel == "fold":
+            # Low-rank content-free term and padding folded into extra query/key columns: no n x n tensor at all.
+            # q/k end up wider than v, so SDPA's flash kernel does not apply (it needs equal widths); on CUDA the
+            # memory-efficient kernel runs, on CPU the math kernel.
             q, k = fold_queries_keys(q, k, ctx.fold, ctx.logit_scale, inputs.padding)
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)
             probs = None
@@ -148,10 +140,8 @@ class TupeLayer(GradientCheckpointingLayer):
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = FastDropout(config.hidden_dropout_prob)
 
-    def forward(
-        self, x, inputs: AttentionInputs, implementation: str = "sdpa", output_attentions: bool = False
-    ):
-        attn, probs = self.attention(x, inputs, implementation, output_attentions)
+    def forward(self, x, inputs: AttentionInputs):
+        attn, probs = self.attention(x, inputs)
         x = self.attention_norm(x + self.dropout(self.attention_output(attn)))
         x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
         return x, probs
@@ -198,26 +188,34 @@ class TupePreTrainedModel(PreTrainedModel):
             return tuple(t for t in (loss, logits, hidden_states, attentions) if t is not None)
         return output_cls(loss=loss, logits=logits, hidden_states=hidden_states, attentions=attentions)
 
-    def _attn_implementation_name(self) -> str:
-        impl = getattr(self.config, "_attn_implementation", None) or "sdpa"
-        return "eager" if impl == "eager" else "sdpa"
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
+        """`from_pretrained(..., attn_implementation=K)` with K any `ATTENTION_KERNELS` value sets
+        `config.attention_kernel` (and so is saved with the model); transformers itself then sees "eager" or
+        "sdpa". Plain "sdpa" (transformers' default name) keeps the config's kernel."""
+        if attn_implementation in ATTENTION_KERNELS and attn_implementation != "sdpa":
+            self.config.attention_kernel = attn_implementation
+            self.config.validate_attention_kernel()
+            attn_implementation = "eager" if attn_implementation == "eager" else "sdpa"
+        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
 
 class TupeModel(TupePreTrainedModel):
     """The encoder: embeddings, one positional scheme, `num_hidden_layers` blocks.
 
-    `attention_kernel` (a plain attribute, not saved) picks the SDPA-side attention path; every choice is exact
-    against the eager reference (tests/modeling/test_fast_paths.py):
+    `config.attention_kernel` picks the attention path (saved in config.json); every choice is exact against
+    the eager reference (tests/modeling/test_fast_paths.py):
     - "auto" (default): "fused" for float32/64 training with attention dropout on CPU (SDPA would fall back to
-      its unfused math kernel there), "fold" on CUDA where the content-free term is low-rank and
-      `config.fold_positional`, "flex" on CUDA for other (h, n, n) terms without dropout, else "sdpa";
+      its unfused math kernel there), "fold" on CUDA where the content-free term is low-rank, "flex" on CUDA for
+      other (h, n, n) terms without dropout, else "sdpa";
+    - "eager": the reference, logits materialised as written in docs/model.md (also used whenever
+      `output_attentions` is asked for, or transformers' `config._attn_implementation` is "eager");
     - "sdpa": SDPA with the content-free term (+ padding) as one additive (1 or b, h, n, n) mask;
     - "fold": SDPA with the low-rank term and padding folded into extra query/key columns (tupe-a,
-      tupe-a-tie-cls; other schemes use "sdpa");
-    - "fused": `kernels.biased_attention`; "flex": `torch.nn.attention.flex_attention` with a score_mod.
+      tupe-a-tie-cls);
+    - "fused": `kernels.biased_attention` (float32/64; "sdpa" under autocast);
+    - "flex": `torch.nn.attention.flex_attention` with a score_mod; it has no dropout, so training with
+      attention dropout is refused.
     """
-
-    attention_kernel: str = "auto"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -246,7 +244,7 @@ class TupeModel(TupePreTrainedModel):
             )
 
     def _attention_inputs(
-        self, n: int, attention_mask: torch.Tensor | None, dtype, eager: bool
+        self, n: int, attention_mask: torch.Tensor | None, dtype, eager: bool = False
     ) -> AttentionInputs:
         ctx = self.positional(n)
         padding = None
@@ -255,8 +253,7 @@ class TupeModel(TupePreTrainedModel):
             padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
                 ~keep, torch.finfo(dtype).min
             )
-        kernel = "eager" if eager else self._choose_kernel(ctx, dtype, attention_mask)
-        use_fold = kernel == "fold"
+        kernel = "eager" if eager else self._choose_kernel(ctx, dtype)
         sdpa_mask = None
         if kernel == "sdpa":
             if ctx.bias is not None:
@@ -267,27 +264,29 @@ class TupeModel(TupePreTrainedModel):
                     )  # once, for all layers
             else:
                 sdpa_mask = padding
-        return AttentionInputs(ctx, padding, sdpa_mask, use_fold, kernel)
+        return AttentionInputs(ctx, padding, sdpa_mask, kernel)
 
-    def _choose_kernel(self, ctx: PositionalContext, dtype: torch.dtype, attention_mask) -> str:
-        """Resolve `attention_kernel` for this forward pass (see the class docstring)."""
-        kernel = self.attention_kernel
-        can_fold = ctx.fold is not None and getattr(self.config, "fold_positional", True)
-        if kernel == "fold":
-            return "fold" if ctx.fold is not None else "sdpa"
+    def _choose_kernel(self, ctx: PositionalContext, dtype: torch.dtype) -> str:
+        """Resolve `config.attention_kernel` for this forward pass (see the class docstring)."""
+        kernel = self.config.validate_attention_kernel()
+        if getattr(self.config, "_attn_implementation", None) == "eager":
+            return "eager"
+        dropout = self.training and self.config.attention_probs_dropout_prob > 0
+        if kernel == "flex" and dropout:
+            raise ValueError(
+                "attention_kernel 'flex' cannot train with attention dropout (flex_attention has none); "
+                "set attention_probs_dropout_prob=0 or use another kernel"
+            )
         if kernel == "fused":
             return "fused" if dtype in (torch.float32, torch.float64) else "sdpa"
-        if kernel == "flex":
-            return "flex" if ctx.has_bias else "sdpa"
         if kernel != "auto":
-            return "sdpa"
-        dropout = self.training and self.config.attention_probs_dropout_prob > 0
+            return kernel
         device = self.embeddings.word_embeddings.weight.device
         if device.type == "cpu":
             if dropout and torch.is_grad_enabled() and dtype in (torch.float32, torch.float64):
                 return "fused"
             return "sdpa"
-        if can_fold:
+        if ctx.fold is not None:
             return "fold"
         if ctx.has_bias and not dropout and device.type == "cuda":
             return "flex"
@@ -314,21 +313,18 @@ class TupeModel(TupePreTrainedModel):
         n = input_ids.shape[1]
         self._check_length(n)
 
-        implementation = self._attn_implementation_name()
         compute_dtype = (
             torch.get_autocast_dtype(input_ids.device.type)
             if torch.is_autocast_enabled(input_ids.device.type)
             else self.embeddings.word_embeddings.weight.dtype
         )
-        inputs = self._attention_inputs(
-            n, attention_mask, compute_dtype, implementation == "eager" or output_attentions
-        )
+        inputs = self._attention_inputs(n, attention_mask, compute_dtype, eager=bool(output_attentions))
 
         x = self.embeddings(input_ids, inputs.ctx)
         all_hidden = (x,) if output_hidden_states else None
         all_attn = () if output_attentions else None
         for layer in self.layers:
-            x, probs = layer(x, inputs, implementation, bool(output_attentions))
+            x, probs = layer(x, inputs)
             if output_hidden_states:
                 all_hidden += (x,)
             if output_attentions:

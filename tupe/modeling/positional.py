@@ -2,7 +2,8 @@
 
 Every scheme turns a sequence length into a `PositionalContext`: what it adds to the input, to the queries and
 keys, or to the attention logits. The context is computed once per forward pass and shared by every layer, so
-adding a scheme touches this file only (plus its name in `configuration_tupe.POSITION_SCHEMES`).
+adding a scheme touches this file only: a `PositionalScheme` subclass (its class attributes are what bench,
+analysis and reports read) listed in `SCHEMES`.
 
 Notation (see `docs/model.md` and the spec): `d` head dimension, `p` the learned absolute position table,
 `U^Q, U^K` the untied positional projections shared by all layers, `b_{j-i}` a per-head relative bias.
@@ -12,16 +13,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
 
-from .configuration_tupe import POSITION_SCHEMES, TupeConfig
+if TYPE_CHECKING:
+    from .configuration_tupe import TupeConfig
 
 
-@dataclass
 class PositionalContext:
     """What a scheme contributes to one forward pass; shapes use n = sequence length, h = heads, d = head dim.
 
@@ -36,33 +36,38 @@ class PositionalContext:
       (long sequences on GPU); `has_bias` tells whether there is one without building it.
     """
 
-    logit_scale: float
-    input_embedding: torch.Tensor | None = None
-    bias: torch.Tensor | None = None
-    query_add: torch.Tensor | None = None
-    key_add: torch.Tensor | None = None
-    rotary: tuple[torch.Tensor, torch.Tensor] | None = None
-    fold: tuple[torch.Tensor, torch.Tensor] | None = None
-    bias_fn: Callable[[], torch.Tensor] | None = field(default=None, repr=False)
+    def __init__(
+        self,
+        logit_scale: float,
+        input_embedding: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        query_add: torch.Tensor | None = None,
+        key_add: torch.Tensor | None = None,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        fold: tuple[torch.Tensor, torch.Tensor] | None = None,
+        bias_fn: Callable[[], torch.Tensor] | None = None,
+    ):
+        self.logit_scale = logit_scale
+        self.input_embedding = input_embedding
+        self._bias = bias
+        self.query_add, self.key_add = query_add, key_add
+        self.rotary = rotary
+        self.fold = fold
+        self.bias_fn = bias_fn
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        if self._bias is None and self.bias_fn is not None:
+            self._bias, self.bias_fn = self.bias_fn(), None
+        return self._bias
+
+    @bias.setter
+    def bias(self, value: torch.Tensor | None) -> None:
+        self._bias, self.bias_fn = value, None
 
     @property
     def has_bias(self) -> bool:
-        return self.__dict__.get("_bias") is not None or self.bias_fn is not None
-
-
-def _get_bias(ctx: PositionalContext) -> torch.Tensor | None:
-    if ctx.__dict__.get("_bias") is None and ctx.__dict__.get("bias_fn") is not None:
-        ctx.__dict__["_bias"] = ctx.bias_fn()
-        ctx.bias_fn = None
-    return ctx.__dict__.get("_bias")
-
-
-def _set_bias(ctx: PositionalContext, value: torch.Tensor | None) -> None:
-    ctx.__dict__["_bias"] = value
-
-
-# Installed after the dataclass is built (whose __init__ keeps `bias` as an ordinary keyword argument).
-PositionalContext.bias = property(_get_bias, _set_bias)  # type: ignore[assignment]
+        return self._bias is not None or self.bias_fn is not None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -96,8 +101,11 @@ def toeplitz(values: torch.Tensor, n: int) -> torch.Tensor:
 class RelativeBias(nn.Module):
     """`b_{j-i}`: one scalar per head and bucket, shared by all layers (T5 buckets).
 
-    With `cls_bucket`, the released TUPE-R code's extra bucket (index `num_buckets`) is used for the [CLS] row
-    and column, i.e. the relative part of the [CLS] reset.
+    With `cls_bucket`, one extra bucket (index `num_buckets`, 32 by default) holds the [CLS] row and column, i.e.
+    the relative part of the [CLS] reset. The released TUPE-R code stores that value at index 16 of a 32-row
+    table instead, the one bucket T5's bucketing never produces ("positive offset 0"). The two are the same
+    function: in both, [CLS] gets a learned value per head that no offset shares (here row 16 is simply never
+    used), and its row-0 part is a per-query constant that cancels in the softmax anyway.
     """
 
     def __init__(self, config: TupeConfig, cls_bucket: bool = False):
@@ -166,14 +174,47 @@ def cls_reset(v: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 
 
 class PositionalScheme(nn.Module):
-    """Interface: `forward(n)` returns the `PositionalContext` of a length-n input."""
+    """Interface: `forward(n)` returns the `PositionalContext` of a length-n input.
+
+    The class attributes describe the scheme to the rest of the package (bench, analysis, reports), which asks
+    them rather than comparing names: adding a scheme means adding a subclass here and listing it in `SCHEMES`.
+    """
 
     name: ClassVar[str]
+    display_name: ClassVar[str]  # as in the paper's tables
     score_dims: ClassVar[int] = 1  # content logits are scaled by (score_dims * d) ** -0.5
+    absolute_input: ClassVar[bool] = False  # p_i added to the word embedding (BERT-style)
+    untied_projections: ClassVar[bool] = False  # positions enter through their own projections U^Q, U^K
+    relative_bias: ClassVar[bool] = False  # b_{j-i} on the logits
+    resets_cls: ClassVar[bool] = False  # [CLS] row/column of the content-free term replaced by theta
+    content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits
+    low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns (kernel "fold")
+    decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
 
     def __init__(self, config: TupeConfig):
         super().__init__()
         self.logit_scale = (self.score_dims * config.head_dim) ** -0.5
+
+    @classmethod
+    def kernels(cls) -> tuple[str, ...]:
+        """The `TupeConfig.attention_kernel` values that apply to this scheme."""
+        return (
+            ("auto", "eager", "sdpa", "fused")
+            + (("fold",) if cls.low_rank else ())
+            + (("flex",) if cls.content_free else ())
+        )
+
+    @classmethod
+    def extra_forward_flops(cls, hidden: int, seq_len: int) -> float:
+        """Matmul FLOPs of the positional side, once per forward pass (shared by the batch and the layers)."""
+        flops = 0.0
+        if cls.untied_projections:
+            flops += 2 * 2 * seq_len * hidden * hidden  # p U^Q and p U^K
+        if cls.untied_projections and cls.content_free:
+            flops += 2 * seq_len * seq_len * hidden  # (p U^Q)(p U^K)^T for all heads
+        if cls.resets_cls:
+            flops += 2 * 2 * 2 * hidden * hidden  # theta: the two [CLS]-reset vectors through U^Q and U^K
+        return flops
 
     def forward(self, n: int) -> PositionalContext:
         raise NotImplementedError
@@ -183,6 +224,9 @@ class BertA(PositionalScheme):
     """BERT-A: `p_i` added to the word embedding at the input; plain scaled dot-product logits."""
 
     name = "bert-a"
+    display_name = "BERT-A"
+    absolute_input = True
+    decomposable = True
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -196,6 +240,9 @@ class BertR(BertA):
     """BERT-R: BERT-A plus the relative bias `b_{j-i}` on every layer's logits."""
 
     name = "bert-r"
+    display_name = "BERT-R"
+    relative_bias = True
+    content_free = True
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -211,7 +258,10 @@ class BertAd(PositionalScheme):
     """BERT-A^d: the four terms of `(x W^Q + p U^Q)(x W^K + p U^K)^T / sqrt(4d)`, i.e. `p U` added to q and k."""
 
     name = "bert-a-d"
+    display_name = "BERT-A^d"
     score_dims = 4
+    untied_projections = True
+    decomposable = True
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -226,18 +276,23 @@ class TupeA(PositionalScheme):
     """TUPE-A: content logits / sqrt(2d) plus `reset_theta((p_i U^Q)(p_j U^K)^T / sqrt(2d))`."""
 
     name = "tupe-a"
+    display_name = "TUPE-A"
     score_dims = 2
-    reset: ClassVar[bool] = True
+    untied_projections = True
+    resets_cls = True
+    content_free = True
+    low_rank = True
+    decomposable = True
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
-        self.untied = UntiedPositions(config, theta=self.reset)
+        self.untied = UntiedPositions(config, theta=self.resets_cls)
 
     def forward(self, n: int) -> PositionalContext:
         q, k = self.untied(n)  # (h, n, d)
         scale = self.logit_scale
         ctx = PositionalContext(scale)
-        if self.reset:
+        if self.resets_cls:
             theta = self.untied.theta(scale)
             ctx.bias_fn = lambda: cls_reset(torch.matmul(q, k.transpose(-1, -2)) * scale, theta)
             ctx.fold = self._fold_with_reset(q, k, theta)
@@ -262,22 +317,26 @@ class TupeATieCls(TupeA):
     """TUPE-A without the [CLS] reset (ablation)."""
 
     name = "tupe-a-tie-cls"
-    reset = False
+    display_name = "TUPE-A tie-cls"
+    resets_cls = False
 
 
 class TupeR(TupeA):
     """TUPE-R: TUPE-A's term plus `b_{j-i}`, reset for [CLS] (the relative part via the code's extra bucket)."""
 
     name = "tupe-r"
+    display_name = "TUPE-R"
+    relative_bias = True
+    low_rank = False  # a relative bias is not low-rank
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
-        self.relative = RelativeBias(config, cls_bucket=self.reset)
+        self.relative = RelativeBias(config, cls_bucket=self.resets_cls)
 
     def forward(self, n: int) -> PositionalContext:
         ctx = super().forward(n)
         ctx.bias = ctx.bias + self.relative(n)
-        ctx.fold = None  # a relative bias is not low-rank
+        ctx.fold = None
         return ctx
 
 
@@ -285,13 +344,15 @@ class TupeRTieCls(TupeR):
     """TUPE-R without the [CLS] reset (ablation)."""
 
     name = "tupe-r-tie-cls"
-    reset = False
+    display_name = "TUPE-R tie-cls"
+    resets_cls = False
 
 
 class Rope(PositionalScheme):
     """Rotary positions on queries and keys (no absolute table): the comparator modern encoders use."""
 
     name = "rope"
+    display_name = "RoPE"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -317,7 +378,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 SCHEMES: dict[str, type[PositionalScheme]] = {
     cls.name: cls for cls in (BertA, BertR, BertAd, TupeA, TupeATieCls, TupeR, TupeRTieCls, Rope)
 }
-assert set(SCHEMES) == set(POSITION_SCHEMES), "keep configuration_tupe.POSITION_SCHEMES in sync with SCHEMES"
+
+
+def scheme_class(name: str) -> type[PositionalScheme]:
+    """The class (and so the metadata) of a scheme name, with an error listing the valid names."""
+    if name not in SCHEMES:
+        raise ValueError(f"unknown position_scheme {name!r}; valid schemes: {', '.join(SCHEMES)}")
+    return SCHEMES[name]
 
 
 def build_scheme(config: TupeConfig) -> PositionalScheme:

@@ -16,12 +16,8 @@ Why: pre-training runs for days on machines that get pre-empted, and run folders
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
-import shutil
-import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,123 +26,16 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tupe.errors import TupeError
+from tupe.io.checkpoints import check_model_weights, list_checkpoints
+from tupe.io.files import atomic_write_json, sha256_file
 
 MANIFEST_NAME = "tupe_checkpoint.json"
 MANIFEST_FORMAT = 1
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # files the Trainer writes with torch.save (zip archives since torch 1.6): a truncated one has no zip directory
 _TORCH_ZIP_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt")
 
 
-# ------------------------------------------------------------------------------------------------ atomic files
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename inside `path` durable (no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: str | os.PathLike) -> None:
-    """fsync every file and folder under `path`, so a rename that publishes it never exposes unwritten data."""
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-        fsync_dir(root)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temporary file next to `path`, fsync it, then rename: readers see old or new, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
-
-
 # ---------------------------------------------------------------------------------------------------- weights
-def check_safetensors(path: str | os.PathLike) -> None:
-    """Raise a one-line `TupeError` if `path` is not a complete safetensors file (truncated, corrupt, empty).
-
-    Reads the header only: safetensors checks that the tensors it declares exactly cover the file, which catches
-    truncation and most corruption of the header. Flipped bytes inside tensor data are only caught by a manifest.
-    """
-    from safetensors import safe_open
-
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError as err:
-        raise TupeError(f"{path}: cannot read the weights file ({err.strerror or err})") from None
-    if size < 8:
-        raise TupeError(f"{path}: corrupt or truncated safetensors file ({size} bytes)")
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            fh.keys()
-    except Exception as err:  # noqa: BLE001 - SafetensorError and OSError: the reason is what the user needs
-        reason = " ".join(str(err).split())
-        raise TupeError(f"{path}: corrupt or truncated safetensors file ({reason})") from None
-
-
-def check_model_weights(model_dir: str | os.PathLike) -> list[Path]:
-    """The safetensors weight files of a `save_pretrained` folder, each checked; a `TupeError` if none or broken.
-
-    Pickle weights (`pytorch_model.bin`) are refused: unpickling can run code, and `tupe` always writes safetensors.
-    """
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-            raise TupeError(f"{index}: unreadable safetensors index ({err})") from None
-        files = [model_dir / s for s in shards]
-        for f in files:
-            if not f.is_file():
-                raise TupeError(f"{f}: missing weights shard listed in {index.name}")
-    else:
-        files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        if any(model_dir.glob("pytorch_model*.bin")) or any(model_dir.glob("*.pt")):
-            raise TupeError(
-                f"{model_dir}: only pickle weights (pytorch_model.bin), which tupe does not load because unpickling "
-                "can run code; re-save the model with save_pretrained(DIR) (safetensors)"
-            )
-        ckpts = list_checkpoints(model_dir)
-        hint = f"; a pre-training run not finished yet? use --model {ckpts[0]}" if ckpts else ""
-        raise TupeError(f"{model_dir}: no model weights (model.safetensors){hint}")
-    for f in files:
-        check_safetensors(f)
-    return files
-
-
 def first_nonfinite_parameter(model: Any) -> str | None:
     """Name of the first parameter holding NaN or inf, or None; run before saving so a checkpoint is never poisoned."""
     import torch
@@ -159,14 +48,6 @@ def first_nonfinite_parameter(model: Any) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------- manifest
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files_under(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
 
@@ -177,7 +58,7 @@ def write_manifest(
     """Record size and SHA-256 of every file of a finished checkpoint folder, as its last file (atomically)."""
     ckpt_dir = Path(ckpt_dir)
     files = {
-        p.relative_to(ckpt_dir).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        p.relative_to(ckpt_dir).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
         for p in _files_under(ckpt_dir)
     }
     manifest = {"format": MANIFEST_FORMAT, "step": int(step), "files": files, **(extra or {})}
@@ -209,7 +90,7 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike, deep: bool = True) -> str | N
             size = f.stat().st_size
             if size != meta["bytes"]:
                 return f"{rel} has {size} bytes, expected {meta['bytes']} (truncated or changed)"
-            if deep and _sha256(f) != meta["sha256"]:
+            if deep and sha256_file(f) != meta["sha256"]:
                 return f"{rel} does not match its SHA-256 in {MANIFEST_NAME} (corrupt)"
         return None
     if not (ckpt_dir / "trainer_state.json").is_file():
@@ -232,20 +113,6 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike, deep: bool = True) -> str | N
     return None
 
 
-def checkpoint_step(path: str | os.PathLike) -> int | None:
-    m = _CHECKPOINT_RE.match(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """`checkpoint-N` folders of `run_dir`, newest (highest N) first; staging/trash folders are never listed."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return []
-    found = [p for p in run_dir.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
-    return sorted(found, key=lambda p: checkpoint_step(p) or 0, reverse=True)
-
-
 def find_latest_checkpoint(
     run_dir: str | os.PathLike, log: Callable[[str], None] | None = print, deep: bool = True
 ) -> Path | None:
@@ -260,32 +127,6 @@ def find_latest_checkpoint(
         if log is not None:
             log(f"warning: skipping {ckpt}: {reason}")
     return None
-
-
-def remove_tree_atomically(path: str | os.PathLike) -> None:
-    """Delete a folder so that a kill half-way never leaves a partial folder under its old name.
-
-    The folder is first renamed to a hidden `.trash-*` name (atomic), then deleted.
-    """
-    path = Path(path)
-    if not path.exists():
-        return
-    trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
-    os.replace(path, trash)
-    fsync_dir(path.parent)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def remove_stale_staging(run_dir: str | os.PathLike) -> list[str]:
-    """Remove what a killed save or delete left behind (`.tmp-checkpoint-*`, `.trash-*`); returns their names."""
-    run_dir = Path(run_dir)
-    removed = []
-    if run_dir.is_dir():
-        for p in run_dir.iterdir():
-            if p.name.startswith((".tmp-checkpoint-", ".trash-checkpoint-")):
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-                removed.append(p.name)
-    return removed
 
 
 # ------------------------------------------------------------------------------------------------ pre-emption
@@ -382,49 +223,3 @@ def check_checkpoint_config(ckpt_dir: str | os.PathLike, expected: dict[str, Any
                 f"{path}: {key} {config[key]!r} does not match this run's {want!r}; the checkpoint belongs to "
                 "another model (use another --out, or --overwrite to start again)"
             )
-
-
-def check_weights_match_config(model_dir: str | os.PathLike) -> None:
-    """Raise a one-line `TupeError` if a tupe folder's weights do not fit its config.json (shape or missing tensor).
-
-    Why: `from_pretrained` re-initialises mismatched or missing tensors with only a log warning (GLUE loads with
-    `ignore_mismatched_sizes=True` for the new head), so an edited config or weights copied from another model
-    would train from random encoder weights without any error. Only the encoder (`tupe.*`) is compared: heads
-    differ legitimately between masked-LM and classification checkpoints. Reads shapes from the safetensors
-    headers and builds the model on the meta device: no weights are loaded.
-    """
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoConfig
-
-    import tupe  # noqa: F401  (registers the tupe model type)
-    from tupe.modeling import TupeForMaskedLM
-
-    model_dir = Path(model_dir)
-    files = check_model_weights(model_dir)
-    config = AutoConfig.from_pretrained(str(model_dir))
-    with torch.device("meta"):
-        expected = {
-            k: tuple(v.shape)
-            for k, v in TupeForMaskedLM(config).state_dict().items()
-            if k.startswith("tupe.")
-        }
-    found: set[str] = set()
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():
-                if name not in expected:
-                    continue
-                found.add(name)
-                got = tuple(fh.get_slice(name).get_shape())
-                if got != expected[name]:
-                    raise TupeError(
-                        f"{f}: tensor {name} has shape {list(got)} but {model_dir / 'config.json'} implies "
-                        f"{list(expected[name])}: the weights and the config belong to different models"
-                    )
-    missing = sorted(set(expected) - found)
-    if missing:
-        raise TupeError(
-            f"{model_dir}: {len(missing)} encoder tensor(s) that config.json implies are not in the weights "
-            f"(first: {missing[0]}): the weights and the config belong to different models"
-        )

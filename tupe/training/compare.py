@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tupe.errors import TupeError
-from tupe.training.checkpointing import atomic_write_text
+from tupe.io.files import atomic_write_text
 from tupe.training.pretrain import (
     SUMMARY_FILE,
     PretrainConfig,

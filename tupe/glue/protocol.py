@@ -1,0 +1,145 @@
+"""The paper's GLUE protocol as data: the grid, the settings of one run, and how a grid's scores are summarised.
+
+Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds; a learning rate's score is the median of its seeds' dev
+scores, and the best learning rate is reported (TUPE spec, section 5). `tupe report` reads this module too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tupe.errors import TupeError
+from tupe.glue.tasks import GlueTask
+
+PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
+PAPER_SEEDS = (1, 2, 3, 4, 5)
+RESULTS_FORMAT = 1
+_RUN_SUMMARY_KEYS = (
+    "lr",
+    "seed",
+    "scores",
+    "main",
+    "train_loss",
+    "steps",
+    "train_seconds",
+    "seconds",
+    "trainer",
+)
+
+
+@dataclass
+class GlueSettings:
+    """Everything that determines a run's score, apart from the learning rate and the seed."""
+
+    task: str
+    lrs: list[float] = field(default_factory=lambda: list(PAPER_LRS))
+    seeds: list[int] = field(default_factory=lambda: list(PAPER_SEEDS))
+    epochs: float | None = None  # None: the paper's (10, or 5 for MNLI/QQP/QNLI)
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    max_seq_len: int | None = None  # None: min(512, the model's max_position_embeddings)
+    warmup_ratio: float = 0.06
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    max_grad_norm: float = 1.0
+    lr_scheduler: str = "linear"
+    dropout: float | None = 0.1  # the paper's fine-tuning dropout; None keeps the checkpoint's
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    fp16: bool = False
+    bf16: bool = False
+
+    def resolved(self, task: GlueTask, max_positions: int) -> GlueSettings:
+        out = GlueSettings(**asdict(self))
+        out.task = task.name
+        out.lrs = list(dict.fromkeys(float(x) for x in self.lrs))  # "2e-5,2e-5" is one learning rate
+        out.seeds = list(dict.fromkeys(int(x) for x in self.seeds))
+        out.epochs = float(task.epochs if self.epochs is None else self.epochs)
+        limit = max_positions
+        if self.max_seq_len is None:
+            out.max_seq_len = min(512, limit)
+        elif self.max_seq_len > limit:
+            raise TupeError(
+                f"--max-seq-len {self.max_seq_len} exceeds the model's max_position_embeddings {limit}"
+            )
+        elif self.max_seq_len < 8:
+            raise TupeError(
+                f"--max-seq-len {self.max_seq_len} is too short (at least 8: [CLS] A [SEP] B [SEP])"
+            )
+        return out
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """The settings a finished run must share with the current command to be reused (not the grid itself)."""
+        d = asdict(self)
+        d.pop("lrs")
+        d.pop("seeds")
+        d.pop("eval_batch_size")
+        return d
+
+
+def run_name(lr: float, seed: int) -> str:
+    return f"lr{lr:g}_seed{seed}"
+
+
+def lr_key(lr: float) -> str:
+    return f"{lr:g}"
+
+
+# ------------------------------------------------------------------------------------------------------ summary
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """Median where a missing/NaN score (e.g. an undefined correlation) counts as the lowest."""
+    if not values:
+        return None
+    arr = np.array([-np.inf if v is None or not math.isfinite(v) else v for v in values], dtype=np.float64)
+    m = float(np.median(arr))
+    return m if math.isfinite(m) else None
+
+
+def main_score(task: GlueTask, scores: dict[str, dict[str, float | None]]) -> float | None:
+    """The paper's number for a run: the main metric on the first dev split (MNLI: matched)."""
+    first = next(iter(task.hf_dev_splits))
+    return scores[first][task.main_metric]
+
+
+def summarize(task: GlueTask, runs: list[dict[str, Any]], lrs: Sequence[float], seeds: Sequence[int]) -> dict:
+    """Median over seeds of every metric for each learning rate, and the best learning rate by the main metric."""
+    per_lr: dict[str, Any] = {}
+    # MNLI given only its matched dev file has no mismatched scores
+    splits = [s for s in task.hf_dev_splits if runs and all(s in r["scores"] for r in runs)]
+    for lr in lrs:
+        mine = sorted((r for r in runs if r["lr"] == lr), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        medians = {
+            split: {m: _median([r["scores"][split][m] for r in mine]) for m in task.metrics}
+            for split in splits
+        }
+        per_lr[lr_key(lr)] = {
+            "lr": lr,
+            "seeds": [r["seed"] for r in mine],
+            "n_seeds": len(mine),
+            "complete": all(any(r["seed"] == s for r in mine) for s in seeds),
+            "main_scores": [main_score(task, r["scores"]) for r in mine],
+            "main_median": _median([main_score(task, r["scores"]) for r in mine]),
+            "median": medians,
+        }
+    best = None
+    ranked = [v for v in per_lr.values() if v["main_median"] is not None]
+    if ranked:
+        b = max(ranked, key=lambda v: v["main_median"])
+        best = {
+            "lr": b["lr"],
+            "main_median": b["main_median"],
+            "median": b["median"],
+            "n_seeds": b["n_seeds"],
+        }
+    return {"per_lr": per_lr, "best": best}

@@ -1,0 +1,248 @@
+"""`tupe pretrain`'s options: the `PretrainConfig` dataclass, its command-line flags, presets, precision."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tupe.errors import TupeError
+from tupe.training.presets import PRESETS, get_preset
+
+
+@dataclass
+class PretrainConfig:
+    """Everything `tupe pretrain` accepts; `None` means "the preset's value"."""
+
+    out: str
+    scheme: str = "tupe-a"
+    corpus: list[str] | None = None
+    preset: str = "mini"
+    text_column: str = "text"
+    tokenizer: str | None = None
+    vocab_size: int | None = None
+    tokenizer_max_mb: float | None = None
+    max_length: int | None = None
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    intermediate_size: int | None = None
+    dropout: float | None = None
+    dense_prediction: bool = False
+    attn_implementation: str | None = None
+    batch_size: int | None = None
+    grad_accum: int = 1
+    max_steps: int | None = None
+    learning_rate: float | None = None
+    warmup_steps: int | None = None
+    weight_decay: float | None = None
+    adam_beta1: float | None = None
+    adam_beta2: float | None = None
+    adam_epsilon: float | None = None
+    max_grad_norm: float | None = None
+    mlm_probability: float | None = None
+    valid_every: int | None = None
+    eval_steps: int | None = None
+    save_steps: int | None = None
+    save_at: list[int] | None = None
+    save_total_limit: int | None = None
+    logging_steps: int | None = None
+    eval_batch_size: int | None = None
+    seed: int = 0
+    precision: str = "auto"
+    cache_dir: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    skip_nonfinite: bool = False
+    skip_bad_text: bool = False
+    progress: bool = True
+    quiet: bool = False
+    threads: int | None = None
+    prepare_only: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved(self) -> dict[str, Any]:
+        """Preset values with this config's explicit values on top."""
+        values = get_preset(self.preset)
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in values and v is not None:
+                values[f.name] = v
+        return values
+
+
+def _precision_flags(precision: str) -> dict[str, bool]:
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise TupeError(f"--precision must be auto, fp32, bf16 or fp16, got {precision!r}")
+    cuda = torch.cuda.is_available()
+    if precision == "auto":
+        if not cuda:
+            return {"bf16": False, "fp16": False}
+        return {"bf16": torch.cuda.is_bf16_supported(), "fp16": not torch.cuda.is_bf16_supported()}
+    if precision in ("bf16", "fp16") and not cuda:
+        raise TupeError(f"--precision {precision} needs a GPU here; use fp32 (the default on CPU)")
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+
+
+def training_arguments(config: PretrainConfig, v: dict[str, Any], out: Path, per_device: int):
+    """The Trainer's arguments for a run (`v`: the resolved preset values). Creating them also sets up
+    torch.distributed under torchrun."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(out),
+        max_steps=int(v["max_steps"]),
+        per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=config.eval_batch_size or per_device,
+        gradient_accumulation_steps=config.grad_accum,
+        learning_rate=v["learning_rate"],
+        weight_decay=v["weight_decay"],
+        adam_beta1=v["adam_beta1"],
+        adam_beta2=v["adam_beta2"],
+        adam_epsilon=v["adam_epsilon"],
+        max_grad_norm=v["max_grad_norm"],
+        lr_scheduler_type="linear",
+        warmup_steps=int(v["warmup_steps"]),
+        logging_steps=int(v["logging_steps"]),
+        eval_strategy="steps",
+        eval_steps=int(v["eval_steps"]),
+        save_strategy="steps",
+        save_steps=int(v["save_steps"]),
+        save_total_limit=config.save_total_limit,
+        seed=config.seed,
+        report_to="none",
+        disable_tqdm=not config.progress or config.quiet,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        remove_unused_columns=False,
+        prediction_loss_only=True,
+        logging_nan_inf_filter=False,
+        include_num_input_tokens_seen="non_padding",
+        average_tokens_across_devices=True,
+        use_cpu=not torch.cuda.is_available(),  # also what makes accelerate run data-parallel on CPU (gloo)
+        **_precision_flags(config.precision),
+    )
+
+
+def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments shared by `pretrain` and `compare` (everything except --scheme/--out)."""
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--corpus",
+        nargs="+",
+        metavar="PATH",
+        help="text files, folders, globs (.gz too) or a `datasets` folder; default: the built-in corpus",
+    )
+    g.add_argument("--text-column", default="text", help="column of a `datasets` corpus (default: text)")
+    g.add_argument(
+        "--skip-bad-text",
+        action="store_true",
+        help="drop corpus lines that are not UTF-8 (one warning per file) instead of stopping",
+    )
+    g.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="use this tokenizer (folder or tokenizer.json) instead of training a BPE",
+    )
+    g.add_argument(
+        "--vocab-size", type=int, help="BPE vocabulary size to train (preset: 8192 mini, 32768 base/paper)"
+    )
+    g.add_argument("--tokenizer-max-mb", type=float, help="train the BPE on the first N MB of text only")
+    g.add_argument("--max-length", type=int, help="block length in tokens ([CLS] included)")
+    g.add_argument("--valid-every", type=int, help="1 block in N is validation (default 200: 199:1)")
+    g.add_argument("--mlm-probability", type=float, help="fraction of tokens to predict (default 0.15)")
+    g.add_argument(
+        "--cache-dir",
+        help="where tokenizers and packed data are cached (default $TUPE_CACHE or ~/.cache/tupe)",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--preset", default="mini", choices=sorted(PRESETS), help="size and budget (default: mini)"
+    )
+    m.add_argument("--hidden-size", type=int)
+    m.add_argument("--num-layers", dest="num_hidden_layers", type=int)
+    m.add_argument("--num-heads", dest="num_attention_heads", type=int)
+    m.add_argument("--intermediate-size", type=int)
+    m.add_argument("--dropout", type=float)
+    m.add_argument(
+        "--dense-prediction",
+        action="store_true",
+        help="LM head on every position (default: masked positions only)",
+    )
+    m.add_argument("--attn-implementation", choices=["sdpa", "eager"])
+    o = p.add_argument_group("optimisation")
+    o.add_argument(
+        "--batch-size", type=int, help="global batch (sequences per optimizer step, all processes)"
+    )
+    o.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (default 1)")
+    o.add_argument("--max-steps", type=int)
+    o.add_argument("--lr", dest="learning_rate", type=float, help="peak learning rate")
+    o.add_argument("--warmup-steps", type=int)
+    o.add_argument("--weight-decay", type=float)
+    o.add_argument("--adam-beta1", type=float)
+    o.add_argument("--adam-beta2", type=float)
+    o.add_argument("--adam-epsilon", type=float)
+    o.add_argument("--max-grad-norm", type=float, help="gradient clipping (default 1.0)")
+    o.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="auto: bf16 (or fp16) on GPUs, fp32 on CPU",
+    )
+    o.add_argument("--seed", type=int, default=0)
+    r = p.add_argument_group("evaluation, checkpoints, logging")
+    r.add_argument("--eval-steps", type=int, help="validate every N steps")
+    r.add_argument("--eval-batch-size", type=int)
+    r.add_argument("--save-steps", type=int, help="checkpoint every N steps")
+    r.add_argument(
+        "--save-at",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        metavar="N,N,...",
+        help="also checkpoint at these steps",
+    )
+    r.add_argument("--save-total-limit", type=int, help="keep only the N newest checkpoints")
+    r.add_argument("--logging-steps", type=int)
+    r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    r.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    r.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch (default: all cores; 1 is faster on a busy machine)",
+    )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scheme",
+        default="tupe-a",
+        help="positional scheme: bert-a, bert-r, bert-a-d, tupe-a, tupe-r, "
+        "tupe-a-tie-cls, tupe-r-tie-cls, rope (default tupe-a)",
+    )
+    p.add_argument(
+        "--out", required=True, help="output folder (model, tokenizer, checkpoints, metrics.jsonl)"
+    )
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--overwrite", action="store_true", help="start again even if --out holds a run")
+    p.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="only train/load the tokenizer and tokenize+pack "
+        "the corpus into the cache, then stop (prints the throughput)",
+    )
+    p.add_argument(
+        "--skip-nonfinite",
+        action="store_true",
+        help="skip (and count) batches whose loss is NaN/inf instead of stopping the run",
+    )
+    add_model_data_arguments(p)
+
+
+def config_from_args(args: argparse.Namespace, **over: Any) -> PretrainConfig:
+    names = {f.name for f in dataclasses.fields(PretrainConfig)}
+    kw = {k: v for k, v in vars(args).items() if k in names}
+    kw.update(over)
+    return PretrainConfig(**kw)

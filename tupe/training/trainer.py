@@ -1,0 +1,300 @@
+"""The Trainer customisation of pre-training: metrics and save-at callbacks, the global masked-LM loss, a stop on
+non-finite losses, token-weighted validation, and atomic checkpoints.
+
+Public hooks (`compute_loss`, `evaluate`, callbacks) carry most of it. Four private methods are overridden
+because no public hook reaches them: `_get_train_sampler` (the epoch-shuffled block order), `_get_num_items_in_batch`
+(the masked-token count of the global batch; the Trainer's own gather leaves it un-gathered on CPU/gloo),
+`_get_output_dir` / `_save_checkpoint` (checkpoints written to a staging folder and renamed when complete), and
+`train` (a run resumed from a checkpoint at max_steps must not train one more step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, TrainerCallback
+
+from tupe.errors import TupeError
+from tupe.io.files import fsync_dir, fsync_tree
+from tupe.training.checkpointing import find_latest_checkpoint, first_nonfinite_parameter, write_manifest
+
+
+class MetricsCallback(TrainerCallback):
+    """Appends one JSON object per log event to metrics.jsonl: training (`loss`, `lr`, `tokens_per_s`) or
+    validation (`eval_loss`) records, each with `step`. tokens/s counts non-padding tokens of all processes over
+    the time spent in training steps (evaluation and saving excluded)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._step_time = 0.0
+        self._t0: float | None = None
+        self._tokens_last = 0
+        self._lr: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        self._tokens_last = state.num_input_tokens_seen or 0
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        if self._t0 is not None:
+            self._step_time += time.perf_counter() - self._t0
+            self._t0 = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN201
+        if not state.is_world_process_zero or not logs:
+            return
+        rec: dict[str, Any] = {"step": state.global_step}
+        if "loss" in logs:
+            tokens = (state.num_input_tokens_seen or 0) - self._tokens_last
+            self._tokens_last = state.num_input_tokens_seen or 0
+            self._lr = logs.get("learning_rate", self._lr)
+            rec.update(
+                loss=logs["loss"],
+                lr=self._lr,
+                grad_norm=logs.get("grad_norm"),
+                tokens_per_s=round(tokens / self._step_time, 1) if self._step_time > 0 else None,
+                epoch=round(state.epoch or 0.0, 4),
+            )
+            self._step_time = 0.0
+        elif "eval_loss" in logs:
+            rec.update(eval_loss=logs["eval_loss"], lr=self._lr)
+        else:
+            return
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+
+class SaveAtStepsCallback(TrainerCallback):
+    """Checkpoint at the listed steps too (the paper fine-tunes the 100k/300k/600k/1M checkpoints)."""
+
+    def __init__(self, steps: list[int]) -> None:
+        self.steps = set(steps)
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        if state.global_step in self.steps:
+            control.should_save = True
+        return control
+
+
+class PretrainTrainer(Trainer):
+    """The stock Trainer plus: our sampler, a masked-LM loss normalised over the whole global batch, a stop on
+    non-finite losses, and atomic checkpoints."""
+
+    def __init__(self, *args, train_sampler=None, skip_nonfinite=False, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._tupe_sampler = train_sampler
+        # skip (and count) batches with a non-finite loss instead of stopping
+        self.skip_nonfinite = skip_nonfinite
+        self.nonfinite_skipped = 0
+        self._staging_root: str | None = None
+        # our compute_loss divides by the number of masked tokens of the global batch, so the Trainer must count
+        # them (it does so when the model "accepts loss kwargs") and must not rescale for accumulation
+        self.model_accepts_loss_kwargs = True
+
+    def train(self, resume_from_checkpoint=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        """The Trainer's train(), except that a checkpoint taken at max_steps is only loaded: transformers 5.23,
+        resumed from there, trains one step past max_steps (a run killed during its final evaluation or save)."""
+        from transformers import TrainerState
+        from transformers.trainer import TRAINER_STATE_NAME
+        from transformers.trainer_utils import TrainOutput
+
+        if resume_from_checkpoint is not None:
+            state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
+            if 0 < self.args.max_steps <= state.global_step:
+                self._load_from_checkpoint(resume_from_checkpoint)
+                self.state = state
+                losses = [h["loss"] for h in state.log_history if "loss" in h]
+                return TrainOutput(state.global_step, sum(losses) / max(1, len(losses)), {})
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _get_num_items_in_batch(self, batch_samples, device):  # noqa: ANN001, ANN202
+        # Masked tokens of the whole global batch (all accumulation steps, all processes). Counted here rather than
+        # by the Trainer: its accelerate gather leaves a 0-dim tensor un-gathered on CPU/gloo.
+        if not batch_samples or "labels" not in batch_samples[0]:
+            return None
+        count = sum((b["labels"] != -100).sum() for b in batch_samples).to(device=device, dtype=torch.float32)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            count = count.reshape(1).clone()
+            torch.distributed.all_reduce(count)
+            count = count[0]
+        return count
+
+    def _get_train_sampler(self, train_dataset=None):  # noqa: ANN001, ANN202
+        return (
+            self._tupe_sampler
+            if self._tupe_sampler is not None
+            else super()._get_train_sampler(train_dataset)
+        )
+
+    def _masked_lm_sum(self, model, inputs):  # noqa: ANN001, ANN202
+        """(sum of cross-entropy over masked tokens, number of masked tokens, model outputs)."""
+        labels = inputs["labels"]
+        selected = labels != -100
+        sparse = getattr(self.accelerator.unwrap_model(model).config, "sparse_prediction", True)
+        if sparse:
+            outputs = model(
+                input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels
+            )
+            logits = outputs.logits  # (num_masked, vocab)
+        else:
+            outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+            logits = outputs.logits[selected]
+        return F.cross_entropy(logits.float(), labels[selected], reduction="sum"), selected.sum(), outputs
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
+        loss_sum, count, outputs = self._masked_lm_sum(model, inputs)
+        if model.training:
+            loss_sum = self._stop_if_not_finite(loss_sum, model)
+        if num_items_in_batch is not None:
+            total = torch.as_tensor(num_items_in_batch, device=loss_sum.device, dtype=torch.float32).clamp(
+                min=1
+            )
+            loss = loss_sum / total
+            if self.accelerator.num_processes > 1:
+                loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
+        else:
+            loss = loss_sum / count.clamp(min=1)
+        return (loss, outputs) if return_outputs else loss
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):  # noqa: ANN001, ANN201
+        """Validation loss = mean cross-entropy over *all* masked tokens of the validation blocks.
+
+        Token-weighted and independent of the batch size and of the number of processes (each process takes
+        blocks rank, rank + P, ...; sums are all-reduced), so 1-process and N-process runs report the same number.
+        """
+        ds = eval_dataset if eval_dataset is not None else self.eval_dataset
+        model = self.model
+        was_training = model.training
+        model.eval()
+        rank, world = self.args.process_index, self.args.world_size
+        order = list(range(rank, len(ds), world))
+        bs = self.args.per_device_eval_batch_size
+        sums = torch.zeros(2, dtype=torch.float64, device=self.args.device)
+        t0 = time.perf_counter()
+        with torch.no_grad(), self.compute_loss_context_manager():
+            for i in range(0, len(order), bs):
+                batch = self._prepare_inputs(self.data_collator([ds[j] for j in order[i : i + bs]]))
+                loss_sum, count, _ = self._masked_lm_sum(model, batch)
+                sums[0] += loss_sum.double()
+                sums[1] += count.double()
+        if world > 1:
+            torch.distributed.all_reduce(sums)
+        if was_training:
+            model.train()
+        metrics = {
+            f"{metric_key_prefix}_loss": float(sums[0] / sums[1].clamp(min=1)),
+            f"{metric_key_prefix}_masked_tokens": int(sums[1]),
+            f"{metric_key_prefix}_runtime": round(time.perf_counter() - t0, 3),
+        }
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def _stop_if_not_finite(self, loss_sum: torch.Tensor, model) -> torch.Tensor:  # noqa: ANN001
+        bad = (~torch.isfinite(loss_sum.detach())).float().reshape(1)
+        if self.accelerator.num_processes > 1:
+            torch.distributed.all_reduce(bad)
+        if bad.item() == 0:
+            return loss_sum
+        step = self.state.global_step + 1
+        if self.skip_nonfinite:
+            self.nonfinite_skipped += 1
+            if self.is_world_process_zero():
+                print(
+                    f"warning: training loss is {loss_sum.item()} (not finite) at step {step}: batch skipped "
+                    f"({self.nonfinite_skipped} so far)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            # zero loss still connected to every parameter: this batch adds no gradient, and every process
+            # (DDP) still takes part in the gradient all-reduce
+            params = [p for p in model.parameters() if p.requires_grad]
+            # value 0 in the logged average (a nan would stay in the Trainer's running loss sum for good)
+            return torch.stack([p.reshape(-1)[0].float() for p in params]).sum() * 0.0
+        last = find_latest_checkpoint(self.args.output_dir, log=None, deep=False)
+        raise TupeError(
+            f"training loss is {loss_sum.item()} (not finite) at step {step}; the run stopped there "
+            f"(last good checkpoint: {last or 'none'}): lower --lr, raise --warmup-steps, use --precision fp32, "
+            "or pass --skip-nonfinite to skip such batches"
+        )
+
+    # -- atomic checkpoints: the Trainer writes into .tmp-checkpoint-N/, which is renamed to checkpoint-N when
+    # complete; get_last_checkpoint() only matches checkpoint-N, so a half-written checkpoint is never resumed.
+    def _get_output_dir(self, trial):  # noqa: ANN001, ANN202
+        if self._staging_root is not None:
+            return self._staging_root
+        return super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):  # noqa: ANN001, ANN202
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        run_dir = super()._get_output_dir(trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = os.path.join(run_dir, f".tmp-{name}")
+        bad = first_nonfinite_parameter(model)
+        if bad is not None:  # never let a diverged model replace the last good checkpoint
+            raise TupeError(
+                f"parameter {bad} is not finite after step {self.state.global_step}; the run stopped without "
+                f"saving {name} (earlier checkpoints are kept): lower --lr or raise --warmup-steps"
+            )
+        if self.args.should_save and os.path.exists(staging):
+            shutil.rmtree(staging)
+        self.accelerator.wait_for_everyone()
+        self._staging_root = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging_root = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            final = os.path.join(run_dir, name)
+            # last file of the checkpoint: sizes + SHA-256 of all others, so a later truncation is detected
+            write_manifest(
+                os.path.join(staging, name),
+                self.state.global_step,
+                {"nonfinite_skipped": self.nonfinite_skipped},
+            )
+            fsync_tree(os.path.join(staging, name))
+            if os.path.exists(final):  # re-saving a step (e.g. after resume): swap atomically
+                old = staging + "-old"
+                os.replace(final, old)
+                os.replace(os.path.join(staging, name), final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(os.path.join(staging, name), final)
+            shutil.rmtree(staging, ignore_errors=True)
+            fsync_dir(run_dir)
+            if self.args.save_total_limit:
+                from transformers.trainer_utils import rotate_checkpoints
+
+                rotate_checkpoints(
+                    output_dir=run_dir, save_total_limit=self.args.save_total_limit, use_mtime=False
+                )
+        self.accelerator.wait_for_everyone()
+
+
+def save_final_model(trainer: Trainer, out: Path) -> None:
+    """save_model into a staging folder, then rename each file into `out`: a kill never leaves a half-written
+    model.safetensors (or tokenizer file) under its final name."""
+    staging = out / ".tmp-final"
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging))
+    if trainer.args.should_save:
+        fsync_tree(str(staging))
+        for p in sorted(staging.iterdir()):
+            os.replace(p, out / p.name)
+        fsync_dir(str(out))
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
