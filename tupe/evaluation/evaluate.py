@@ -630,7 +630,7 @@ def _fmt_ppl(d: dict[str, Any] | None) -> str:
     if d is None:
         return "-"
     v = d["value"]
-    return f"{v:.4g}" if v < 1e5 else f"{v:.3g}"
+    return f"{v:,.2f}" if v < 1e6 else f"{v:.3g}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -647,7 +647,7 @@ def format_report(result: dict[str, Any]) -> str:
     s = result["settings"]
     ci = f"{int(s['ci_level'] * 100)}% CI" if s["bootstrap_resamples"] else "no CI"
     out = [
-        f"text: {result['text']['description']}",
+        f"text: {result['text']['description']} ({result['text']['bytes']:,} bytes)",
         f"loss: mean nats per masked token (seed {s['seed']}, {s['mlm_probability']:.0%} masked, 80/10/10); "
         f"[{ci}: bootstrap over blocks, {s['bootstrap_resamples']} resamples]",
     ]
