@@ -35,7 +35,9 @@ def make_documents(n_docs: int = 40, seed: int = 0) -> list[str]:
 
 
 def write_text(path: Path, n_docs: int = 40, seed: int = 0) -> Path:
-    path.write_text("\n\n".join(make_documents(n_docs, seed)) + "\n", encoding="utf-8")  # blank line: new document
+    path.write_text(
+        "\n\n".join(make_documents(n_docs, seed)) + "\n", encoding="utf-8"
+    )  # blank line: new document
     return path
 
 
@@ -71,7 +73,12 @@ def train_tupe(path: Path, tokenizer, text: Path, steps: int = 250, max_len: int
 
     torch.manual_seed(seed)
     packed = load_or_build_packed(
-        resolve_corpus([str(text)]), tokenizer, max_len, path.parent / "train-cache", progress=False, log=lambda m: None
+        resolve_corpus([str(text)]),
+        tokenizer,
+        max_len,
+        path.parent / "train-cache",
+        progress=False,
+        log=lambda m: None,
     )
     full = packed.num_tokens // packed.content_len
     blocks = [packed.block(i) for i in range(full)]
@@ -82,7 +89,9 @@ def train_tupe(path: Path, tokenizer, text: Path, steps: int = 250, max_len: int
     model.train()
     for step in range(steps):
         pick = rng.integers(0, len(blocks), size=8)
-        batch = collator([{"input_ids": blocks[i], "mask_key": (TRAIN_SPLIT, step * 8 + j)} for j, i in enumerate(pick)])
+        batch = collator(
+            [{"input_ids": blocks[i], "mask_key": (TRAIN_SPLIT, step * 8 + j)} for j, i in enumerate(pick)]
+        )
         loss = model(**batch).loss
         opt.zero_grad()
         loss.backward()
@@ -130,10 +139,19 @@ def text_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def trained_dir(tmp_path_factory, tokenizer, text_file) -> Path:
+def trained_dir(tmp_path_factory, tokenizer, text_file, _one_thread) -> Path:
     return train_tupe(tmp_path_factory.mktemp("trained") / "model", tokenizer, text_file)
 
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TUPE_CACHE", str(tmp_path / "cache"))  # never the user's ~/.cache/tupe
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """These models are tiny: a second thread only adds synchronisation (and is slow on a shared machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
