@@ -101,12 +101,15 @@ def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> Eva
             f"{what}: config.json has model_type {model_type!r}; tupe evaluate reads tupe checkpoints "
             "and transformers BERT folders (model_type 'bert')"
         )
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # the missing/unused weights are checked below, in one line
+    hf_logging.disable_progress_bar()  # a bar per small checkpoint is noise
     try:
         model, info = cls.from_pretrained(str(path), output_loading_info=True)
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     missing = sorted(k for k in info.get("missing_keys", ()) if k not in _TIED)
     if missing:
         head = [k for k in missing if k.startswith(("lm_head.", "cls."))]
