@@ -623,10 +623,13 @@ def _fmt(d: dict[str, Any] | None, digits: int = 3, signed: bool = False) -> str
     if d is None:
         return "-"
     spec = f"{'+' if signed else ''}.{digits}f"
-    value = format(d["value"], spec)
+
+    def f(x: float) -> str:
+        return format(0.0 if round(x, digits) == 0 else x, spec)  # no "-0.000"
+
     if d.get("low") is None:
-        return value
-    return f"{value} [{format(d['low'], spec)}, {format(d['high'], spec)}]"
+        return f(d["value"])
+    return f"{f(d['value'])} [{f(d['low'])}, {f(d['high'])}]"
 
 
 def _fmt_ppl(d: dict[str, Any] | None) -> str:
