@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tupe.analysis.analyze",
         "draw the paper's position analyses (Fig. 2 and 6) for a checkpoint",
     ),
+    "evaluate": (
+        "tupe.evaluation.command",
+        "masked-LM loss, perplexity and pseudo-perplexity of checkpoints on text, with bootstrap intervals",
+    ),
     "bench": (
         "tupe.bench.command",
         "time training steps of each scheme and backend against transformers' BERT",

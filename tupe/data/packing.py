@@ -120,8 +120,10 @@ def _group_lines(lines: list[str], ends: list[bool]) -> tuple[list[str], list[bo
     return items, item_ends
 
 
-def encode_to_stream(corpus, tokenizer, out_file: Path, progress: bool = True) -> dict:  # noqa: ANN001
-    """Tokenize every document (batch fast tokenizer, parallel in Rust), append ids + [SEP] to `out_file`."""
+def encode_to_stream(corpus, tokenizer, out_file: Path, progress: bool = True, sep_id: int = SEP_ID) -> dict:  # noqa: ANN001
+    """Tokenize every document (batch fast tokenizer, parallel in Rust), append ids + [SEP] to `out_file`.
+
+    `sep_id`: the separator's id, for tokenizers outside the project's contract (a BERT WordPiece)."""
     from tqdm.auto import tqdm
 
     from tupe.data.corpus import iter_line_batches
@@ -147,7 +149,7 @@ def encode_to_stream(corpus, tokenizer, out_file: Path, progress: bool = True) -
             )
             # a [SEP] after the last piece of every document
             doc_end_pos = np.cumsum(lens)[np.asarray(item_ends, dtype=bool)]
-            flat = np.insert(flat, doc_end_pos, np.asarray(SEP_ID, dtype=dtype))
+            flat = np.insert(flat, doc_end_pos, np.asarray(sep_id, dtype=dtype))
             flat.tofile(fh)
             n_tokens += int(flat.shape[0])
             n_docs += int(doc_end_pos.shape[0])
@@ -167,8 +169,9 @@ def encode_to_stream(corpus, tokenizer, out_file: Path, progress: bool = True) -
     }
 
 
-def packed_cache_key(corpus, tokenizer) -> str:  # noqa: ANN001
-    src = json.dumps([PACK_VERSION, corpus.fingerprint(), tokenizer_fingerprint(tokenizer)])
+def packed_cache_key(corpus, tokenizer, sep_id: int = SEP_ID) -> str:  # noqa: ANN001
+    parts = [PACK_VERSION, corpus.fingerprint(), tokenizer_fingerprint(tokenizer)]
+    src = json.dumps(parts if sep_id == SEP_ID else [*parts, sep_id])
     return hashlib.sha256(src.encode()).hexdigest()[:20]
 
 
@@ -179,19 +182,20 @@ def load_or_build_packed(
     cache_dir: str | os.PathLike | None = None,
     progress: bool = True,
     log=print,  # noqa: ANN001
+    sep_id: int = SEP_ID,
 ) -> PackedCorpus:
     """Return the packed corpus, tokenizing only if no cached stream exists for (corpus, tokenizer)."""
     if block_size < 2:
         raise TupeError(f"block size (max length) must be at least 2, got {block_size}")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = packed_cache_key(corpus, tokenizer)
+    key = packed_cache_key(corpus, tokenizer, sep_id)
     target = cache_dir / "packed" / key
     if not (target / "meta.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
         try:
             log(f"data: tokenizing {corpus.describe()}")
-            meta = encode_to_stream(corpus, tokenizer, tmp / "stream.bin", progress=progress)
+            meta = encode_to_stream(corpus, tokenizer, tmp / "stream.bin", progress=progress, sep_id=sep_id)
             meta.update(
                 corpus=corpus.describe(),
                 corpus_fingerprint=corpus.fingerprint(),

@@ -1,0 +1,1 @@
+"""`tupe evaluate`: masked-LM loss, perplexity and pseudo-perplexity of checkpoints on text (docs/evaluation.md)."""

@@ -1,0 +1,699 @@
+"""Masked-LM evaluation of checkpoints on text: loss, perplexity, pseudo-perplexity, a unigram baseline, a
+word-order check, and bootstrap confidence intervals. The exact definitions are in docs/evaluation.md.
+
+Data follow pre-training exactly: the text is tokenised and packed by `tupe.data.packing` (RoBERTa
+full-sentences: documents joined with [SEP], blocks of `[CLS] + L-1` stream tokens) and masked by
+`tupe.data.mlm.MaskedLMCollator.mask_one` (15%, 80/10/10), keyed by (seed, EVAL_SPLIT, block index), so every
+model sharing a tokenizer sees the same blocks and the same masks and their differences are paired.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tupe.errors import TupeError
+
+EVAL_SPLIT = 2  # mask key (EVAL_SPLIT, block index): apart from pre-training's train (0) and valid (1) keys
+SHUFFLE_STREAM, PPPL_STREAM, BOOTSTRAP_STREAM = 101, 102, 103  # second seed word of each other random stream
+CI_LEVEL = 0.95
+
+
+# ---------------------------------------------------------------------------------------------------- models
+@dataclass
+class EvalModel:
+    """A masked-LM checkpoint ready for evaluation: the model (eval mode), its tokenizer, its block length."""
+
+    path: Path
+    name: str
+    kind: str  # "tupe" or "bert"
+    description: str
+    model: torch.nn.Module
+    tokenizer: Any
+    max_length: int
+    num_parameters: int
+
+    def target_nll(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Per-row sum of -log p(label) over the positions whose label is not -100 (float64, shape (rows,)).
+
+        The head runs on the labelled positions only (the hidden x vocab matmul dominates at small sizes)."""
+        attention = torch.ones_like(inputs)
+        if self.kind == "tupe":
+            hidden = self.model.tupe(inputs, attention_mask=attention, return_dict=True).last_hidden_state
+            head = self.model.lm_head
+        else:
+            hidden = self.model.bert(
+                input_ids=inputs, attention_mask=attention, token_type_ids=torch.zeros_like(inputs)
+            ).last_hidden_state
+            head = self.model.cls
+        selected = labels != -100
+        logits = head(hidden[selected]).float()
+        nll = torch.nn.functional.cross_entropy(logits, labels[selected], reduction="none").double()
+        rows = torch.arange(inputs.shape[0]).unsqueeze(1).expand_as(inputs)[selected]
+        return torch.zeros(inputs.shape[0], dtype=torch.float64).index_add_(0, rows, nll)
+
+
+_TIED = {"lm_head.decoder.weight", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
+
+
+def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> EvalModel:
+    """Load a `tupe pretrain` checkpoint (TupeForMaskedLM) or a `transformers` BERT folder (BertForMaskedLM, run
+    with transformers' own code), each with its tokenizer; a one-line `TupeError` naming the folder and what is
+    missing otherwise."""
+    from transformers import BertForMaskedLM
+    from transformers.utils import logging as hf_logging
+
+    import tupe  # noqa: F401  (registers the tupe model type with the Auto classes)
+    from tupe.analysis.loading import read_config
+    from tupe.glue.finetune import inspect_checkpoint, load_tokenizer
+    from tupe.modeling import TupeForMaskedLM
+    from tupe.training.checkpointing import check_model_weights, list_checkpoints
+
+    path = Path(path).expanduser()
+    what = f"{path}: not a masked-LM checkpoint"
+    if not path.exists():
+        raise TupeError(f"--model {path}: no such folder")
+    if not path.is_dir():
+        raise TupeError(f"{what}: a file, not a folder written by `tupe pretrain` or save_pretrained")
+    if not (path / "config.json").is_file():
+        ckpts = list_checkpoints(path)
+        hint = f"; pass a checkpoint folder such as {ckpts[0]}" if ckpts else ""
+        raise TupeError(
+            f"{what}: no config.json (expected a folder written by `tupe pretrain` or save_pretrained){hint}"
+        )
+    model_type = read_config(path).get("model_type")
+    if model_type == "tupe":
+        _info, config = inspect_checkpoint(path)  # safetensors checked, weights fit the config
+        cls, kind = TupeForMaskedLM, "tupe"
+    elif model_type == "bert":
+        check_model_weights(path)  # safetensors only, each file checked
+        cls, kind = BertForMaskedLM, "bert"
+    else:
+        raise TupeError(
+            f"{what}: config.json has model_type {model_type!r}; tupe evaluate reads tupe checkpoints "
+            "and transformers BERT folders (model_type 'bert')"
+        )
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # the missing/unused weights are checked below, in one line
+    hf_logging.disable_progress_bar()  # a bar per small checkpoint is noise
+    try:
+        model, info = cls.from_pretrained(str(path), output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing = sorted(k for k in info.get("missing_keys", ()) if k not in _TIED)
+    if missing:
+        head = [k for k in missing if k.startswith(("lm_head.", "cls."))]
+        why = "no masked-LM head (a fine-tuned classifier or a bare encoder?)" if head else "weights missing"
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise TupeError(f"{what}: {why}: the weights lack {shown}")
+    model.eval()
+    config = model.config
+    has_tokenizer = any(
+        (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+    )
+    source = path if has_tokenizer or tokenizer_dir is None else Path(tokenizer_dir).expanduser()
+    tokenizer = load_tokenizer(source, config)
+    for role in ("cls", "sep", "mask", "pad"):
+        if getattr(tokenizer, f"{role}_token_id") is None:
+            raise TupeError(f"{source}: the tokenizer has no {role} token; a masked-LM tokenizer needs one")
+    if kind == "tupe":
+        description = f"tupe checkpoint, position_scheme {config.position_scheme}"
+    else:
+        description = "transformers BertForMaskedLM (transformers' own code)"
+    return EvalModel(
+        path=path,
+        name=str(path),
+        kind=kind,
+        description=description,
+        model=model,
+        tokenizer=tokenizer,
+        max_length=int(config.max_position_embeddings),
+        num_parameters=sum(p.numel() for p in model.parameters()),
+    )
+
+
+# ------------------------------------------------------------------------------------------------ masking
+class Masker:
+    """The pre-training masking rule for any tokenizer, by reusing `MaskedLMCollator.mask_one` unchanged.
+
+    `mask_one` assumes the project's contract (specials are ids 0..k-1, [MASK] is id 3). Ids are mapped to a
+    canonical order that satisfies it ([PAD], [CLS], [SEP], [MASK], [UNK], other specials, then every other id
+    in order), masked, and mapped back. For a tokenizer following the contract the map is the identity, so
+    masks are bit-for-bit those of pre-training; for a BERT WordPiece, specials are never selected and random
+    replacements are never specials, as in pre-training.
+    """
+
+    def __init__(self, tokenizer: Any, seed: int = 0, mlm_probability: float = 0.15) -> None:
+        from tupe.data.mlm import MaskedLMCollator
+        from tupe.data.tokenizer import MASK_ID
+
+        vocab = len(tokenizer)
+        named = [tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id]
+        named += [tokenizer.mask_token_id, tokenizer.unk_token_id]
+        specials = sorted({int(i) for i in [*tokenizer.all_special_ids, *named] if i is not None})
+        order = [int(i) for i in dict.fromkeys(i for i in named if i is not None)]
+        order += [i for i in specials if i not in order]
+        if order.index(int(tokenizer.mask_token_id)) != MASK_ID:
+            order.remove(int(tokenizer.mask_token_id))
+            if len(order) < MASK_ID:
+                raise TupeError("the tokenizer has too few special tokens for the masking rule")
+            order.insert(MASK_ID, int(tokenizer.mask_token_id))
+        self.special_ids = np.asarray(specials, dtype=np.int64)
+        self.is_special = np.zeros(vocab, dtype=bool)
+        self.is_special[self.special_ids] = True
+        rest = np.flatnonzero(~self.is_special)
+        self.from_canon = np.concatenate([np.asarray(order, dtype=np.int64), rest]).astype(np.int64)
+        self.to_canon = np.empty(vocab, dtype=np.int64)
+        self.to_canon[self.from_canon] = np.arange(vocab)
+        self.identity = bool((self.from_canon == np.arange(vocab)).all())
+        self.mask_id = int(tokenizer.mask_token_id)
+        self.seed = seed
+        self.collator = MaskedLMCollator(
+            vocab, seed=seed, mlm_probability=mlm_probability, num_special=len(order)
+        )
+
+    def mask(self, ids: np.ndarray, block_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(masked input ids, labels) of one block: labels are the original ids at selected positions, else -100."""
+        canon = ids if self.identity else self.to_canon[ids]
+        inputs, labels = self.collator.mask_one(canon, (EVAL_SPLIT, int(block_index)))
+        if self.identity:
+            return inputs, labels
+        return self.from_canon[inputs], np.where(labels < 0, -100, self.from_canon[np.maximum(labels, 0)])
+
+    def shuffle(
+        self, ids: np.ndarray, inputs: np.ndarray, labels: np.ndarray, block_index: int
+    ) -> np.ndarray:
+        """The masked input with its other tokens permuted: positions selected for masking and special tokens
+        ([CLS], document [SEP]s) stay in place, every other token moves to a seeded random free position."""
+        free = np.flatnonzero((labels == -100) & ~self.is_special[ids])
+        rng = np.random.default_rng([self.seed, EVAL_SPLIT, int(block_index), SHUFFLE_STREAM])
+        out = inputs.copy()
+        out[free] = inputs[rng.permutation(free)]
+        return out
+
+
+# ------------------------------------------------------------------------------------------------- blocks
+@dataclass
+class TextBlocks:
+    """The evaluated blocks of one text under one tokenizer: full blocks of `length` ids, [CLS] first."""
+
+    packed: Any  # tupe.data.packing.PackedCorpus
+    length: int
+    cls_id: int
+    indices: np.ndarray  # evaluated block indices (into the full blocks of the stream), increasing
+    full_blocks: int
+
+    def ids(self, k: int) -> np.ndarray:
+        block = self.packed.block(int(self.indices[k]))
+        block[0] = self.cls_id  # the packer writes the project's [CLS]; another tokenizer has its own
+        return block
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def make_blocks(
+    corpus: Any,
+    tokenizer: Any,
+    length: int,
+    max_blocks: int | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] = print,
+    source: str = "text",
+) -> TextBlocks:
+    """Tokenise and pack the text as pre-training does (cached like it), and pick the full blocks to evaluate:
+    all of them, or `max_blocks` evenly spaced ones (block `floor(k * n / max_blocks)` for k < max_blocks)."""
+    from tupe.data.packing import load_or_build_packed
+
+    packed = load_or_build_packed(
+        corpus, tokenizer, length, cache_dir, progress=progress, log=log, sep_id=int(tokenizer.sep_token_id)
+    )
+    full = packed.num_tokens // packed.content_len
+    if full == 0:
+        raise TupeError(
+            f"{source}: {packed.num_tokens} tokens (with document separators) under this tokenizer make no block "
+            f"of {length} tokens, which needs {length - 1} tokens after [CLS]; give more text"
+        )
+    if max_blocks is not None and max_blocks < full:
+        indices = (np.arange(max_blocks, dtype=np.int64) * full) // max_blocks
+    else:
+        indices = np.arange(full, dtype=np.int64)
+    return TextBlocks(packed, length, int(tokenizer.cls_token_id), indices, int(full))
+
+
+def sample_pppl_positions(
+    blocks: TextBlocks, masker: Masker, n_tokens: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded uniform sample, without replacement, of `n_tokens` non-special positions of the evaluated
+    blocks: (block k, position) arrays sorted by block then position."""
+    eligible = np.array([int((~masker.is_special[blocks.ids(k)]).sum()) for k in range(len(blocks))])
+    total = int(eligible.sum())
+    n = min(int(n_tokens), total)
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    rng = np.random.default_rng([seed, EVAL_SPLIT, PPPL_STREAM])
+    ranks = np.sort(rng.choice(total, size=n, replace=False))
+    starts = np.concatenate([[0], np.cumsum(eligible)])
+    ks = np.searchsorted(starts, ranks, side="right") - 1
+    positions = np.empty(n, dtype=np.int64)
+    for k in np.unique(ks):
+        where = np.flatnonzero(~masker.is_special[blocks.ids(int(k))])
+        sel = ks == k
+        positions[sel] = where[ranks[sel] - starts[k]]
+    return ks.astype(np.int64), positions
+
+
+# ---------------------------------------------------------------------------------------------- bootstrap
+def bootstrap_rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, BOOTSTRAP_STREAM])
+
+
+@dataclass
+class Ratio:
+    """sum(num[b]) / sum(den[b]) over blocks b: a mean per token, resampled by block."""
+
+    num: np.ndarray
+    den: np.ndarray
+
+
+def _statistic(terms: Sequence[tuple[float, Ratio]], idx: np.ndarray | None) -> np.ndarray | float:
+    total: np.ndarray | float = 0.0
+    for weight, r in terms:
+        if idx is None:
+            total = total + weight * r.num.sum() / max(r.den.sum(), 1e-300)
+        else:
+            total = total + weight * r.num[idx].sum(axis=-1) / np.maximum(r.den[idx].sum(axis=-1), 1e-300)
+    return total
+
+
+def bootstrap(
+    statistics: dict[str, Sequence[tuple[float, Ratio]]],
+    n_blocks: int,
+    n_resamples: int,
+    seed: int,
+    level: float = CI_LEVEL,
+) -> dict[str, dict[str, float | None]]:
+    """Percentile bootstrap over blocks, shared by all statistics (so paired differences are paired).
+
+    Each statistic is a weighted sum of ratios (weight +1 for a loss, +1/-1 for a difference). Resample r
+    draws `n_blocks` block indices with replacement; all resamples are the rows of
+    `bootstrap_rng(seed).integers(0, n_blocks, size=(n_resamples, n_blocks))` (drawn in chunks, same
+    numbers), and the interval is `np.quantile(values, [(1 - level) / 2, (1 + level) / 2])`.
+    """
+    out: dict[str, dict[str, float | None]] = {
+        name: {"value": float(_statistic(terms, None)), "low": None, "high": None}
+        for name, terms in statistics.items()
+    }
+    if n_resamples <= 0 or n_blocks == 0:
+        return out
+    rng = bootstrap_rng(seed)
+    values = {name: np.empty(n_resamples) for name in statistics}
+    chunk = max(1, min(n_resamples, 4_000_000 // max(n_blocks, 1)))
+    for start in range(0, n_resamples, chunk):
+        size = min(chunk, n_resamples - start)
+        idx = rng.integers(0, n_blocks, size=(size, n_blocks))
+        for name, terms in statistics.items():
+            values[name][start : start + size] = _statistic(terms, idx)
+    q = [(1 - level) / 2, (1 + level) / 2]
+    for name in statistics:
+        low, high = np.quantile(values[name], q)
+        out[name]["low"], out[name]["high"] = float(low), float(high)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- evaluate
+@dataclass
+class Settings:
+    seed: int = 0
+    mlm_probability: float = 0.15
+    max_blocks: int | None = None
+    max_length: int | None = None
+    batch_size: int = 16
+    pppl_tokens: int = 2000
+    bootstrap: int = 1000
+    cache_dir: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class _Group:
+    """Models sharing one tokenizer: one set of blocks, masks and shuffles; paired comparisons."""
+
+    models: list[EvalModel]
+    fingerprint: str
+    blocks: TextBlocks | None = None
+    masker: Masker | None = None
+    per_block: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _batches(n: int, size: int) -> Iterator[range]:
+    for start in range(0, n, size):
+        yield range(start, min(n, start + size))
+
+
+def _bar(total: int, desc: str, enabled: bool, unit: str = "block"):  # noqa: ANN202
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False, file=sys.stderr)
+
+
+def _model_pass(
+    m: EvalModel, g: _Group, settings: Settings, ppl_ks: np.ndarray, ppl_pos: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Per-block sums of -log p over the masked targets (normal and word-shuffled input) and over the
+    pseudo-perplexity sample, for one model."""
+    blocks, masker = g.blocks, g.masker
+    assert blocks is not None and masker is not None
+    n = len(blocks)
+    nll, shuffled = np.zeros(n), np.zeros(n)
+    bs = max(1, int(settings.batch_size))
+    with torch.inference_mode(), _bar(n, f"{Path(m.name).name}: loss", settings.progress) as bar:
+        for ks in _batches(n, bs):
+            rows, shuf, labs = [], [], []
+            for k in ks:
+                ids = blocks.ids(k)
+                inputs, labels = masker.mask(ids, int(blocks.indices[k]))
+                rows.append(inputs)
+                labs.append(labels)
+                shuf.append(masker.shuffle(ids, inputs, labels, int(blocks.indices[k])))
+            labels_t = torch.from_numpy(np.stack(labs))
+            # one forward for the normal and the shuffled copies
+            both = torch.from_numpy(np.stack(rows + shuf))
+            sums = m.target_nll(both, torch.cat([labels_t, labels_t])).numpy()
+            nll[ks.start : ks.stop] = sums[: len(ks)]
+            shuffled[ks.start : ks.stop] = sums[len(ks) :]
+            bar.update(len(ks))
+    pppl = np.zeros(n)
+    order = np.arange(len(ppl_ks))
+    with (
+        torch.inference_mode(),
+        _bar(len(order), f"{Path(m.name).name}: pppl", settings.progress, "token") as bar,
+    ):
+        for sel in _batches(len(order), bs):
+            rows, labs = [], []
+            for j in sel:
+                ids = blocks.ids(int(ppl_ks[j]))
+                inputs = ids.copy()
+                inputs[ppl_pos[j]] = masker.mask_id
+                labels = np.full_like(ids, -100)
+                labels[ppl_pos[j]] = ids[ppl_pos[j]]
+                rows.append(inputs)
+                labs.append(labels)
+            sums = m.target_nll(torch.from_numpy(np.stack(rows)), torch.from_numpy(np.stack(labs))).numpy()
+            np.add.at(pppl, ppl_ks[sel.start : sel.stop], sums)
+            bar.update(len(sel))
+    return {"nll": nll, "shuffled_nll": shuffled, "pppl_nll": pppl}
+
+
+def _group_models(models: Sequence[EvalModel]) -> list[_Group]:
+    from tupe.data.tokenizer import tokenizer_fingerprint
+
+    groups: dict[str, _Group] = {}
+    for m in models:
+        fp = (
+            tokenizer_fingerprint(m.tokenizer)
+            + f"/sep{m.tokenizer.sep_token_id}/cls{m.tokenizer.cls_token_id}"
+        )
+        groups.setdefault(fp, _Group([], fp)).models.append(m)
+    return list(groups.values())
+
+
+def _ci(d: dict[str, float | None], transform: Callable[[float], float] | None = None) -> dict[str, Any]:
+    f = transform or (lambda x: x)
+    return {k: (None if v is None else f(v)) for k, v in d.items()}
+
+
+def _exp(x: float) -> float:
+    return math.exp(x) if x < 700 else math.inf
+
+
+def evaluate(
+    models: Sequence[EvalModel],
+    corpus: Any,
+    settings: Settings | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Evaluate every model on the corpus; returns the JSON-ready results (see docs/evaluation.md)."""
+    settings = settings or Settings()
+    if not 0.0 < settings.mlm_probability < 1.0:
+        raise TupeError(f"--mlm-probability must be in (0, 1), got {settings.mlm_probability}")
+    if settings.max_blocks is not None and settings.max_blocks <= 0:
+        raise TupeError(f"--max-blocks must be positive, got {settings.max_blocks}")
+    if settings.batch_size <= 0:
+        raise TupeError(f"--batch-size must be positive, got {settings.batch_size}")
+    if settings.pppl_tokens < 0 or settings.bootstrap < 0:
+        raise TupeError("--pppl-tokens and --bootstrap must be 0 or more")
+    t0 = time.perf_counter()
+    source = corpus.describe()
+    groups = _group_models(models)
+    results_models: dict[str, dict[str, Any]] = {}
+    results_groups = []
+    for gi, g in enumerate(groups, start=1):
+        tok = g.models[0].tokenizer
+        length = min(m.max_length for m in g.models)
+        if settings.max_length is not None:
+            if settings.max_length < 2 or settings.max_length > length:
+                raise TupeError(
+                    f"--max-length {settings.max_length} must be between 2 and the models' max length {length}"
+                )
+            length = settings.max_length
+        g.blocks = make_blocks(
+            corpus,
+            tok,
+            length,
+            settings.max_blocks,
+            settings.cache_dir,
+            progress=settings.progress,
+            log=log,
+            source=f"--text ({source}) under the tokenizer of {g.models[0].name}",
+        )
+        g.masker = Masker(tok, settings.seed, settings.mlm_probability)
+        blocks, masker = g.blocks, g.masker
+        n = len(blocks)
+        # the text's own unigram distribution (over the evaluated blocks' non-special tokens) and the targets
+        counts = np.zeros(len(tok), dtype=np.int64)
+        masked = np.zeros(n)
+        targets: list[np.ndarray] = []
+        for k in range(n):
+            ids = blocks.ids(k)
+            counts += np.bincount(ids[~masker.is_special[ids]], minlength=len(tok))
+            _, labels = masker.mask(ids, int(blocks.indices[k]))
+            targets.append(labels[labels != -100])
+            masked[k] = len(targets[-1])
+        if masked.sum() == 0:
+            raise TupeError(
+                f"no token of the {n} block(s) was selected for masking; give more text or a larger --mlm-probability"
+            )
+        n_unigram = int(counts.sum())
+        neg_log_p = np.full(len(tok), np.inf)
+        neg_log_p[counts > 0] = -np.log(counts[counts > 0] / n_unigram)
+        uni_nll = np.array([neg_log_p[t].sum() for t in targets])
+        ppl_ks, ppl_pos = sample_pppl_positions(blocks, masker, settings.pppl_tokens, settings.seed)
+        ppl_count = np.bincount(ppl_ks, minlength=n).astype(np.float64)
+        uni_ppl = np.zeros(n)
+        for k, pos in zip(ppl_ks, ppl_pos):
+            uni_ppl[k] += neg_log_p[blocks.ids(int(k))[pos]]
+        log(
+            f"text: {n:,} of {blocks.full_blocks:,} full blocks of {length} tokens, {int(masked.sum()):,} masked "
+            f"targets, pseudo-perplexity on {len(ppl_ks):,} tokens; models: {', '.join(m.name for m in g.models)}"
+        )
+        per_model = {}
+        for m in g.models:
+            log(f"evaluating {m.name} ({m.description})")
+            per_model[m.name] = _model_pass(m, g, settings, ppl_ks, ppl_pos)
+
+        stats: dict[str, list[tuple[float, Ratio]]] = {
+            "unigram/loss": [(1.0, Ratio(uni_nll, masked))],
+            "unigram/pseudo_loss": [(1.0, Ratio(uni_ppl, ppl_count))],
+        }
+        for m in g.models:
+            r = per_model[m.name]
+            stats[f"{m.name}/loss"] = [(1.0, Ratio(r["nll"], masked))]
+            stats[f"{m.name}/shuffled_loss"] = [(1.0, Ratio(r["shuffled_nll"], masked))]
+            stats[f"{m.name}/word_order"] = [
+                (1.0, Ratio(r["shuffled_nll"], masked)),
+                (-1.0, Ratio(r["nll"], masked)),
+            ]
+            stats[f"{m.name}/pseudo_loss"] = [(1.0, Ratio(r["pppl_nll"], ppl_count))]
+            stats[f"{m.name}/minus_unigram"] = [
+                (1.0, Ratio(r["nll"], masked)),
+                (-1.0, Ratio(uni_nll, masked)),
+            ]
+        pairs = [(a, b) for i, a in enumerate(g.models) for b in g.models[i + 1 :]]
+        for a, b in pairs:
+            ra, rb = per_model[a.name], per_model[b.name]
+            stats[f"{a.name}/minus/{b.name}/loss"] = [
+                (1.0, Ratio(ra["nll"], masked)),
+                (-1.0, Ratio(rb["nll"], masked)),
+            ]
+            stats[f"{a.name}/minus/{b.name}/pseudo_loss"] = [
+                (1.0, Ratio(ra["pppl_nll"], ppl_count)),
+                (-1.0, Ratio(rb["pppl_nll"], ppl_count)),
+            ]
+        ci = bootstrap(stats, n, settings.bootstrap, settings.seed)
+        has_pppl = len(ppl_ks) > 0
+        gid = f"tokenizer-{gi}"
+        for m in g.models:
+            results_models[m.name] = {
+                "path": str(m.path),
+                "kind": m.kind,
+                "description": m.description,
+                "num_parameters": m.num_parameters,
+                "max_length": m.max_length,
+                "tokenizer_group": gid,
+                "loss": _ci(ci[f"{m.name}/loss"]),
+                "perplexity": _ci(ci[f"{m.name}/loss"], _exp),
+                "pseudo_loss": _ci(ci[f"{m.name}/pseudo_loss"]) if has_pppl else None,
+                "pseudo_perplexity": _ci(ci[f"{m.name}/pseudo_loss"], _exp) if has_pppl else None,
+                "shuffled_loss": _ci(ci[f"{m.name}/shuffled_loss"]),
+                "word_order_delta": _ci(ci[f"{m.name}/word_order"]),
+                "minus_unigram": _ci(ci[f"{m.name}/minus_unigram"]),
+            }
+        results_groups.append(
+            {
+                "id": gid,
+                "models": [m.name for m in g.models],
+                "tokenizer_vocab": len(tok),
+                "block_length": length,
+                "tokens": blocks.packed.num_tokens,
+                "documents": blocks.packed.meta.get("num_documents"),
+                "full_blocks": blocks.full_blocks,
+                "blocks": n,
+                "tokens_in_blocks": n * length,
+                "tokens_after_last_full_block": blocks.packed.num_tokens - blocks.full_blocks * (length - 1),
+                "masked_tokens": int(masked.sum()),
+                "pppl_tokens": len(ppl_ks),
+                "unigram_tokens": n_unigram,
+                "unigram": {
+                    "loss": _ci(ci["unigram/loss"]),
+                    "perplexity": _ci(ci["unigram/loss"], _exp),
+                    "pseudo_loss": _ci(ci["unigram/pseudo_loss"]) if has_pppl else None,
+                    "pseudo_perplexity": _ci(ci["unigram/pseudo_loss"], _exp) if has_pppl else None,
+                },
+                "differences": [
+                    {
+                        "a": a.name,
+                        "b": b.name,
+                        "loss": _ci(ci[f"{a.name}/minus/{b.name}/loss"]),
+                        "pseudo_loss": _ci(ci[f"{a.name}/minus/{b.name}/pseudo_loss"]) if has_pppl else None,
+                    }
+                    for a, b in pairs
+                ],
+                "data_cache": str(blocks.packed.path),
+            }
+        )
+    return {
+        "text": {
+            "description": source,
+            "files": [str(p) for p in corpus.files],
+            "bytes": corpus.total_bytes,
+        },
+        "settings": {
+            "seed": settings.seed,
+            "mlm_probability": settings.mlm_probability,
+            "mask_rule": "pre-training's: select each non-special token with p; 80% [MASK], 10% random, 10% kept",
+            "max_blocks": settings.max_blocks,
+            "max_length": settings.max_length,
+            "batch_size": settings.batch_size,
+            "pppl_tokens": settings.pppl_tokens,
+            "bootstrap_resamples": settings.bootstrap,
+            "ci_level": CI_LEVEL,
+            "ci_method": "percentile bootstrap over blocks, one set of resamples shared by all statistics",
+            "unigram": "token frequencies of the evaluated blocks themselves (optimistic: fitted on the test text)",
+        },
+        "tokenizer_groups": results_groups,
+        "models": [results_models[m.name] | {"name": m.name} for m in models],
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+# ------------------------------------------------------------------------------------------------- report
+def _fmt(d: dict[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
+    if d is None:
+        return "-"
+    spec = f"{'+' if signed else ''}.{digits}f"
+
+    def f(x: float) -> str:
+        return format(0.0 if round(x, digits) == 0 else x, spec)  # no "-0.000"
+
+    if d.get("low") is None:
+        return f(d["value"])
+    return f"{f(d['value'])} [{f(d['low'])}, {f(d['high'])}]"
+
+
+def _fmt_ppl(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "-"
+    v = d["value"]
+    return f"{v:,.2f}" if v < 1e6 else f"{v:.3g}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return [line(header), "  ".join("-" * w for w in widths), *map(line, rows)]
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The terminal table: one block per tokenizer group, then its paired differences."""
+    s = result["settings"]
+    ci = f"{int(s['ci_level'] * 100)}% CI" if s["bootstrap_resamples"] else "no CI"
+    out = [
+        f"text: {result['text']['description']} ({result['text']['bytes']:,} bytes)",
+        f"loss: mean nats per masked token (seed {s['seed']}, {s['mlm_probability']:.0%} masked, 80/10/10); "
+        f"[{ci}: bootstrap over blocks, {s['bootstrap_resamples']} resamples]",
+    ]
+    models = {m["name"]: m for m in result["models"]}
+    for g in result["tokenizer_groups"]:
+        out += [
+            "",
+            f"{g['id']}: {g['tokens']:,} tokens -> {g['blocks']:,} of {g['full_blocks']:,} blocks of "
+            f"{g['block_length']}, {g['masked_tokens']:,} masked targets; pseudo-perplexity on a sample of "
+            f"{g['pppl_tokens']:,} tokens",
+        ]
+        header = ["model", "loss", "ppl", "pppl", "word order (shuffled - loss)"]
+        rows = []
+        for name in g["models"]:
+            m = models[name]
+            rows.append(
+                [
+                    name,
+                    _fmt(m["loss"]),
+                    _fmt_ppl(m["perplexity"]),
+                    _fmt_ppl(m["pseudo_perplexity"]),
+                    _fmt(m["word_order_delta"], signed=True),
+                ]
+            )
+        u = g["unigram"]
+        rows.append(
+            [
+                "unigram (text's own frequencies)",
+                _fmt(u["loss"]),
+                _fmt_ppl(u["perplexity"]),
+                _fmt_ppl(u["pseudo_perplexity"]),
+                "0",
+            ]
+        )
+        out += _table(header, rows)
+        diff_rows = [[f"{d['a']} - {d['b']}", _fmt(d["loss"], signed=True)] for d in g["differences"]]
+        diff_rows += [
+            [f"{name} - unigram", _fmt(models[name]["minus_unigram"], signed=True)] for name in g["models"]
+        ]
+        out += ["", *_table(["paired difference (same blocks and masks)", "loss difference"], diff_rows)]
+    if len(result["tokenizer_groups"]) > 1:
+        out += ["", "models with different tokenizers see different tokens: compare them within a group only"]
+    return "\n".join(out)
