@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_json(path: Path, result: dict[str, Any]) -> None:
-    from tupe.training.checkpointing import atomic_write_text
+    from tupe.io.files import atomic_write_text
 
     atomic_write_text(path, json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
 

@@ -72,10 +72,14 @@ def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> Eva
     from transformers.utils import logging as hf_logging
 
     import tupe  # noqa: F401  (registers the tupe model type with the Auto classes)
-    from tupe.analysis.loading import read_config
-    from tupe.glue.finetune import inspect_checkpoint, load_tokenizer
+    from tupe.io.checkpoints import (
+        check_model_weights,
+        inspect_checkpoint,
+        list_checkpoints,
+        load_tokenizer,
+        read_config,
+    )
     from tupe.modeling import TupeForMaskedLM
-    from tupe.training.checkpointing import check_model_weights, list_checkpoints
 
     path = Path(path).expanduser()
     what = f"{path}: not a masked-LM checkpoint"
