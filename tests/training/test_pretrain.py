@@ -171,3 +171,29 @@ def test_gradient_accumulation_matches_one_big_batch(tiny_run, tmp_path: Path) -
     for ra, rb in zip(a, b):
         key = "loss" if "loss" in ra else "eval_loss"
         assert rb[key] == pytest.approx(ra[key], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_hf_bert_control_trains_on_the_same_blocks_and_resumes(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
+    """`--scheme hf-bert` trains transformers' own BertForMaskedLM with the same data, masks and Trainer."""
+    from transformers import BertForMaskedLM
+
+    full = tmp_path / "full"
+    summary = pretrain(tiny_run(full, scheme="hf-bert", max_steps=4, save_steps=2, eval_steps=2))
+    config = json.loads((full / "config.json").read_text())
+    assert config["model_type"] == "bert" and config["position_scheme"] == "hf-bert"
+    model = BertForMaskedLM.from_pretrained(full)
+    assert model.config.hidden_size == 32 and model.config.max_position_embeddings == 32
+    assert torch.isfinite(torch.tensor(summary["final_eval_loss"]))
+    # same cached blocks and split as a tupe run
+    tupe_run = pretrain(tiny_run(tmp_path / "bert-a", scheme="bert-a", max_steps=2, save_steps=2, eval_steps=2))
+    evals = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines() if "eval_loss" in x]
+    assert tupe_run["valid_blocks"] == summary["valid_blocks"] and tupe_run["data_cache"] == summary["data_cache"]
+    assert [e["step"] for e in evals] == [2, 4]
+    # resume from checkpoint-2 reproduces the uninterrupted run
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "checkpoint-4")
+    (cut / "pretrain_summary.json").unlink()
+    pretrain(tiny_run(cut, scheme="hf-bert", max_steps=4, save_steps=2, eval_steps=2, resume=True))
+    assert _metrics(cut) == _metrics(full)

@@ -40,6 +40,8 @@ class PretrainConfig:
     learning_rate: float | None = None
     warmup_steps: int | None = None
     weight_decay: float | None = None
+    positional_lr_scale: float = 1.0
+    positional_weight_decay: float | None = None
     adam_beta1: float | None = None
     adam_beta2: float | None = None
     adam_epsilon: float | None = None
@@ -183,6 +185,19 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--lr", dest="learning_rate", type=float, help="peak learning rate")
     o.add_argument("--warmup-steps", type=int)
     o.add_argument("--weight-decay", type=float)
+    o.add_argument(
+        "--positional-lr-scale",
+        type=float,
+        default=1.0,
+        help="learning rate of the positional parameters (position tables, U^Q/U^K, relative bias, theta) as a "
+        "multiple of --lr (default 1)",
+    )
+    o.add_argument(
+        "--positional-weight-decay",
+        type=float,
+        help="weight decay of the positional tables (default: --weight-decay, as the released code, which decays "
+        "every parameter; 0 exempts them)",
+    )
     o.add_argument("--adam-beta1", type=float)
     o.add_argument("--adam-beta2", type=float)
     o.add_argument("--adam-epsilon", type=float)

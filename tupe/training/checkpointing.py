@@ -215,8 +215,10 @@ def check_checkpoint_config(ckpt_dir: str | os.PathLike, expected: dict[str, Any
         config = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise TupeError(f"{path}: cannot read the checkpoint's model config ({err})") from None
-    if config.get("model_type") != "tupe":
-        raise TupeError(f"{path}: model_type {config.get('model_type')!r} is not a tupe checkpoint")
+    expected = dict(expected)
+    model_type = expected.pop("model_type", "tupe")
+    if config.get("model_type") != model_type:
+        raise TupeError(f"{path}: model_type {config.get('model_type')!r} is not a {model_type} checkpoint")
     for key, want in expected.items():
         if key in config and config[key] != want:
             raise TupeError(

@@ -45,14 +45,14 @@ LOG_DIR = "logs"  # a parallel run's output: DIR/logs/<scheme>[-seed-<s>].log
 
 
 def parse_schemes(text: str) -> list[str]:
-    from tupe.modeling import POSITION_SCHEMES
+    from tupe.training.model import SCHEMES
 
     schemes = [s.strip() for s in text.split(",") if s.strip()]
     if len(schemes) < 1:
         raise TupeError("--schemes needs at least one scheme")
     for s in schemes:
-        if s not in POSITION_SCHEMES:
-            raise TupeError(f"unknown scheme {s!r} in --schemes; choose from: {', '.join(POSITION_SCHEMES)}")
+        if s not in SCHEMES:
+            raise TupeError(f"unknown scheme {s!r} in --schemes; choose from: {', '.join(SCHEMES)}")
     if len(set(schemes)) != len(schemes):
         raise TupeError(f"--schemes lists a scheme twice: {text}")
     return schemes

@@ -1,7 +1,8 @@
 """The model a pre-training run builds from its configuration: the one place that maps `--scheme` to a model.
 
-A new kind of model (e.g. transformers' own `BertForMaskedLM` as a control) changes `SCHEMES`, `check_scheme`
-and `build_model` only.
+Besides every positional scheme of `tupe.modeling`, `--scheme hf-bert` trains transformers' own `BertForMaskedLM`
+at the same shape, on the same blocks, with the same recipe and Trainer: an independent control showing that the
+`bert-a` curves are not an artefact of this project's model code.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any
 from tupe.errors import TupeError
 from tupe.modeling import POSITION_SCHEMES
 
-SCHEMES: tuple[str, ...] = POSITION_SCHEMES  # what --scheme accepts
+HF_BERT = "hf-bert"  # transformers' own BertForMaskedLM, the independent control
+SCHEMES: tuple[str, ...] = (*POSITION_SCHEMES, HF_BERT)  # what --scheme accepts
 
 
 def check_scheme(scheme: str) -> None:
@@ -22,6 +24,23 @@ def check_scheme(scheme: str) -> None:
 def model_config(config: Any, values: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
     """The model's config values for a run (`config`: a `PretrainConfig`, `values`: its resolved preset values);
     recorded in `tupe_run.json` as part of the run's identity."""
+    if config.scheme == HF_BERT:
+        # transformers' stock BERT at the same shape: learned absolute positions added to the input, token-type
+        # embeddings (one type used), LayerNorm eps 1e-12, the MLM head on every position (its own code path)
+        return dict(
+            model_type="bert",
+            vocab_size=len(tokenizer),
+            hidden_size=int(values["hidden_size"]),
+            num_hidden_layers=int(values["num_hidden_layers"]),
+            num_attention_heads=int(values["num_attention_heads"]),
+            intermediate_size=int(values["intermediate_size"]),
+            max_position_embeddings=int(values["max_length"]),
+            position_scheme=HF_BERT,
+            hidden_dropout_prob=float(values["dropout"]),
+            attention_probs_dropout_prob=float(values["dropout"]),
+            sparse_prediction=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
     return dict(
         vocab_size=len(tokenizer),
         hidden_size=int(values["hidden_size"]),
@@ -47,6 +66,11 @@ def build_model(config: Any, model_kwargs: dict[str, Any]):
     from tupe.modeling import TupeConfig, TupeForMaskedLM
 
     check_scheme(config.scheme)
+    if config.scheme == HF_BERT:
+        from transformers import BertConfig, BertForMaskedLM
+
+        kwargs = {k: v for k, v in model_kwargs.items() if k != "model_type"}
+        return BertForMaskedLM(BertConfig(**kwargs, attn_implementation=config.attn_implementation or "sdpa"))
     mcfg = TupeConfig(**model_kwargs)
     if (
         config.attn_implementation == "eager"

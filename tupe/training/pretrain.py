@@ -165,6 +165,11 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         }
         | {"seed": config.seed, "grad_accum": config.grad_accum},
     }
+    # recorded only when set, so runs made before these options existed keep their identity
+    if config.positional_lr_scale != 1.0:
+        identity["optim"]["positional_lr_scale"] = config.positional_lr_scale
+    if config.positional_weight_decay is not None:
+        identity["optim"]["positional_weight_decay"] = config.positional_weight_decay
     action = check_out_dir(out, identity, config.resume, config.overwrite)
     state.wait_for_everyone()  # every process decided before the main one changes the folder
     resume_from = None
@@ -199,7 +204,9 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
                 "num_attention_heads",
             )
             shape += ("intermediate_size", "max_position_embeddings")
-            check_checkpoint_config(latest, {k: model_kwargs[k] for k in shape})
+            check_checkpoint_config(
+                latest, {k: model_kwargs[k] for k in (*shape, "model_type") if k in model_kwargs}
+            )
         if latest is not None and (latest / MANIFEST_NAME).is_file():
             nonfinite_skipped = int(
                 json.loads((latest / MANIFEST_NAME).read_text()).get("nonfinite_skipped", 0)
@@ -245,6 +252,8 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         callbacks=callbacks,
         train_sampler=sampler,
         skip_nonfinite=config.skip_nonfinite,
+        positional_lr_scale=config.positional_lr_scale,
+        positional_weight_decay=config.positional_weight_decay,
     )
     trainer.nonfinite_skipped = nonfinite_skipped
     if config.quiet or not main:

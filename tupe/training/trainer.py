@@ -86,12 +86,27 @@ class SaveAtStepsCallback(TrainerCallback):
         return control
 
 
+def is_positional_parameter(name: str) -> bool:
+    """Parameters of the positional scheme (`tupe.positional.*`) or BERT's position table (hf-bert)."""
+    return ".positional." in f".{name}" or "position_embeddings" in name
+
+
 class PretrainTrainer(Trainer):
     """The stock Trainer plus: our sampler, a masked-LM loss normalised over the whole global batch, a stop on
     non-finite losses, and atomic checkpoints."""
 
-    def __init__(self, *args, train_sampler=None, skip_nonfinite=False, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+    def __init__(
+        self,
+        *args,  # noqa: ANN002
+        train_sampler=None,  # noqa: ANN001
+        skip_nonfinite=False,  # noqa: ANN001
+        positional_lr_scale: float = 1.0,
+        positional_weight_decay: float | None = None,
+        **kwargs,  # noqa: ANN003
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.positional_lr_scale = positional_lr_scale
+        self.positional_weight_decay = positional_weight_decay
         self._tupe_sampler = train_sampler
         # skip (and count) batches with a non-finite loss instead of stopping
         self.skip_nonfinite = skip_nonfinite
@@ -116,6 +131,39 @@ class PretrainTrainer(Trainer):
                 losses = [h["loss"] for h in state.log_history if "loss" in h]
                 return TrainOutput(state.global_step, sum(losses) / max(1, len(losses)), {})
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def create_optimizer(self, model=None):  # noqa: ANN001, ANN201
+        """The Trainer's AdamW with the positional parameters in groups of their own.
+
+        Positional tables and matrices (the position embeddings, U^Q/U^K, p_theta, the relative bias table) are
+        weights: they are decayed like every weight matrix (`--positional-weight-decay`, default `--weight-decay`), as in the
+        released code, which decays every parameter. The Trainer's default would skip the relative bias table
+        only because its name contains "bias". Their learning rate is `--lr` x `--positional-lr-scale`.
+        """
+        if self.optimizer is not None:
+            return self.optimizer
+        model = model if model is not None else self.model
+        decay = set(self.get_decay_parameter_names(model))
+        lr, wd = self.args.learning_rate, self.args.weight_decay
+        pos_wd = wd if self.positional_weight_decay is None else self.positional_weight_decay
+        groups: dict[tuple[float, float], list] = {}
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                continue
+            if is_positional_parameter(name):
+                # matrices and tables are decayed; LayerNorm parameters and true biases (1-d) are not
+                key = (lr * self.positional_lr_scale, pos_wd if param.ndim >= 2 else 0.0)
+            else:
+                key = (lr, wd if name in decay else 0.0)
+            groups.setdefault(key, []).append(param)
+        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
+        optimizer_kwargs.pop("lr", None)
+        self.optimizer = optimizer_cls(
+            [{"params": ps, "lr": g_lr, "weight_decay": g_wd} for (g_lr, g_wd), ps in groups.items()],
+            lr=lr,
+            **optimizer_kwargs,
+        )
+        return self.optimizer
 
     def _get_num_items_in_batch(self, batch_samples, device):  # noqa: ANN001, ANN202
         # Masked tokens of the whole global batch (all accumulation steps, all processes). Counted here rather than
