@@ -68,13 +68,27 @@ def test_compare_writes_plot_tables_and_fractions(
 @pytest.mark.slow
 def test_demo_runs_end_to_end_on_a_small_corpus(tiny_corpus: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "demo"
-    code = main(["demo", "--out", str(out), "--corpus", str(tiny_corpus), "--max-steps", "2",
+    code = main(["demo", "--out", str(out), "--corpus", str(tiny_corpus), "--max-steps", "4",
                  "--cache-dir", str(tmp_path / "cache"), "--no-progress"])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
-    assert "| step | bert-a | tupe-a |" in printed and "demo finished" in printed
+    assert "unigram baseline" in printed and "demo finished" in printed
+    assert "tupe-a - bert-a" in printed and "paired" in printed
+    # a few steps: both still on the plateau, and the verdict says so from the numbers
+    assert "bert-a was still on the plateau after 4 steps" in printed
     assert (out / "valid_loss.png").exists()
-    assert json.loads((out / "tupe-a" / "tupe_run.json").read_text())["model"]["hidden_size"] == 128
+    run = json.loads((out / "tupe-a" / "tupe_run.json").read_text())
+    assert run["model"]["hidden_size"] == 128 and run["optim"]["warmup_steps"] == 100
+    # the paired recomputation agrees with each run's own final evaluation
+    from tupe.analysis.curves import read_metrics
+    from tupe.training.paired import paired_comparison
+
+    paired = paired_comparison({s: out / s for s in ("bert-a", "tupe-a")}, reference="bert-a", resamples=50)
+    for s in ("bert-a", "tupe-a"):
+        assert paired[s]["value"] == pytest.approx(read_metrics(out / s)[1][-1]["eval_loss"], rel=1e-5)
+    assert paired["tupe-a - bert-a"]["value"] == pytest.approx(
+        paired["tupe-a"]["value"] - paired["bert-a"]["value"]
+    )
 
 
 @pytest.mark.slow
