@@ -186,9 +186,14 @@ def test_hf_bert_control_trains_on_the_same_blocks_and_resumes(tiny_run, tmp_pat
     assert model.config.hidden_size == 32 and model.config.max_position_embeddings == 32
     assert torch.isfinite(torch.tensor(summary["final_eval_loss"]))
     # same cached blocks and split as a tupe run
-    tupe_run = pretrain(tiny_run(tmp_path / "bert-a", scheme="bert-a", max_steps=2, save_steps=2, eval_steps=2))
+    tupe_run = pretrain(
+        tiny_run(tmp_path / "bert-a", scheme="bert-a", max_steps=2, save_steps=2, eval_steps=2)
+    )
     evals = [json.loads(x) for x in (full / "metrics.jsonl").read_text().splitlines() if "eval_loss" in x]
-    assert tupe_run["valid_blocks"] == summary["valid_blocks"] and tupe_run["data_cache"] == summary["data_cache"]
+    assert (
+        tupe_run["valid_blocks"] == summary["valid_blocks"]
+        and tupe_run["data_cache"] == summary["data_cache"]
+    )
     assert [e["step"] for e in evals] == [2, 4]
     # resume from checkpoint-2 reproduces the uninterrupted run
     cut = tmp_path / "cut"

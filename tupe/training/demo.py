@@ -60,11 +60,16 @@ def verdict(stats: dict[str, Any], paired: dict[str, dict[str, float | None]], s
                 f"{scheme} left the bag-of-words plateau (validation loss {margin:g} nat below the unigram "
                 f"baseline) at step {exit_step} and ended {below:.2f} nats below the baseline."
             )
+        elif below is not None and below <= 0:
+            lines.append(
+                f"{scheme} had not yet learned even the token frequencies after {steps:,} steps "
+                f"({-below:.2f} nats above the unigram baseline)."
+            )
         elif below is not None:
             lines.append(
                 f"{scheme} was still on the plateau after {steps:,} steps ({below:.2f} nats below the unigram "
-                "baseline: it predicts from the bag of context words, not yet from their order); at this size "
-                "BERT-A can stay there for thousands of steps (docs/RESULTS.md)."
+                "baseline: it predicts from the bag of context words, not yet from their order; "
+                "docs/RESULTS.md shows how long each scheme stays there)."
             )
     for scheme in rows:
         if scheme == ref:
