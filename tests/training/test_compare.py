@@ -74,8 +74,8 @@ def test_demo_runs_end_to_end_on_a_small_corpus(tiny_corpus: Path, tmp_path: Pat
     printed = capsys.readouterr().out
     assert "unigram baseline" in printed and "demo finished" in printed
     assert "tupe-a - bert-a" in printed and "paired" in printed
-    # a few steps on a tiny corpus: below its unigram baseline, not off the plateau; the verdict says so
-    assert "bert-a was still on the plateau after 4 steps" in printed
+    # 4 steps: still above the unigram baseline, and the verdict says so from the numbers
+    assert "bert-a had not yet learned even the token frequencies after 4 steps" in printed
     assert (out / "valid_loss.png").exists()
     run = json.loads((out / "tupe-a" / "tupe_run.json").read_text())
     assert run["model"]["hidden_size"] == 128 and run["optim"]["warmup_steps"] == 100
