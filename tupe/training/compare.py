@@ -194,6 +194,7 @@ def compare(
         resume = base.resume and (run_dir / "tupe_run.json").exists()
         cfg = dataclasses.replace(base, out=str(run_dir), scheme=scheme, seed=seed, resume=resume)
         jobs.append((name, cfg))
+    jobs.sort(key=lambda job: seeds.index(job[1].seed))  # seed by seed: partial results stay paired
     t0 = time.perf_counter()
     if parallel > 1 and len(jobs) > 1:
         # tokenizer and packed blocks once, before the runs start sharing the cache
