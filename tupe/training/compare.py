@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from tupe.errors import TupeError
+from tupe.training.arguments import add_compare_arguments as add_arguments  # noqa: F401 (torch-free parser)
 from tupe.training.checkpointing import atomic_write_text
 from tupe.training.pretrain import (
     SUMMARY_FILE,
     PretrainConfig,
-    add_model_data_arguments,
     config_from_args,
     pretrain,
 )
@@ -134,18 +134,6 @@ def compare(base: PretrainConfig, schemes: list[str], log=print) -> dict[str, An
     summary = summarize(out, schemes)
     summary["seconds_per_scheme"] = timings
     return summary
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--schemes",
-        required=True,
-        help="comma-separated schemes; the first is the reference, e.g. bert-a,tupe-a",
-    )
-    p.add_argument("--out", required=True, help="output folder (one sub-folder per scheme)")
-    p.add_argument("--resume", action="store_true", help="keep finished schemes, continue an interrupted one")
-    p.add_argument("--overwrite", action="store_true", help="start every scheme again")
-    add_model_data_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

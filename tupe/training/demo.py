@@ -11,26 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
+from tupe.training.arguments import add_demo_arguments as add_arguments  # noqa: F401 (torch-free parser)
 from tupe.training.compare import compare, parse_schemes
 from tupe.training.pretrain import PretrainConfig
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="tupe-demo", help="output folder (default: ./tupe-demo)")
-    p.add_argument("--schemes", default="bert-a,tupe-a", help="schemes to compare (default: bert-a,tupe-a)")
-    p.add_argument("--max-steps", type=int, help="steps per scheme (default: the mini preset's)")
-    p.add_argument("--corpus", nargs="+", metavar="PATH", help="another corpus (default: the built-in one)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-dir", help="tokenizer/data cache (default $TUPE_CACHE or ~/.cache/tupe)")
-    p.add_argument("--overwrite", action="store_true", help="start again instead of reusing runs in --out")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1: the mini model gains "
-        "little from more, and a busy machine loses a lot with them)",
-    )
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
