@@ -49,10 +49,16 @@ def _version() -> str:
         return "0+unknown"
 
 
-def _register() -> None:
-    """Register the model with the `transformers` Auto classes (once; imports torch and transformers)."""
+def _register(from_modeling: bool = False) -> None:
+    """Register the model with the `transformers` Auto classes (once; imports torch and transformers).
+
+    While `tupe.modeling` is being imported (its configuration imports transformers, which fires the import
+    hook) registration waits: `tupe.modeling` calls this with `from_modeling=True` once its classes exist."""
     global _registered
     if _registered:
+        return
+    modeling = sys.modules.get(f"{__name__}.modeling")
+    if not from_modeling and getattr(getattr(modeling, "__spec__", None), "_initializing", False):
         return
     _registered = True  # first: importing transformers below must not re-enter through the import hook
     try:
