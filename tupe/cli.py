@@ -3,12 +3,19 @@
 Every sub-command module exposes `add_arguments(parser)` and `run(args) -> int`. A `TupeError` (or a
 `ValueError`/`FileNotFoundError` raised while validating user input) is printed as one line with exit code 2;
 `--debug` shows the traceback.
+
+Start-up: building a parser imports neither torch nor transformers (tests/test_cli_startup.py checks it). The
+command's own module, which may, is imported only to run it. Its options come from `PARSERS` where the command
+module is heavy, else from the module itself (then kept light), and its description is read from its docstring
+without importing it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import sys
 from typing import NoReturn
 
@@ -40,6 +47,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 
+# command -> "module:function" building its options, for commands whose own module imports torch at the top
+PARSERS: dict[str, str] = {
+    "pretrain": "tupe.training.arguments:add_pretrain_arguments",
+    "compare": "tupe.training.arguments:add_compare_arguments",
+    "demo": "tupe.training.arguments:add_demo_arguments",
+}
+
 
 def _command_in(argv: list[str]) -> str | None:
     """The sub-command named in argv (the first word that is one), so only its module needs importing."""
@@ -61,26 +75,48 @@ def _one_line(err: BaseException) -> str:
     return "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
 
 
+def _docstring(module_name: str) -> str:
+    """A module's docstring, read from its source so the module (and what it imports) is not loaded."""
+    spec = importlib.util.find_spec(module_name)
+    try:
+        with open(spec.origin, encoding="utf-8") as fh:  # type: ignore[union-attr, arg-type]
+            return ast.get_docstring(ast.parse(fh.read())) or ""
+    except (OSError, AttributeError, TypeError, SyntaxError):  # pragma: no cover - e.g. a zipped install
+        return importlib.import_module(module_name).__doc__ or ""
+
+
+def _add_arguments_function(name: str):  # noqa: ANN202
+    module_name, _, function = PARSERS.get(name, f"{COMMANDS[name][0]}:add_arguments").partition(":")
+    return getattr(importlib.import_module(module_name), function)
+
+
+def version() -> str:
+    """The installed package's version (package metadata)."""
+    from tupe import _version
+
+    return _version()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; options are added (and the module imported) for `command` only, or for every command when
-    it is None, which keeps `tupe --help` and each sub-command's start-up fast."""
+    """The parser; options are added for `command` only, or for every command when it is None, which keeps
+    `tupe --help` and each sub-command's start-up fast. No command module that imports torch is loaded."""
     parser = _Parser(
         prog="tupe",
         description="Pre-train, fine-tune, analyse and benchmark TUPE and baseline BERT encoders.",
     )
+    parser.add_argument("--version", action="version", version=f"tupe {version()}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         if command is not None and name != command:
             sub.add_parser(name, help=help_text)
             continue
-        module = importlib.import_module(module_name)
         p = sub.add_parser(
-            name, help=help_text, description=(module.__doc__ or help_text).strip().split("\n\n")[0]
+            name, help=help_text, description=(_docstring(module_name) or help_text).strip().split("\n\n")[0]
         )
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
-        module.add_arguments(p)
-        p.set_defaults(_module=module)
+        _add_arguments_function(name)(p)
+        p.set_defaults(_module_name=module_name)
     return parser
 
 
@@ -95,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return 2
     try:
-        return int(args._module.run(args) or 0)
+        return int(importlib.import_module(args._module_name).run(args) or 0)
     except (TupeError, ValueError, OSError) as err:
         # OSError: a file the user named cannot be read or written (missing, permissions, disk full)
         if getattr(args, "debug", False):

@@ -159,3 +159,108 @@ def test_bench_attention_only(tmp_path):
 def test_bench_rejects_unknown_scheme(capsys):
     assert main(["bench", "--schemes", "tupe-x"]) == 2
     assert "unknown scheme 'tupe-x'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- shapes, breakdown, end-to-end mode
+def test_backend_names_agree_with_the_runner():
+    from tupe.bench.command import BACKEND_NAMES
+    from tupe.bench.runner import BACKENDS
+
+    assert tuple(BACKENDS) == BACKEND_NAMES
+
+
+def test_shapes_and_mini_batch_defaults():
+    from tupe.bench.command import default_batch, parse_shapes
+
+    (name, mini), (_, between) = parse_shapes("mini,4x256", "mini")
+    assert name == "mini" and (mini.num_hidden_layers, mini.hidden_size, mini.vocab_size) == (2, 128, 8192)
+    assert (between.num_hidden_layers, between.hidden_size, between.num_attention_heads) == (4, 256, 4)
+    assert between.intermediate_size == 1024 and between.vocab_size == 8192
+    assert default_batch("mini", None, None) == (128, 32)
+    assert default_batch("base", None, None) == (512, 1)
+    with pytest.raises(Exception, match="LxH"):
+        parse_shapes("4xwide", "mini")
+
+
+@pytest.mark.parametrize("which", ["tupe-a", "hf-bert"])
+def test_breakdown_categories_sum_to_the_profiled_step(which):
+    from tupe.bench.breakdown import CATEGORIES, breakdown
+    from tupe.bench.runner import build_hf_bert, build_tupe
+
+    device = torch.device("cpu")
+    batch = make_batch(2, 16, SHAPE.vocab_size, device)
+    cand = (
+        build_hf_bert(SHAPE, 16, batch, device, torch.float32)
+        if which == "hf-bert"
+        else build_tupe(which, "default", SHAPE, 16, batch, device, torch.float32)
+    )
+    r = breakdown(cand, steps=2, warmup=1)
+    ms = r["ms_per_step"]
+    assert set(ms) == set(CATEGORIES)
+    for cat in (
+        "embeddings + positional",
+        "attention",
+        "feed-forward",
+        "LM head + loss",
+        "optimizer (clip + AdamW)",
+    ):
+        assert ms[cat] > 0, cat
+    assert sum(ms.values()) == pytest.approx(r["profiled_total_ms"])
+    assert sum(r["fraction"].values()) == pytest.approx(1.0)
+    # operator self times cover the profiled step's wall time (the rest is Python outside any operator)
+    assert 0.5 * r["profiled_wall_ms"] <= r["profiled_total_ms"] <= 1.05 * r["profiled_wall_ms"]
+
+
+def test_end_to_end_summary_from_step_stamps():
+    from tupe.bench.endtoend import summarize_run
+
+    run = {
+        "launch": 100.0,
+        "step_starts": [103.0, 104.0, 105.0, 107.0, 108.0],
+        "wall_s": 9.0,
+        "peak_rss_bytes": 1,
+    }
+    s = summarize_run(run, steps=4, tokens_per_step=64)
+    assert s["time_to_first_step_s"] == 3.0 and s["loop_s"] == 5.0
+    assert s["tokens_per_s"] == pytest.approx(4 * 64 / 5.0)
+    assert s["steady_tokens_per_s"] == pytest.approx(64 / 1.0)
+    with pytest.raises(RuntimeError):
+        summarize_run(run, steps=5, tokens_per_step=64)
+
+
+@pytest.mark.slow
+def test_bench_breakdown_and_end_to_end_mode(tmp_path, capsys, monkeypatch):
+    """Two tiny shapes, the breakdown and a real `tupe pretrain` end to end (tiny corpus and model)."""
+    import gzip
+
+    from tupe.data.corpus import DEFAULT_CORPUS_DIR
+
+    corpus = tmp_path / "corpus.txt"
+    with gzip.open(sorted(DEFAULT_CORPUS_DIR.glob("*.txt.gz"))[0], "rt", encoding="utf-8") as fh:
+        corpus.write_text("".join(next(fh) for _ in range(300)))
+    monkeypatch.setenv("TUPE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    tiny = [
+        "--hidden-size=32",
+        "--num-layers=1",
+        "--num-heads=2",
+        "--intermediate-size=64",
+        "--vocab-size=300",
+    ]
+    tiny += ["--batch-size=4", "--max-length=32", "--eval-steps=2", "--logging-steps=1", "--save-steps=100"]
+    code = main(
+        ["bench", "--preset", "mini", "--shape", "1x32,2x64", "--seq-len", "16", "--batch-size", "2"]
+        + ["--rounds", "2", "--warmup", "0", "--schemes", "tupe-a", "--backends", "default", "--no-memory"]
+        + ["--breakdown", "--breakdown-steps", "1", "--end-to-end", "--e2e-steps", "3", "--quiet"]
+        + [f"--e2e-arg={a}" for a in ["--corpus", str(corpus), *tiny]]
+        + ["--json", str(out)]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert [g["name"] for g in result["shapes"]] == ["1x32", "2x64"]
+    assert result["shapes"][1]["shape"]["num_hidden_layers"] == 2
+    assert len(result["shapes"][0]["breakdown"]) == 2  # hf-bert and tupe-a
+    (run,) = result["end_to_end"]["runs"]
+    assert run["tokens_per_s"] > 0 and run["bare_tokens_per_s"] > 0 and run["ratio_end_to_end_to_bare"] > 0
+    assert run["tokens_per_step"] == 4 * 32 and run["time_to_first_step_s"] > 0 and run["peak_rss_bytes"] > 0
+    assert "end to end, tupe-a" in capsys.readouterr().out

@@ -12,18 +12,14 @@ import json
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from tupe.errors import TupeError
-from tupe.io.checkpoints import load_tokenizer
-from tupe.modeling.positional import scheme_class
 
-from .decomposition import TERMS, decompose
-from .figures import decomposition_figure, offset_profile_figure, pattern_grid_figure
-from .loading import load_encoder, read_text, text_blocks
-from .patterns import DEFAULT_THRESHOLDS, PatternThresholds, head_patterns, offset_profile
-from .report import render_html
+if TYPE_CHECKING:  # torch and the analysis modules are imported where used: `tupe analyze --help` stays fast
+    import torch
+
+    from .patterns import PatternThresholds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _round(t: torch.Tensor, digits: int = 5):
+    import torch
+
     return torch.round(t.double() * 10**digits).div(10**digits).tolist()
 
 
@@ -72,10 +70,22 @@ def analyze(
     zoom: int = 32,
     max_offset: int = 16,
     title: str | None = None,
-    thresholds: PatternThresholds = DEFAULT_THRESHOLDS,
+    thresholds: PatternThresholds | None = None,
     json_maps: bool = True,
 ) -> dict:
     """Run the analysis and write its files; returns the JSON-able result (also in `out_dir/analysis.json`)."""
+    import torch
+
+    from tupe.io.checkpoints import load_tokenizer
+    from tupe.modeling.positional import scheme_class
+
+    from .decomposition import TERMS, decompose
+    from .figures import decomposition_figure, offset_profile_figure, pattern_grid_figure
+    from .loading import load_encoder, read_text, text_blocks
+    from .patterns import DEFAULT_THRESHOLDS, head_patterns, offset_profile
+    from .report import render_html
+
+    thresholds = DEFAULT_THRESHOLDS if thresholds is None else thresholds
     if max_length < 4 or num_blocks < 1 or batch_size < 1:
         raise TupeError(
             f"--max-length must be >= 4 and --num-blocks, --batch-size >= 1 (got {max_length}, "
@@ -161,6 +171,8 @@ def analyze(
 
 
 def run(args: argparse.Namespace) -> int:
+    from .decomposition import TERMS
+
     result = analyze(
         args.model,
         args.out,

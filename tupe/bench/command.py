@@ -5,6 +5,15 @@ vocabulary and dropout), one optimizer step (forward, backward, gradient clippin
 interleaved rounds. Reported: median step time and spread, tokens/s, peak memory, model-FLOPs utilisation
 against the same device's matrix-multiply peak measured in the same run, and every step time as a ratio.
 `--attention-only` times the attention core of the encoder instead (see tupe/bench/attention.py).
+
+Shapes: `--preset mini` (or base, paper) sets the model shape, the vocabulary and, for mini, the preset's batch
+(32 x 128); `--shape mini,4x256` times several shapes one after another in the same run (LxH: L layers of width
+H, H/64 heads, FFN 4H, the preset's vocabulary). `--breakdown` splits a step's time into embeddings and
+positional term, attention, feed-forward, LM head and loss, optimizer (tupe/bench/breakdown.py).
+`--end-to-end` times `tupe pretrain` itself on the built-in corpus and compares it with the bare step
+(tupe/bench/endtoend.py).
+
+This module imports no torch at the top: `tupe bench --help` must start fast.
 """
 
 from __future__ import annotations
@@ -16,15 +25,18 @@ import platform
 import sys
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from tupe.errors import TupeError
 
-from .flops import Shape, matmul_peak
-from .runner import BACKENDS, HF_BERT
+from .flops import Shape
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+# Backend names, as in runner.BACKENDS (kept here so the parser needs no torch; tests check they agree)
+BACKEND_NAMES = ("eager", "sdpa", "sdpa-fold", "fused", "flex", "default")
+HF_BERT = "hf-bert"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,17 +48,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backends",
         default="eager,sdpa,default",
-        help=f"comma-separated, from {', '.join(BACKENDS)} (default: %(default)s)",
+        help=f"comma-separated, from {', '.join(BACKEND_NAMES)} (default: %(default)s)",
     )
     parser.add_argument(
-        "--preset", default="base", help="model shape from tupe.training.presets (default: base)"
+        "--preset",
+        default="base",
+        help="model shape and vocabulary from tupe.training.presets (default: base); mini also sets "
+        "the batch to the preset's 32 x 128",
     )
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument(
+        "--shape",
+        default=None,
+        help="comma-separated shapes timed one after another in this run: preset names or LxH "
+        "(L layers, width H, H/64 heads, FFN 4H), e.g. mini,4x256 (default: the preset's)",
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=None, help="default: the preset's block length (128 mini, 512 base)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="default: 32 for mini (the preset's), else 1"
+    )
     parser.add_argument("--layers", type=int, default=None, help="override the preset's number of layers")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (one step of every model each)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", help="cpu, cuda (default: cuda when available)")
     parser.add_argument(
         "--autocast",
         choices=["none", "bfloat16", "float16"],
@@ -65,27 +90,91 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attention-only", action="store_true", help="time the attention core (forward + backward) only"
     )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also profile each model's step: time in embeddings + positional term, attention, feed-forward, "
+        "LM head + loss, optimizer",
+    )
+    parser.add_argument("--breakdown-steps", type=int, default=3, help="profiled steps (default 3)")
+    parser.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="also time `tupe pretrain` (the --preset, built-in corpus, its evaluation/logging intervals) and "
+        "report its tokens/s against the bare step's",
+    )
+    parser.add_argument(
+        "--e2e-schemes", default="tupe-a", help="schemes run end to end (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--e2e-steps", type=int, default=100, help="timed steps of the end-to-end run (default 100)"
+    )
+    parser.add_argument(
+        "--e2e-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for the end-to-end `tupe pretrain` (repeatable), e.g. --e2e-arg=--batch-size=4",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
 
 
-def _shape(args: argparse.Namespace) -> Shape:
-    try:
-        from tupe.training.presets import get_preset
+def preset_shape(name: str, layers: int | None = None) -> Shape:
+    """The model shape and vocabulary of a preset of tupe.training.presets."""
+    from tupe.training.presets import get_preset
 
-        preset = get_preset(args.preset)
-    except ImportError:  # pragma: no cover - presets ship with the package
-        if args.preset != "base":
-            raise TupeError(f"unknown preset {args.preset!r}") from None
-        preset = dict(Shape().__dict__)
+    preset = get_preset(name)
     return Shape(
         hidden_size=preset["hidden_size"],
-        num_hidden_layers=args.layers or preset["num_hidden_layers"],
+        num_hidden_layers=layers or preset["num_hidden_layers"],
         num_attention_heads=preset["num_attention_heads"],
         intermediate_size=preset["intermediate_size"],
         vocab_size=preset["vocab_size"],
         dropout=preset.get("dropout", 0.1),
     )
+
+
+def parse_shapes(text: str | None, preset: str, layers: int | None = None) -> list[tuple[str, Shape]]:
+    """`--shape`: preset names or LxH specs (H/64 heads, at least 1; FFN 4H; the preset's vocabulary/dropout)."""
+    base = preset_shape(preset, layers)
+    if not text:
+        return [(preset, base)]
+    shapes = []
+    for spec in (s.strip() for s in text.split(",")):
+        if not spec:
+            continue
+        if "x" in spec:
+            try:
+                n_layers, width = (int(v) for v in spec.split("x"))
+            except ValueError:
+                raise TupeError(f"--shape {spec!r}: expected LxH, e.g. 4x256, or a preset name") from None
+            if n_layers < 1 or width < 1:
+                raise TupeError(f"--shape {spec!r}: layers and width must be positive")
+            heads = max(1, width // 64)
+            if width % heads:
+                raise TupeError(f"--shape {spec!r}: width {width} is not a multiple of {heads} heads")
+            shapes.append(
+                (
+                    spec,
+                    Shape(width, n_layers, heads, 4 * width, base.vocab_size, base.dropout),
+                )
+            )
+        else:
+            shapes.append((spec, preset_shape(spec, layers)))
+    if not shapes:
+        raise TupeError("--shape is empty")
+    return shapes
+
+
+def default_batch(preset: str, seq_len: int | None, batch_size: int | None) -> tuple[int, int]:
+    """(seq_len, batch_size): the preset's block length; the preset's batch for mini, 1 for the larger ones."""
+    from tupe.training.presets import get_preset
+
+    values = get_preset(preset)
+    seq = seq_len or int(values["max_length"])
+    batch = batch_size or (int(values["batch_size"]) if preset == "mini" else 1)
+    return seq, batch
 
 
 def _parse_list(value: str, valid, what: str) -> list[str]:
@@ -99,6 +188,8 @@ def _parse_list(value: str, valid, what: str) -> list[str]:
 
 
 def machine_description(device: torch.device) -> dict:
+    import torch
+
     info = {
         "platform": platform.platform(),
         "python": sys.version.split()[0],
@@ -151,22 +242,129 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
     return out
 
 
+def _print_steps(result: dict, rows: list[dict], shape: Shape, args: argparse.Namespace, peak: float) -> None:
+    print(
+        f"training step, batch {args.batch_size} x {args.seq_len}, {shape.num_hidden_layers} x "
+        f"{shape.hidden_size} ({shape.num_attention_heads} heads, FFN {shape.intermediate_size}), vocab "
+        f"{shape.vocab_size}, {args.autocast if args.autocast != 'none' else 'float32'}, "
+        f"median of {args.rounds} interleaved rounds; matmul peak {peak / 1e9:.1f} GFLOP/s"
+    )
+    print(
+        f"{'model':26s} {'kernel':7s} {'step s':>8s} {'q1-q3':>13s} {'tok/s':>8s} {'MFU':>6s} "
+        f"{'memory':>10s} {'/hf-bert':>8s} {'MFU(cpu)':>8s}"
+    )
+    hf = next((r["step_s_median"] for r in rows if r["scheme"] == HF_BERT), None)
+    for r in rows:
+        rel = "-" if not hf else f"{r['step_s_median'] / hf:.3f}"
+        mfu_cpu = "-" if r["mfu_cpu_time"] is None else f"{100 * r['mfu_cpu_time']:.1f}%"
+        print(
+            f"{r['label']:26s} {r['kernel']:7s} {r['step_s_median']:8.3f} "
+            f"{r['step_s_q1']:6.2f}-{r['step_s_q3']:<6.2f} {r['tokens_per_s']:8.1f} "
+            f"{100 * r['mfu']:5.1f}% {_fmt_bytes(r['peak_memory_bytes']):>10s} {rel:>8s} {mfu_cpu:>8s}"
+        )
+    print(f"ratios of median step times: {'wall':>8s} {'cpu':>8s}")
+    for k, v in result["ratios"].items():
+        cpu = result["ratios_cpu_time"].get(k)
+        print(f"  {k:40s} {v:8.3f} {'-' if cpu is None else f'{cpu:8.3f}':>8s}")
+
+
+def _print_breakdown(rows: list[dict]) -> None:
+    from .breakdown import CATEGORIES
+
+    print("where a step's time goes (ms per step, PyTorch profiler; % of the profiled total):")
+    print(f"{'model':26s} " + " ".join(f"{c[:13]:>13s}" for c in CATEGORIES) + f" {'total':>8s} {'wall':>8s}")
+    for r in rows:
+        cells = " ".join(f"{r['ms_per_step'][c]:7.1f} {100 * r['fraction'][c]:4.0f}%" for c in CATEGORIES)
+        print(f"{r['label']:26s} {cells} {r['profiled_total_ms']:8.1f} {r['profiled_wall_ms']:8.1f}")
+
+
+def _time_shape(name: str, shape: Shape, args: argparse.Namespace, schemes, backends, device, log) -> dict:
+    import torch
+
+    from .flops import matmul_peak
+    from .runner import build_hf_bert, build_tupe, make_batch, measure_peak_memory, time_interleaved
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    autocast = None if args.autocast == "none" else dtypes[args.autocast]
+    batch = make_batch(args.batch_size, args.seq_len, shape.vocab_size, device)
+    cands = []
+    if not args.no_hf_bert:
+        cands.append(build_hf_bert(shape, args.seq_len, batch, device, torch.float32))
+    for s in schemes:
+        for b in backends:
+            if b == "flex" and device.type != "cuda":
+                raise TupeError("backend flex needs CUDA (flex_attention has no CPU backward)")
+            cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32, autocast))
+    peak_dtype = autocast or torch.float32
+    fixed = args.peak_flops
+    peak_before, by_size = (fixed, {}) if fixed else matmul_peak(device, peak_dtype)
+    log(f"matmul peak before: {peak_before / 1e9:.1f} GFLOP/s {by_size}")
+    load_before = _loadavg()
+    time_interleaved(cands, device, args.rounds, args.warmup, autocast, log)
+    load_after = _loadavg()
+    peak_after, by_size_after = (fixed, {}) if fixed else matmul_peak(device, peak_dtype)
+    log(f"matmul peak after: {peak_after / 1e9:.1f} GFLOP/s")
+    peak = max(peak_before, peak_after)
+    peak_cpu = None
+    if device.type == "cpu":
+        peak_cpu = fixed or max(matmul_peak(device, peak_dtype, clock="cpu")[0] for _ in range(2))
+        log(f"matmul peak per CPU-second: {peak_cpu / 1e9:.1f} GFLOP/s")
+    if not args.no_memory:
+        for cand in cands:
+            measure_peak_memory(cand, device, autocast)
+    tokens = args.batch_size * args.seq_len
+    rows = [c.summary(tokens, peak, peak_cpu) for c in cands]
+    group: dict = {
+        "name": name,
+        "shape": shape.__dict__,
+        "loadavg_timed_rounds": [load_before, load_after],
+        "matmul_peak_flops": peak,
+        "matmul_peak_flops_per_cpu_second": peak_cpu,
+        "matmul_peak_by_size": {"before": by_size, "after": by_size_after},
+        "steps": rows,
+        "ratios": ratios(rows),
+        "ratios_cpu_time": ratios(rows, "cpu_s_median"),
+    }
+    _print_steps(group, rows, shape, args, peak)
+    if args.breakdown:
+        if autocast is not None or device.type != "cpu":
+            raise TupeError("--breakdown: CPU float32 only (it sums the profiler's CPU operator times)")
+        from .breakdown import breakdown
+
+        group["breakdown"] = [breakdown(c, steps=args.breakdown_steps) for c in cands]
+        _print_breakdown(group["breakdown"])
+    group["_candidates"] = cands
+    return group
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from tupe import POSITION_SCHEMES
 
-    from .runner import build_hf_bert, build_tupe, make_batch, measure_peak_memory, time_interleaved
+    from .runner import BACKENDS
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TupeError("--device cuda: no CUDA device is available")
     schemes = _parse_list(args.schemes, POSITION_SCHEMES, "scheme")
     backends = _parse_list(args.backends, BACKENDS, "backend")
+    args.seq_len, args.batch_size = default_batch(args.preset, args.seq_len, args.batch_size)
     if args.seq_len < 2 or args.batch_size < 1 or args.rounds < 1:
         raise TupeError("--seq-len must be >= 2, --batch-size and --rounds >= 1")
-    shape = _shape(args)
-    autocast = None if args.autocast == "none" else DTYPES[args.autocast]
+    shapes = parse_shapes(args.shape, args.preset, args.layers)
+    shape = shapes[0][1]
     log = (lambda m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     result: dict = {
         "argv": sys.argv,
@@ -204,64 +402,30 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['ms_max']:9.1f} {vs:>9s} {r['cpu_ms_median']:9.1f} {cvs:>9s}"
             )
     else:
-        batch = make_batch(args.batch_size, args.seq_len, shape.vocab_size, device)
-        cands = []
-        if not args.no_hf_bert:
-            cands.append(build_hf_bert(shape, args.seq_len, batch, device, torch.float32))
-        for s in schemes:
-            for b in backends:
-                if b == "flex" and device.type != "cuda":
-                    raise TupeError("backend flex needs CUDA (flex_attention has no CPU backward)")
-                cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32, autocast))
-        peak_dtype = autocast or torch.float32
-        fixed = args.peak_flops
-        peak_before, by_size = (fixed, {}) if fixed else matmul_peak(device, peak_dtype)
-        log(f"matmul peak before: {peak_before / 1e9:.1f} GFLOP/s {by_size}")
-        time_interleaved(cands, device, args.rounds, args.warmup, autocast, log)
-        peak_after, by_size_after = (fixed, {}) if fixed else matmul_peak(device, peak_dtype)
-        log(f"matmul peak after: {peak_after / 1e9:.1f} GFLOP/s")
-        peak = max(peak_before, peak_after)
-        peak_cpu = None
-        if device.type == "cpu":
-            peak_cpu = fixed or max(matmul_peak(device, peak_dtype, clock="cpu")[0] for _ in range(2))
-            log(f"matmul peak per CPU-second: {peak_cpu / 1e9:.1f} GFLOP/s")
-        if not args.no_memory:
-            for cand in cands:
-                measure_peak_memory(cand, device, autocast)
-        tokens = args.batch_size * args.seq_len
-        rows = [c.summary(tokens, peak, peak_cpu) for c in cands]
-        result["matmul_peak_flops"] = peak
-        result["matmul_peak_flops_per_cpu_second"] = peak_cpu
-        result["matmul_peak_by_size"] = {"before": by_size, "after": by_size_after}
-        result["steps"] = rows
-        result["ratios"] = ratios(rows)
-        result["ratios_cpu_time"] = ratios(rows, "cpu_s_median")
-        print(
-            f"training step, batch {args.batch_size} x {args.seq_len}, {shape.num_hidden_layers} x "
-            f"{shape.hidden_size}, vocab {shape.vocab_size}, {args.autocast if autocast else 'float32'}, "
-            f"median of {args.rounds} interleaved rounds; matmul peak {peak / 1e9:.1f} GFLOP/s"
+        groups = []
+        for name, shp in shapes:
+            groups.append(_time_shape(name, shp, args, schemes, backends, device, log))
+            print()
+        first = groups[0]
+        # the first shape's figures at the top level too (the layout of single-shape runs)
+        for key in ("matmul_peak_flops", "matmul_peak_flops_per_cpu_second", "matmul_peak_by_size"):
+            result[key] = first[key]
+        result["steps"], result["ratios"], result["ratios_cpu_time"] = (
+            first["steps"],
+            first["ratios"],
+            first["ratios_cpu_time"],
         )
-        print(
-            f"{'model':26s} {'kernel':7s} {'step s':>8s} {'q1-q3':>13s} {'tok/s':>8s} {'MFU':>6s} "
-            f"{'memory':>10s} {'/hf-bert':>8s} {'MFU(cpu)':>8s}"
-        )
-        hf = next((r["step_s_median"] for r in rows if r["scheme"] == HF_BERT), None)
-        for r in rows:
-            rel = "-" if not hf else f"{r['step_s_median'] / hf:.3f}"
-            mfu_cpu = "-" if r["mfu_cpu_time"] is None else f"{100 * r['mfu_cpu_time']:.1f}%"
-            print(
-                f"{r['label']:26s} {r['kernel']:7s} {r['step_s_median']:8.3f} "
-                f"{r['step_s_q1']:6.2f}-{r['step_s_q3']:<6.2f} {r['tokens_per_s']:8.1f} "
-                f"{100 * r['mfu']:5.1f}% {_fmt_bytes(r['peak_memory_bytes']):>10s} {rel:>8s} {mfu_cpu:>8s}"
+        if args.end_to_end:
+            from .endtoend import compare_end_to_end
+
+            e2e_schemes = _parse_list(args.e2e_schemes, POSITION_SCHEMES, "scheme")
+            result["end_to_end"] = compare_end_to_end(
+                groups, args, e2e_schemes, threads=torch.get_num_threads(), log=log
             )
-        print(f"ratios of median step times: {'wall':>8s} {'cpu':>8s}")
-        for k, v in result["ratios"].items():
-            cpu = result["ratios_cpu_time"].get(k)
-            print(f"  {k:40s} {v:8.3f} {'-' if cpu is None else f'{cpu:8.3f}':>8s}")
-    try:
-        result["machine"]["loadavg_end"] = os.getloadavg()
-    except OSError:  # pragma: no cover
-        pass
+        for g in groups:
+            g.pop("_candidates", None)
+        result["shapes"] = groups
+    result["machine"]["loadavg_end"] = _loadavg()
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

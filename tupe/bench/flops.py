@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where used: `tupe bench --help` imports this module for `Shape`
+    import torch
 
 HF_BERT = "hf-bert"  # transformers' BertForMaskedLM: BERT-A's count
 
@@ -70,6 +72,8 @@ def matmul_peak(
     same run as the steps it divides. `clock="cpu"` divides by the process's CPU time instead (per busy
     core-second; with one thread, what the core does when it runs), the denominator of the CPU-time MFU.
     """
+    import torch
+
     timer = time.perf_counter if clock == "wall" else time.process_time
     by_size = {}
     for n in sizes:

@@ -8,24 +8,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+# scipy and scikit-learn are imported by the functions that use them: they take seconds to import, and
+# `tupe glue --help` imports this module
 
 METRIC_NAMES = ("accuracy", "f1", "mcc", "pearson", "spearman")
 
 
 def accuracy(labels: Sequence[int], predictions: Sequence[int]) -> float:
     """Fraction of exact matches."""
+    from sklearn.metrics import accuracy_score
+
     return float(accuracy_score(labels, predictions))
 
 
 def f1(labels: Sequence[int], predictions: Sequence[int]) -> float:
     """Binary F1 of the positive class (label id 1: paraphrase / duplicate), as GLUE reports for MRPC and QQP."""
+    from sklearn.metrics import f1_score
+
     return float(f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0.0))
 
 
 def mcc(labels: Sequence[int], predictions: Sequence[int]) -> float:
     """Matthews correlation (CoLA); 0 when a constant prediction makes it undefined, like scikit-learn."""
+    from sklearn.metrics import matthews_corrcoef
+
     return float(matthews_corrcoef(labels, predictions))
 
 
@@ -35,6 +42,8 @@ def _constant(x: np.ndarray) -> bool:
 
 def pearson(labels: Sequence[float], predictions: Sequence[float]) -> float:
     """Pearson correlation (STS-B); NaN when either side is constant (correlation undefined)."""
+    from scipy.stats import pearsonr
+
     y, p = np.asarray(labels, dtype=np.float64), np.asarray(predictions, dtype=np.float64)
     if len(y) < 2 or _constant(y) or _constant(p):
         return float("nan")
@@ -43,6 +52,8 @@ def pearson(labels: Sequence[float], predictions: Sequence[float]) -> float:
 
 def spearman(labels: Sequence[float], predictions: Sequence[float]) -> float:
     """Spearman rank correlation (STS-B); NaN when either side is constant."""
+    from scipy.stats import spearmanr
+
     y, p = np.asarray(labels, dtype=np.float64), np.asarray(predictions, dtype=np.float64)
     if len(y) < 2 or _constant(y) or _constant(p):
         return float("nan")

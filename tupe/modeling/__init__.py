@@ -9,3 +9,9 @@ __all__ = [
     "TupeModel",
     "TupePreTrainedModel",
 ]
+
+# `import tupe` registers the Auto classes; when this package is imported first, it does so here, once its
+# classes exist (see tupe._register)
+from tupe import _register  # noqa: E402
+
+_register(from_modeling=True)

@@ -1,4 +1,9 @@
-"""`tupe pretrain`'s options: the `PretrainConfig` dataclass, its command-line flags, presets, precision."""
+"""The options of `tupe pretrain`, `compare` and `demo`: the `PretrainConfig` dataclass, the command-line flags,
+presets, precision.
+
+Importing this module imports neither torch nor transformers: `tupe pretrain --help` builds its parser from here
+(tupe/cli.py `PARSERS`) and stays fast.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from tupe.errors import TupeError
 from tupe.training.presets import PRESETS, get_preset
@@ -78,6 +81,8 @@ class PretrainConfig:
 
 
 def _precision_flags(precision: str) -> dict[str, bool]:
+    import torch
+
     if precision not in ("auto", "fp32", "bf16", "fp16"):
         raise TupeError(f"--precision must be auto, fp32, bf16 or fp16, got {precision!r}")
     cuda = torch.cuda.is_available()
@@ -93,6 +98,7 @@ def _precision_flags(precision: str) -> dict[str, bool]:
 def training_arguments(config: PretrainConfig, v: dict[str, Any], out: Path, per_device: int):
     """The Trainer's arguments for a run (`v`: the resolved preset values). Creating them also sets up
     torch.distributed under torchrun."""
+    import torch
     from transformers import TrainingArguments
 
     return TrainingArguments(
@@ -262,3 +268,52 @@ def config_from_args(args: argparse.Namespace, **over: Any) -> PretrainConfig:
     kw = {k: v for k, v in vars(args).items() if k in names}
     kw.update(over)
     return PretrainConfig(**kw)
+
+
+add_pretrain_arguments = add_arguments  # tupe/cli.py PARSERS
+
+
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    """`tupe compare`'s options (tupe/training/compare.py)."""
+    p.add_argument(
+        "--schemes",
+        required=True,
+        help="comma-separated schemes; the first is the reference, e.g. bert-a,tupe-a",
+    )
+    p.add_argument("--out", required=True, help="output folder (one sub-folder per scheme)")
+    p.add_argument(
+        "--seeds",
+        help="several seeds per scheme, e.g. 0,1,2 or 0-4 (each changes initialisation, data order and masks); "
+        "default: --seed alone",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="runs trained at once, each in its own process (default 1; on a small CPU use the number of "
+        "cores, with one thread each)",
+    )
+    p.add_argument("--resume", action="store_true", help="keep finished runs, continue interrupted ones")
+    p.add_argument("--overwrite", action="store_true", help="start every run again")
+    add_model_data_arguments(p)
+
+
+DEMO_STEPS = 1800  # the mini preset's: fits 15 minutes on a quiet 2-core machine with two runs side by side
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    """`tupe demo`'s options (tupe/training/demo.py)."""
+    p.add_argument("--out", default="tupe-demo", help="output folder (default: ./tupe-demo)")
+    p.add_argument("--schemes", default="bert-a,tupe-a", help="schemes to compare (default: bert-a,tupe-a)")
+    p.add_argument("--max-steps", type=int, help=f"steps per scheme (default {DEMO_STEPS})")
+    p.add_argument("--corpus", nargs="+", metavar="PATH", help="another corpus (default: the built-in one)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", help="tokenizer/data cache (default $TUPE_CACHE or ~/.cache/tupe)")
+    p.add_argument("--overwrite", action="store_true", help="start again instead of reusing runs in --out")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=2,
+        help="runs trained at once, one thread each (default 2: both schemes side by side)",
+    )
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")

@@ -33,13 +33,8 @@ from typing import Any
 
 from tupe.errors import TupeError
 from tupe.io.files import atomic_write_text
-from tupe.training.pretrain import (
-    SUMMARY_FILE,
-    PretrainConfig,
-    add_model_data_arguments,
-    config_from_args,
-    pretrain,
-)
+from tupe.training.arguments import add_compare_arguments as add_arguments  # noqa: F401 - the CLI's hook
+from tupe.training.pretrain import SUMMARY_FILE, PretrainConfig, config_from_args, pretrain
 
 LOG_DIR = "logs"  # a parallel run's output: DIR/logs/<scheme>[-seed-<s>].log
 
@@ -270,30 +265,6 @@ def summarize(out: Path, schemes: list[str], seeds: list[int] | None = None) -> 
     }
     atomic_write_text(out / "compare_summary.json", json.dumps(summary, indent=1))
     return summary
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--schemes",
-        required=True,
-        help="comma-separated schemes; the first is the reference, e.g. bert-a,tupe-a",
-    )
-    p.add_argument("--out", required=True, help="output folder (one sub-folder per scheme)")
-    p.add_argument(
-        "--seeds",
-        help="several seeds per scheme, e.g. 0,1,2 or 0-4 (each changes initialisation, data order and masks); "
-        "default: --seed alone",
-    )
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=1,
-        help="runs trained at once, each in its own process (default 1; on a small CPU use the number of "
-        "cores, with one thread each)",
-    )
-    p.add_argument("--resume", action="store_true", help="keep finished runs, continue interrupted ones")
-    p.add_argument("--overwrite", action="store_true", help="start every run again")
-    add_model_data_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:

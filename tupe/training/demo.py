@@ -19,24 +19,8 @@ import argparse
 import time
 from typing import Any
 
-DEMO_STEPS = 1800  # the mini preset's: fits 15 minutes on a quiet 2-core machine with two runs side by side
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="tupe-demo", help="output folder (default: ./tupe-demo)")
-    p.add_argument("--schemes", default="bert-a,tupe-a", help="schemes to compare (default: bert-a,tupe-a)")
-    p.add_argument("--max-steps", type=int, help=f"steps per scheme (default {DEMO_STEPS})")
-    p.add_argument("--corpus", nargs="+", metavar="PATH", help="another corpus (default: the built-in one)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-dir", help="tokenizer/data cache (default $TUPE_CACHE or ~/.cache/tupe)")
-    p.add_argument("--overwrite", action="store_true", help="start again instead of reusing runs in --out")
-    p.add_argument(
-        "--parallel",
-        type=int,
-        default=2,
-        help="runs trained at once, one thread each (default 2: both schemes side by side)",
-    )
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+from tupe.training.arguments import DEMO_STEPS
+from tupe.training.arguments import add_demo_arguments as add_arguments  # noqa: F401 - the CLI's hook
 
 
 def _off_plateau(row: dict[str, Any]) -> int | None:
