@@ -9,51 +9,43 @@ from typing import Any
 
 from tupe.errors import TupeError
 
+# The CPU recipe (`tupe demo`): 1,800 steps of 32 x 128 tokens, about 12 minutes per scheme on one core of a
+# quiet 2-core machine. Warm-up 100 and peak lr 1e-3 (3e-3 kept BERT-A at the unigram loss; see
+# docs/RESULTS.md for the exploration); dropout 0 because a few thousand steps underfit; 1 block in 50 held out
+# (425 validation blocks of the built-in corpus, ~8,000 masked tokens per evaluation).
+_MINI: dict[str, Any] = dict(
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=512,
+    max_length=128,
+    vocab_size=8192,
+    dropout=0.0,
+    batch_size=32,
+    max_steps=1800,
+    learning_rate=1e-3,
+    warmup_steps=100,
+    weight_decay=0.01,
+    eval_steps=100,
+    save_steps=500,
+    logging_steps=50,
+    valid_every=50,
+)
+
 # Model shape + data + optimisation; batch_size is the global batch per optimizer step (all processes, all
 # accumulation steps), as in the paper.
 PRESETS: dict[str, dict[str, Any]] = {
-    # The CPU recipe (`tupe demo`): 1,800 steps of 32 x 128 tokens, about 12 minutes per scheme on one core of a
-    # quiet 2-core machine. Warm-up 100 and peak lr 1e-3 (3e-3 kept BERT-A at the unigram loss; see
-    # docs/RESULTS.md for the exploration); dropout 0 because a few thousand steps underfit; 1 block in 50 held out
-    # (425 validation blocks of the built-in corpus, ~8,000 masked tokens per evaluation).
-    "mini": dict(
-        hidden_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=512,
-        max_length=128,
-        vocab_size=8192,
-        dropout=0.0,
-        batch_size=32,
-        max_steps=1800,
-        learning_rate=1e-3,
-        warmup_steps=100,
-        weight_decay=0.01,
-        eval_steps=100,
-        save_steps=500,
-        logging_steps=50,
-        valid_every=50,
-    ),
-    # The reproduction recipe (docs/RESULTS.md): the mini recipe at width 256 (4 heads of 64, FFN 1024), 4,000 steps.
+    "mini": _MINI,
+    # The reproduction recipe (docs/RESULTS.md): the mini recipe at width 256 (4 heads of 64, FFN 1024),
+    # 4,000 steps.
     # At width 128 BERT-A stays on the bag-of-words plateau for thousands of steps; this is the smallest shape
     # tried at which it starts to leave it. About 1 s per step on one core of a quiet 2-core machine.
     "small": dict(
+        _MINI,
         hidden_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         intermediate_size=1024,
-        max_length=128,
-        vocab_size=8192,
-        dropout=0.0,
-        batch_size=32,
         max_steps=4000,
-        learning_rate=1e-3,
-        warmup_steps=100,
-        weight_decay=0.01,
-        eval_steps=100,
         save_steps=250,
-        logging_steps=50,
-        valid_every=50,
     ),
     # BERT-Base shape with a budget one GPU can do in about a day.
     "base": dict(
