@@ -65,7 +65,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         save_steps=10_000,
         logging_steps=100,
     ),
-    # The paper's Table 2 recipe (Sec. 4 of TUPE_SPEC.md), checkpoints at 100k, 300k, 600k and 1M.
+    # The paper's Table 2 recipe (docs/pretraining.md), checkpoints at 100k, 300k, 600k and 1M.
     "paper": dict(
         hidden_size=768,
         num_hidden_layers=12,
