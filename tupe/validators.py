@@ -168,7 +168,9 @@ def check_path_kind(flag: str, path: str | os.PathLike, kind: str) -> Path:
     if not p.exists():
         raise TupeError(f"{flag} {p}: no such {'file or folder' if kind == 'any' else kind}")
     if kind == "file" and not p.is_file():
-        raise TupeError(f"{flag} {p} is {'a folder' if p.is_dir() else 'not a regular file'}, expected a file")
+        raise TupeError(
+            f"{flag} {p} is {'a folder' if p.is_dir() else 'not a regular file'}, expected a file"
+        )
     if kind == "folder" and not p.is_dir():
         raise TupeError(f"{flag} {p} is a file, expected a folder")
     if kind == "any" and not (p.is_file() or p.is_dir()):

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.glue.encoding import _load_data, _subsample, data_fingerprint, encode_split, to_dataset
 from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules import them from here)
@@ -39,7 +40,6 @@ from tupe.glue.tasks import TASKS, Split, get_task
 from tupe.glue.trainer import _progress_callback, read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
 from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
-from tupe import validators as V
 
 
 @dataclass
@@ -278,20 +278,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         help="with --train-file: a dev file (task's TSV layout, or .json/.jsonl); MNLI: matched, then mismatched",
     )
-    p.add_argument("--out", required=True, type=V.nonempty_path, help="output directory (results.json, runs/)")
     p.add_argument(
-        "--lrs", type=V.float_list(0.0), default=list(PAPER_LRS), help="learning rates (default 2e-5,3e-5,4e-5,5e-5)"
+        "--out", required=True, type=V.nonempty_path, help="output directory (results.json, runs/)"
+    )
+    p.add_argument(
+        "--lrs",
+        type=V.float_list(0.0),
+        default=list(PAPER_LRS),
+        help="learning rates (default 2e-5,3e-5,4e-5,5e-5)",
     )
     p.add_argument("--seeds", type=V.int_list(0), default=list(PAPER_SEEDS), help="seeds (default 1,2,3,4,5)")
-    p.add_argument("--epochs", type=V.positive_float, help="epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI)")
-    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
-    p.add_argument("--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)")
-    p.add_argument("--max-seq-len", type=V.int_range(8), help="max tokens per example (default min(512, model's max))")
-    p.add_argument("--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set")
     p.add_argument(
-        "--max-eval-samples", type=V.positive_int, help="use a fixed random subset of each dev set (not comparable)"
+        "--epochs", type=V.positive_float, help="epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI)"
     )
-    p.add_argument("--warmup-ratio", type=V.float_range(0, 1, hi_open=True), default=0.06, help="linear warm-up fraction (default 0.06)")
+    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
+    p.add_argument(
+        "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
+    )
+    p.add_argument(
+        "--max-seq-len", type=V.int_range(8), help="max tokens per example (default min(512, model's max))"
+    )
+    p.add_argument(
+        "--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set"
+    )
+    p.add_argument(
+        "--max-eval-samples",
+        type=V.positive_int,
+        help="use a fixed random subset of each dev set (not comparable)",
+    )
+    p.add_argument(
+        "--warmup-ratio",
+        type=V.float_range(0, 1, hi_open=True),
+        default=0.06,
+        help="linear warm-up fraction (default 0.06)",
+    )
     p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
     p.add_argument("--adam-betas", default="0.9,0.999", help="Adam betas (default the paper's 0.9,0.999)")
     p.add_argument("--adam-eps", type=V.positive_float, default=1e-6, help="Adam epsilon (default 1e-6)")

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
+from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.training.presets import PRESETS, get_preset
-from tupe import validators as V
 
 
 @dataclass
@@ -150,11 +150,17 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
         help="use this tokenizer (folder or tokenizer.json) instead of training a BPE",
     )
     g.add_argument(
-        "--vocab-size", type=V.positive_int, help="BPE vocabulary size to train (preset: 8192 mini, 32768 base/paper)"
+        "--vocab-size",
+        type=V.positive_int,
+        help="BPE vocabulary size to train (preset: 8192 mini, 32768 base/paper)",
     )
-    g.add_argument("--tokenizer-max-mb", type=V.positive_float, help="train the BPE on the first N MB of text only")
+    g.add_argument(
+        "--tokenizer-max-mb", type=V.positive_float, help="train the BPE on the first N MB of text only"
+    )
     g.add_argument("--max-length", type=V.int_range(2), help="block length in tokens ([CLS] included)")
-    g.add_argument("--valid-every", type=V.int_range(2), help="1 block in N is validation (default 200: 199:1)")
+    g.add_argument(
+        "--valid-every", type=V.int_range(2), help="1 block in N is validation (default 200: 199:1)"
+    )
     g.add_argument("--mlm-probability", type=V.open_prob, help="fraction of tokens to predict (default 0.15)")
     g.add_argument(
         "--cache-dir",
@@ -179,7 +185,9 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument(
         "--batch-size", type=V.positive_int, help="global batch (sequences per optimizer step, all processes)"
     )
-    o.add_argument("--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)")
+    o.add_argument(
+        "--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)"
+    )
     o.add_argument("--max-steps", type=V.positive_int)
     o.add_argument("--lr", dest="learning_rate", type=V.positive_float, help="peak learning rate")
     o.add_argument("--warmup-steps", type=V.nonneg_int)
@@ -225,7 +233,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "tupe-a-tie-cls, tupe-r-tie-cls, rope (default tupe-a)",
     )
     p.add_argument(
-        "--out", required=True, type=V.nonempty_path, help="output folder (model, tokenizer, checkpoints, metrics.jsonl)"
+        "--out",
+        required=True,
+        type=V.nonempty_path,
+        help="output folder (model, tokenizer, checkpoints, metrics.jsonl)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start again even if --out holds a run")
