@@ -165,13 +165,25 @@ class WriteError(TupeError, OSError):
         return str(self.args[0]) if self.args else "write failed"
 
 
+_WRITE_FAILURE_MARKERS = ("no space left", "file write failed", "storagefull", "ioerror", "disk quota")
+
+
+def is_write_failure(err: BaseException) -> bool:
+    """An `OSError`, or the way torch.save (RuntimeError from its C++ writer) and safetensors (SafetensorError)
+    report a failed write (disk full, I/O error)."""
+    if isinstance(err, OSError):
+        return True
+    text = str(err).lower()
+    return any(m in text for m in _WRITE_FAILURE_MARKERS)
+
+
 def write_error(
     path: str | os.PathLike, err: OSError, kept: str = "the previous version is kept"
 ) -> WriteError:
     """A one-line error for a failed write (disk full, permissions): the path, the reason and what was kept."""
     if isinstance(err, WriteError):
         return err
-    reason = err.strerror or str(err)
+    reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
     return WriteError(f"cannot write {path}: {reason}; {kept}")
 
 
