@@ -40,8 +40,12 @@ def ctx(tmp_path, rel_corpus, rel_tokenizer, rel_cache, finished_run, glue_asset
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(case: Case, ctx: Ctx, capsys) -> None:  # noqa: ANN001
-    argv = case.make(ctx)
-    code, _, err = run_cli(argv, capsys)
+    try:
+        argv = case.make(ctx)
+        code, _, err = run_cli(argv, capsys)
+    finally:
+        for fn in ctx.cleanup:
+            fn()
     assert_user_error(code, err, *case.needles)
 
 

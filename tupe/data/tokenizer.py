@@ -129,6 +129,10 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
             raise TupeError(f"{path}: not a tokenizers JSON file ({err})") from err
     elif path.is_dir():
         tok = load_saved_tokenizer(path)
+    elif path.exists():
+        raise TupeError(
+            f"tokenizer {path} is a file, but not a tokenizer.json; give the tokenizer's folder or its tokenizer.json"
+        )
     else:
         raise TupeError(f"tokenizer not found: {path}")
     if not getattr(tok, "is_fast", False):
