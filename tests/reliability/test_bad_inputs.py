@@ -81,7 +81,7 @@ def test_skip_bad_text_trains_with_one_warning_per_file(ctx: Ctx, capsys) -> Non
     assert any(
         "latin.txt: skipped 1 line(s) that are not UTF-8 (first at byte offset 11)" in w for w in warnings
     )
-    assert any("image.png: skipped" in w for w in warnings)
+    assert any("image.png: a PNG image, not text; file skipped" in w for w in warnings)
 
 
 def test_resume_skips_a_corrupt_latest_checkpoint_with_a_warning(ctx: Ctx, capsys) -> None:  # noqa: ANN001

@@ -33,6 +33,7 @@ _TEXT_SUFFIXES_SKIPPED = {".md"}  # PROVENANCE.md and similar notes next to a co
 # whitespace is cut, before tokenizer training and encoding (the built-in corpus's longest line is 12,603 chars).
 MAX_LINE_CHARS = 16384
 MAX_WORD_CHARS = 1024
+_BATCH_CHARS = 4 << 20  # characters per batch of lines handed to the tokenizer
 _LONG_WORD = re.compile(r"(?<!\S)\S{" + str(MAX_WORD_CHARS) + "}")
 _BINARY_MAGIC = {
     b"\x7fELF": "an ELF executable",
@@ -378,6 +379,7 @@ def iter_line_batches(
     lines_out: list[str] = []
     ends: list[bool] = []
     done = 0
+    n_chars = 0  # a batch is also bounded in characters (long lines make few lines a lot of text)
     for path in corpus.files:
         for lines in iter_file_lines(path, corpus.skip_bad_text):
             for raw in lines:
@@ -385,19 +387,21 @@ def iter_line_batches(
                 if s:
                     for piece in split_long_line(s):
                         lines_out.append(piece)
+                        n_chars += len(piece)
                         ends.append(False)
                 elif ends and not ends[-1]:
                     ends[-1] = True
-            if len(lines_out) > batch_lines:
+            if len(lines_out) > batch_lines or (n_chars > _BATCH_CHARS and len(lines_out) > 1):
                 # hold the last line back: it may still turn out to close the document (end of file)
                 yield lines_out[:-1], ends[:-1], done
                 lines_out, ends = lines_out[-1:], ends[-1:]
+                n_chars = len(lines_out[0])
         if ends:
             ends[-1] = True
         done += path.stat().st_size
-        if len(lines_out) >= batch_lines:
+        if len(lines_out) >= batch_lines or n_chars > _BATCH_CHARS:
             yield lines_out, ends, done
-            lines_out, ends = [], []
+            lines_out, ends, n_chars = [], [], 0
     for path in corpus.datasets:
         ds = _load_dataset(path)
         if corpus.text_column not in ds.column_names:
