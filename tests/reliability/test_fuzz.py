@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,21 @@ FUZZ = settings(
     suppress_health_check=list(HealthCheck),
     database=None,
 )
+
+
+OUTCOMES: dict[
+    str, Counter
+] = {}  # property -> exit code -> count (printed with -s; checked after each property)
+
+
+def _count(name: str, code: int) -> None:
+    OUTCOMES.setdefault(name, Counter())[code] += 1
+
+
+def _report(name: str, at_least: int) -> None:
+    got = OUTCOMES.get(name, Counter())
+    print(f"fuzz {name}: {sum(got.values())} cases, exit codes {dict(sorted(got.items()))}")
+    assert sum(got.values()) >= at_least, got
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -157,10 +173,12 @@ def test_fuzz_corpus_files(rel_tokenizer: Path, rel_corpus: Path, skip_bad_text:
         argv += ["--valid-every", "2"] + (["--skip-bad-text"] if skip_bad_text else [])
         code, err = _run(argv)
         _assert_clean_outcome(code, err)
+        _count(f"corpus-{skip_bad_text}", code)
         assert _snapshot(corpus) == before  # the input is never changed
         box.check_and_remove()
 
     case()
+    _report(f"corpus-{skip_bad_text}", N)
 
 
 def test_line_ends_are_universal(tmp_path: Path) -> None:
@@ -220,9 +238,11 @@ def test_fuzz_pretrain_flag_values(rel_tokenizer: Path, rel_corpus: Path, rel_ca
             argv += [f"{flag}={value}"]
         code, err = _run(argv)
         _assert_clean_outcome(code, err)
+        _count("pretrain-flags", code)
         box.check_and_remove()
 
     case()
+    _report("pretrain-flags", N)
 
 
 _GLUE_FLAGS = [
@@ -242,10 +262,13 @@ def test_fuzz_glue_flag_values_parse_or_refuse_in_one_line() -> None:
     def case(flag: str, value: str) -> None:
         try:
             parser.parse_args(["glue", "--model", "m", "--task", "SST-2", "--out", "o", f"{flag}={value}"])
+            _count("glue-flags", 0)
         except _UsageError as err:
             assert "\n" not in str(err) and flag in str(err), str(err)
+            _count("glue-flags", 2)
 
     case()
+    _report("glue-flags", N)
 
 
 # ------------------------------------------------------------------------------------------------ path flags
@@ -282,9 +305,11 @@ def test_fuzz_out_and_tokenizer_paths(rel_tokenizer: Path, rel_corpus: Path, rel
         _assert_clean_outcome(code, err)
         after = _snapshot(c)
         assert {k: v for k, v in after.items() if k in before} == before  # nothing of the user's changed
+        _count("paths", code)
         box.check_and_remove()
 
     case()
+    _report("paths", 10)
 
 
 # ------------------------------------------------------------------------------------------------ GLUE rows
@@ -308,13 +333,15 @@ _cell = st.one_of(
 
 @st.composite
 def glue_tsv(draw: st.DrawFn) -> bytes:
-    header = draw(st.sampled_from(["sentence\tlabel", "sentence\tlabel", "label\tsentence", "sentence", ""]))
-    rows = draw(st.lists(st.lists(_cell, min_size=1, max_size=3).map("\t".join), max_size=12))
-    good = draw(st.lists(st.tuples(st.sampled_from(WORDS), st.sampled_from("01")), max_size=6))
+    header = draw(st.sampled_from(["sentence\tlabel"] * 4 + ["label\tsentence", "sentence", ""]))
+    junk = draw(st.sampled_from([0, 0, 1, 12]))  # half the files hold only well-formed rows
+    rows = draw(st.lists(st.lists(_cell, min_size=1, max_size=3).map("\t".join), max_size=junk))
+    good = draw(st.lists(st.tuples(st.sampled_from(WORDS), st.sampled_from("01")), min_size=2, max_size=6))
     rows += [f"{w}\t{lab}" for w, lab in good]
     end = draw(_ends)
-    data = (end.join([header, *rows]) + end).encode(draw(_encodings), errors="replace")
-    if draw(st.booleans()):
+    enc = draw(st.sampled_from(["utf-8"] * 4 + ["utf-8-sig", "latin-1", "utf-16"]))
+    data = (end.join([header, *rows]) + end).encode(enc, errors="replace")
+    if draw(st.integers(0, 3)) == 0:
         data += draw(st.binary(max_size=20))
     return data
 
@@ -352,9 +379,11 @@ def test_fuzz_glue_rows(glue_model: Path, monkeypatch: pytest.MonkeyPatch) -> No
         except _Reached:
             code, err = 0, ""
         _assert_clean_outcome(code, err)
+        _count("glue-rows", code)
         box.check_and_remove()
 
     case()
+    _report("glue-rows", 10)
 
 
 # ------------------------------------------------------------------------------------------------ hangs, memory
