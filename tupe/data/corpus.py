@@ -32,7 +32,7 @@ _TEXT_SUFFIXES_SKIPPED = {".md"}  # PROVENANCE.md and similar notes next to a co
 # space when one is near) into several lines of one document, and a run of MAX_WORD_CHARS characters without
 # whitespace is cut, before tokenizer training and encoding (the built-in corpus's longest line is 12,603 chars).
 MAX_LINE_CHARS = 16384
-MAX_WORD_CHARS = 1024
+MAX_WORD_CHARS = 256
 _BATCH_CHARS = 4 << 20  # characters per batch of lines handed to the tokenizer
 _LONG_WORD = re.compile(r"(?<!\S)\S{" + str(MAX_WORD_CHARS) + "}")
 _BINARY_MAGIC = {
