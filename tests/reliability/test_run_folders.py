@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,19 @@ def test_atomic_write_on_a_full_disk_keeps_the_old_content(tmp_path, monkeypatch
     ):
         files.atomic_write_text(path, "new\n")
     assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_disk_full_while_caching_names_the_cache(
+    rel_corpus, rel_tokenizer, tmp_path, capsys, monkeypatch
+) -> None:  # noqa: ANN001
+    import tupe.data.packing as packing
+
+    def encode_fails(corpus, tokenizer, path, **kw):  # noqa: ANN001, ANN003, ANN202
+        Path(path).write_bytes(b"partial")
+        _enospc()
+
+    monkeypatch.setattr(packing, "encode_to_stream", encode_fails)
+    args = pretrain_args(rel_corpus, rel_tokenizer, tmp_path / "cache", tmp_path / "run", max_steps=2)
+    code, _, err = run_cli([*args, "--prepare-only"], capsys)
+    assert_user_error(code, err, "No space left on device", "data cache entry", str(tmp_path / "cache"))
+    assert not [p for p in (tmp_path / "cache" / "packed").iterdir()]  # no partial entry left
