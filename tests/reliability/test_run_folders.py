@@ -170,3 +170,13 @@ def test_disk_full_while_caching_names_the_cache(
     code, _, err = run_cli([*args, "--prepare-only"], capsys)
     assert_user_error(code, err, "No space left on device", "data cache entry", str(tmp_path / "cache"))
     assert not [p for p in (tmp_path / "cache" / "packed").iterdir()]  # no partial entry left
+
+
+def test_cr_only_glue_tsv_is_read_as_rows(tmp_path) -> None:  # noqa: ANN001
+    from tupe.glue.tasks import get_task, read_tsv
+
+    rows = ["sentence\tlabel"] + [f"word number {i}\t{i % 2}" for i in range(50)]
+    path = tmp_path / "train.tsv"
+    path.write_bytes(("\r".join(rows) + "\r").encode())
+    split = read_tsv(get_task("SST-2"), path)
+    assert len(split) == 50
