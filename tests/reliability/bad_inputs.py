@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -27,6 +27,7 @@ class Ctx:
     finished_run: Path  # a completed tiny `tupe pretrain` run (do not modify: copy it)
     glue_model: Path  # a tiny tupe-a checkpoint with tokenizer (do not modify: copy it)
     glue_data: Path  # a GLUE root with SST-2, STS-B and MRPC (do not modify: copy it)
+    cleanup: list = field(default_factory=list)  # callables run after the case (stop helper processes)
 
     def pretrain(self, **over: object) -> list[str]:
         from .conftest import pretrain_args
@@ -180,6 +181,66 @@ def _corrupt_latest_and_previous(ctx: Ctx) -> list:
     return ctx.pretrain(out=run, resume=True)
 
 
+def _folder_with_special(ctx: Ctx, name: str, kind: str) -> Path:
+    folder = Path(shutil.copytree(ctx.corpus, ctx.tmp / "corpus"))
+    if kind == "fifo":
+        os.mkfifo(folder / name)
+    else:
+        os.symlink(kind, folder / name)
+    return folder
+
+
+def _bad_manifest(ctx: Ctx, files: object) -> list:
+    from tupe.training.checkpointing import MANIFEST_NAME
+
+    run = _copy_run(ctx)
+    for ckpt in sorted(run.glob("checkpoint-*")):
+        (ckpt / MANIFEST_NAME).write_text(json.dumps({"format": 1, "step": 4, "files": files}))
+    return ctx.pretrain(out=run, resume=True)
+
+
+def _pickled_optimizer(ctx: Ctx) -> list:
+    import torch
+
+    run = _copy_run(ctx)
+    ckpts = sorted(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    for ckpt in ckpts[:-1]:
+        shutil.rmtree(ckpt)
+    latest = ckpts[-1]
+    torch.save({"state": {}, "param_groups": [], "evil": Path("x")}, latest / "optimizer.pt")
+    from tupe.training.checkpointing import write_manifest
+
+    write_manifest(latest, int(latest.name.split("-")[1]))  # a consistent manifest: only weights_only objects
+    for name in ("model.safetensors", "pretrain_summary.json"):
+        (run / name).unlink()
+    return ctx.pretrain(out=run, resume=True, max_steps=8)
+
+
+def _out_is_file(ctx: Ctx) -> list:
+    return ctx.pretrain(out=_write(ctx.tmp / "f", "x"))
+
+
+def _overwrite_after_a_second_writer(ctx: Ctx) -> list:
+    """A lock held by another live process: the second writer is refused, naming it."""
+    import subprocess
+    import sys
+
+    out = ctx.tmp / "locked"
+    out.mkdir()
+    code = (
+        "import sys,time; from tupe.io.files import folder_lock\n"
+        "with folder_lock(sys.argv[1], 'tupe pretrain'):\n print('locked', flush=True); time.sleep(60)\n"
+    )
+    from .conftest import subprocess_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, env=subprocess_env()
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    ctx.cleanup.append(proc.kill)
+    return ctx.pretrain(out=out)
+
+
 CASES: list[Case] = [
     # ---------------------------------------------------------------------------------------- pretrain: corpus
     Case(
@@ -224,7 +285,7 @@ CASES: list[Case] = [
         "corpus-binary",
         "binary file (PNG) in the corpus folder",
         lambda c: c.pretrain(corpus=_corpus_with(c, "image.png", b"\x89PNG\r\n\x1a\n" + bytes(range(256)))),
-        ("image.png", "is not UTF-8", "byte offset 0"),
+        ("image.png", "is a PNG image, not text", "--skip-bad-text"),
     ),
     Case(
         "corpus-utf16",
@@ -293,10 +354,13 @@ CASES: list[Case] = [
         "option-not-a-number",
         "`--max-steps` that is not a number",
         lambda c: c.pretrain(max_steps="ten"),
-        ("--max-steps", "invalid int value: 'ten'"),
+        ("--max-steps", "got 'ten'"),
     ),
     Case(
-        "steps-zero", "`--max-steps 0`", lambda c: c.pretrain(max_steps=0), ("--max-steps must be positive",)
+        "steps-zero",
+        "`--max-steps 0`",
+        lambda c: c.pretrain(max_steps=0),
+        ("--max-steps", "an integer >= 1, got 0"),
     ),
     Case(
         "heads-not-dividing",
@@ -304,7 +368,7 @@ CASES: list[Case] = [
         lambda c: c.pretrain(num_heads=3),
         ("hidden_size (32) must be a multiple of num_attention_heads (3)",),
     ),
-    Case("max-length-1", "`--max-length 1`", lambda c: c.pretrain(max_length=1), ("at least 2",)),
+    Case("max-length-1", "`--max-length 1`", lambda c: c.pretrain(max_length=1), ("--max-length", ">= 2")),
     Case(
         "vocab-too-small",
         "`--vocab-size` too small for a byte-level BPE",
@@ -315,7 +379,7 @@ CASES: list[Case] = [
         "tokenizer-missing",
         "`--tokenizer` path that does not exist",
         lambda c: c.pretrain(tokenizer=c.tmp / "tok"),
-        ("tokenizer not found",),
+        ("--tokenizer", "no such file or folder"),
     ),
     Case(
         "tokenizer-wrong-specials",
@@ -617,6 +681,126 @@ CASES: list[Case] = [
     ),
     # ---------------------------------------------------------------------------------------------------- CLI
     Case("command-unknown", "unknown command", lambda c: ["pretrian"], ("invalid choice: 'pretrian'",)),
+    # ---------------------------------------------------------------------------------------- issue 14 cases
+    Case(
+        "corpus-elf",
+        "an executable in the corpus folder",
+        lambda c: c.pretrain(corpus=_corpus_with(c, "tool", b"\x7fELF\x02\x01\x01" + bytes(200))),
+        ("corpus/tool", "is an ELF executable, not text"),
+    ),
+    Case(
+        "corpus-control-bytes",
+        "binary data without NUL bytes (control characters)",
+        lambda c: c.pretrain(corpus=_corpus_with(c, "blob.txt", bytes(range(1, 32)) * 20)),
+        ("blob.txt", "binary data", "not text"),
+    ),
+    Case(
+        "corpus-fifo",
+        "a FIFO inside the corpus folder",
+        lambda c: c.pretrain(corpus=_folder_with_special(c, "pipe.txt", "fifo")),
+        ("pipe.txt", "is a FIFO (named pipe), not a regular file"),
+    ),
+    Case(
+        "corpus-dev-zero",
+        "a symbolic link to /dev/zero inside the corpus folder",
+        lambda c: c.pretrain(corpus=_folder_with_special(c, "zero.txt", "/dev/zero")),
+        ("zero.txt", "symbolic link to /dev/zero", "character device"),
+    ),
+    Case(
+        "corpus-broken-link",
+        "a broken symbolic link inside the corpus folder",
+        lambda c: c.pretrain(corpus=_folder_with_special(c, "gone.txt", "/nonexistent/file")),
+        ("gone.txt", "broken symbolic link"),
+    ),
+    Case(
+        "corpus-device-direct",
+        "`--corpus /dev/zero`",
+        lambda c: c.pretrain(corpus="/dev/zero"),
+        ("/dev/zero", "character device"),
+    ),
+    Case(
+        "valid-every-0",
+        "`--valid-every 0`",
+        lambda c: c.pretrain(valid_every=0),
+        ("--valid-every", "an integer >= 2, got 0"),
+    ),
+    Case(
+        "valid-every-1",
+        "`--valid-every 1` (no training blocks)",
+        lambda c: c.pretrain(valid_every=1),
+        ("--valid-every", "an integer >= 2, got 1"),
+    ),
+    Case("grad-accum-0", "`--grad-accum 0`", lambda c: c.pretrain(grad_accum=0), ("--grad-accum", ">= 1")),
+    Case(
+        "threads-negative", "`--threads -2`", lambda c: c.pretrain(threads=-2), ("--threads", ">= 1, got -2")
+    ),
+    Case(
+        "hidden-size-0", "`--hidden-size 0`", lambda c: c.pretrain(hidden_size=0), ("--hidden-size", ">= 1")
+    ),
+    Case("num-heads-0", "`--num-heads 0`", lambda c: c.pretrain(num_heads=0), ("--num-heads", ">= 1")),
+    Case("lr-nan", "`--lr nan`", lambda c: c.pretrain(lr="nan"), ("--lr", "finite number > 0")),
+    Case("dropout-1", "`--dropout 1`", lambda c: c.pretrain(dropout=1), ("--dropout", ">= 0 and < 1")),
+    Case(
+        "mlm-probability-0",
+        "`--mlm-probability 0`",
+        lambda c: c.pretrain(mlm_probability=0),
+        ("--mlm-probability", "> 0 and < 1"),
+    ),
+    Case("out-empty", '`--out ""`', lambda c: c.pretrain(out=""), ("--out", "empty string")),
+    Case(
+        "out-existing-file",
+        "`--out` naming an existing file",
+        _out_is_file,
+        ("--out", "is a file, not a folder"),
+    ),
+    Case(
+        "resume-missing-out",
+        "`--resume` on a misspelled `--out`",
+        lambda c: c.pretrain(out=c.tmp / "no-such-run", resume=True),
+        ("--out", "no-such-run", "does not exist"),
+    ),
+    Case(
+        "tokenizer-is-a-file",
+        "`--tokenizer` given a file that is not tokenizer.json",
+        lambda c: c.pretrain(tokenizer=_write(c.tmp / "vocab.txt", "a\nb\n")),
+        ("vocab.txt", "is a file"),
+    ),
+    Case(
+        "manifest-files-empty",
+        'checkpoint manifests whose "files" is empty',
+        lambda c: _bad_manifest(c, {}),
+        ("--resume", "no complete checkpoint"),
+    ),
+    Case(
+        "manifest-files-list",
+        'checkpoint manifests whose "files" is a list',
+        lambda c: _bad_manifest(c, ["model.safetensors"]),
+        ("--resume", "no complete checkpoint"),
+    ),
+    Case(
+        "optimizer-pickled-object",
+        "optimizer.pt holding a pickled object (refused by weights_only)",
+        _pickled_optimizer,
+        ("optimizer.pt", "weights_only"),
+    ),
+    Case(
+        "second-writer",
+        "a second `tupe pretrain` on an --out another process is writing",
+        _overwrite_after_a_second_writer,
+        ("another `tupe pretrain` is writing here", "pid"),
+    ),
+    Case(
+        "glue-adam-betas",
+        "`--adam-betas` that are not numbers",
+        lambda c: c.glue("--adam-betas", "0.9,fast"),
+        ("--adam-betas", "comma-separated numbers"),
+    ),
+    Case(
+        "glue-train-file-folder",
+        "`--train-file` naming a folder",
+        lambda c: c.glue("--train-file", c.tmp),
+        ("--train-file", "is a folder, expected a file"),
+    ),
 ]
 
 
@@ -642,10 +826,14 @@ def markdown_table(ctx: Ctx) -> str:
         c = Ctx(
             case_tmp, ctx.corpus, ctx.tokenizer, ctx.cache, ctx.finished_run, ctx.glue_model, ctx.glue_data
         )
-        argv = [str(a) for a in case.make(c)]
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = main(argv)
+        try:
+            argv = [str(a) for a in case.make(c)]
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = main(argv)
+        finally:
+            for fn in c.cleanup:
+                fn()
         line = next(
             (ln for ln in err.getvalue().splitlines() if ": error: " in ln), f"(no error, exit {code})"
         )

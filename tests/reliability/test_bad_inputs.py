@@ -40,8 +40,12 @@ def ctx(tmp_path, rel_corpus, rel_tokenizer, rel_cache, finished_run, glue_asset
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(case: Case, ctx: Ctx, capsys) -> None:  # noqa: ANN001
-    argv = case.make(ctx)
-    code, _, err = run_cli(argv, capsys)
+    try:
+        argv = case.make(ctx)
+        code, _, err = run_cli(argv, capsys)
+    finally:
+        for fn in ctx.cleanup:
+            fn()
     assert_user_error(code, err, *case.needles)
 
 
@@ -77,7 +81,7 @@ def test_skip_bad_text_trains_with_one_warning_per_file(ctx: Ctx, capsys) -> Non
     assert any(
         "latin.txt: skipped 1 line(s) that are not UTF-8 (first at byte offset 11)" in w for w in warnings
     )
-    assert any("image.png: skipped" in w for w in warnings)
+    assert any("image.png: a PNG image, not text; file skipped" in w for w in warnings)
 
 
 def test_resume_skips_a_corrupt_latest_checkpoint_with_a_warning(ctx: Ctx, capsys) -> None:  # noqa: ANN001

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tupe import validators as V
 from tupe.errors import TupeError
 
 if TYPE_CHECKING:  # torch and the analysis modules are imported where used: `tupe analyze --help` stays fast
@@ -31,26 +32,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="text file (or directory of .txt files) to draw blocks from; needed for "
         "the word/position split, optional for TUPE's content-free patterns",
     )
-    parser.add_argument("--out", required=True, help="output directory (created)")
+    parser.add_argument("--out", required=True, type=V.nonempty_path, help="output directory (created)")
     parser.add_argument("--tokenizer", help="tokenizer directory, if the model directory has none")
     parser.add_argument(
         "--max-length",
-        type=int,
+        type=V.int_range(2),
         default=128,
         help="block length in tokens (default 128, capped at the model's max_position_embeddings)",
     )
     parser.add_argument(
-        "--num-blocks", type=int, default=32, help="blocks of text to average over (default 32)"
+        "--num-blocks", type=V.positive_int, default=32, help="blocks of text to average over (default 32)"
     )
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--zoom", type=int, default=32, help="positions shown in the zoomed pattern grid")
-    parser.add_argument("--max-offset", type=int, default=16, help="offsets shown in the offset profile")
+    parser.add_argument("--batch-size", type=V.positive_int, default=8)
+    parser.add_argument(
+        "--zoom", type=V.positive_int, default=32, help="positions shown in the zoomed pattern grid"
+    )
+    parser.add_argument(
+        "--max-offset", type=V.positive_int, default=16, help="offsets shown in the offset profile"
+    )
     parser.add_argument(
         "--no-json-maps",
         action="store_true",
         help="leave the n x n maps out of analysis.json (keeps only the numbers; much smaller)",
     )
     parser.add_argument("--title", help="name used in figure titles (default: the model directory's name)")
+    V.annotate_ranges(parser)
 
 
 def _round(t: torch.Tensor, digits: int = 5):
@@ -171,9 +177,26 @@ def analyze(
 
 
 def run(args: argparse.Namespace) -> int:
-    from .decomposition import TERMS
+    from tupe.io.files import folder_lock, is_write_failure, write_error
 
-    result = analyze(
+    V.check_out_folder("--out", args.out)
+    if args.text is not None:
+        V.check_path_kind("--text", args.text, "any")
+    with folder_lock(args.out, "tupe analyze"):
+        try:
+            result = _analyze_from_args(args)
+        except Exception as err:
+            if not is_write_failure(err) or isinstance(err, TupeError):
+                raise
+            raise write_error(
+                args.out, err, "rerun after freeing space (the figures are rewritten)"
+            ) from None
+    _print_result(result, args.out)
+    return 0
+
+
+def _analyze_from_args(args: argparse.Namespace) -> dict:
+    return analyze(
         args.model,
         args.out,
         text=args.text,
@@ -186,9 +209,12 @@ def run(args: argparse.Namespace) -> int:
         title=args.title,
         json_maps=not args.no_json_maps,
     )
-    print(
-        f"{result['title']} ({result['position_scheme']}): wrote {', '.join(result['files'])} to {args.out}"
-    )
+
+
+def _print_result(result: dict, out: str) -> None:
+    from .decomposition import TERMS
+
+    print(f"{result['title']} ({result['position_scheme']}): wrote {', '.join(result['files'])} to {out}")
     if "decomposition" in result:
         st = result["decomposition"]["stats"]
         print("first-layer term  row std (text mean, per head)  share of total  row std (single inputs)")
@@ -205,4 +231,3 @@ def run(args: argparse.Namespace) -> int:
                 f"  {h['head']:>2}  {h['label']:<8} {h['expected_offset']:>7.2f} {h['entropy']:>8.3f} "
                 f"{h['local_mass']:>9.3f} {h['previous_mass']:>6.3f} {h['next_mass']:>6.3f} {h['to_cls']:>8.3f}"
             )
-    return 0

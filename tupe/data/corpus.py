@@ -16,6 +16,8 @@ import glob
 import gzip
 import hashlib
 import os
+import re
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +28,25 @@ from tupe.errors import TupeError
 DEFAULT_CORPUS_DIR = Path(__file__).parent / "default_corpus"
 _READ_CHUNK = 8 << 20  # bytes per read; lines never straddle chunks (we cut at the last newline)
 _TEXT_SUFFIXES_SKIPPED = {".md"}  # PROVENANCE.md and similar notes next to a corpus are not training text
+# Bounds that keep memory and time independent of line length: a line longer than MAX_LINE_CHARS is split (at a
+# space when one is near) into several lines of one document, and a run of MAX_WORD_CHARS characters without
+# whitespace is cut, before tokenizer training and encoding (the built-in corpus's longest line is 12,603 chars).
+MAX_LINE_CHARS = 16384
+MAX_WORD_CHARS = 256
+_BATCH_CHARS = 4 << 20  # characters per batch of lines handed to the tokenizer
+_LONG_WORD = re.compile(r"(?<!\S)\S{" + str(MAX_WORD_CHARS) + "}")
+_BINARY_MAGIC = {
+    b"\x7fELF": "an ELF executable",
+    b"MZ\x90\x00": "a Windows executable",
+    b"\xca\xfe\xba\xbe": "a Java class or Mach-O file",
+    b"\xcf\xfa\xed\xfe": "a Mach-O executable",
+    b"PK\x03\x04": "a zip archive",
+    b"%PDF-": "a PDF file",
+    b"\x89PNG": "a PNG image",
+    b"\xff\xd8\xff": "a JPEG image",
+    b"GIF8": "a GIF image",
+    b"SQLite format 3\x00": "an SQLite database",
+}
 
 
 @dataclass
@@ -50,7 +71,7 @@ class Corpus:
             h.update(b"skip-bad-text")
         for path in self.files:
             fh = hashlib.sha256()
-            with path.open("rb") as f:
+            with _open_raw(path) as f:
                 while chunk := f.read(1 << 22):
                     fh.update(chunk)
             h.update(b"file:" + fh.digest())
@@ -93,8 +114,36 @@ def _files_in(folder: Path) -> list[Path]:
             p = Path(root) / n
             if n.startswith(".") or p.suffix.lower() in _TEXT_SUFFIXES_SKIPPED:
                 continue
+            _check_regular(p)
             out.append(p)
     return out
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a folder"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _check_regular(path: Path) -> None:
+    """Only regular files (or links to them) are read: a FIFO, a device or a link to one would hang or never end."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        link = " (a broken symbolic link)" if path.is_symlink() else ""
+        raise TupeError(f"corpus file {path}{link}: cannot read it ({err.strerror or err})") from None
+    if not stat.S_ISREG(st.st_mode):
+        via = f" (a symbolic link to {os.path.realpath(path)})" if path.is_symlink() else ""
+        raise TupeError(
+            f"corpus path {path}{via} is {_kind(st.st_mode)}, not a regular file; only regular files are read"
+        )
 
 
 def resolve_corpus(
@@ -131,7 +180,8 @@ def resolve_corpus(
                     if f.resolve() not in seen:
                         seen.add(f.resolve())
                         corpus.files.append(f)
-            elif m.is_file():
+            else:
+                _check_regular(m)
                 if m.resolve() not in seen:
                     seen.add(m.resolve())
                     corpus.files.append(m)
@@ -140,13 +190,73 @@ def resolve_corpus(
     return corpus
 
 
-def _open_binary(path: Path):  # noqa: ANN202 - a binary file object
+def _open_raw(path: Path):  # noqa: ANN202 - a binary file object
+    """Open without blocking (a FIFO swapped in after the folder was listed would block `open`) and check that what
+    was opened is a regular file."""
     try:
-        if path.suffix == ".gz":
-            return gzip.open(path, "rb")
-        return path.open("rb")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as err:
         raise TupeError(f"cannot read corpus file {path}: {err.strerror or err}") from err
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise TupeError(
+                f"corpus path {path} is {_kind(mode)}, not a regular file; only regular files are read"
+            )
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_binary(path: Path):  # noqa: ANN202 - a binary file object
+    raw = _open_raw(path)
+    if path.suffix == ".gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    return raw
+
+
+def _sniff_binary(head: bytes) -> str | None:
+    """What a file that is not text looks like (magic number, NUL bytes, control characters), or None."""
+    for magic, what in _BINARY_MAGIC.items():
+        if head.startswith(magic):
+            return what
+    sample = head[:65536]
+    if b"\x00" in sample:
+        return None  # reported as a NUL byte at its offset by the UTF-8 check
+    controls = sum(1 for b in sample if b < 32 and b not in b"\t\n\r\f\v\x1b")
+    if sample and controls > max(8, len(sample) // 100):
+        return f"binary data ({controls} control bytes in the first {len(sample)})"
+    return None
+
+
+def split_long_line(line: str) -> list[str]:
+    """Cut a line into pieces of at most MAX_LINE_CHARS (at a space when one is in the second half), and a run
+    of MAX_WORD_CHARS characters without whitespace into pieces of that length: tokenizer memory and time then do
+    not depend on how long a line or a "word" is. Lines within the bounds are returned as they are."""
+    if len(line) <= MAX_WORD_CHARS or (len(line) <= MAX_LINE_CHARS and not _LONG_WORD.search(line)):
+        return [line]
+    out: list[str] = []
+    i, n = 0, len(line)
+    while i < n:
+        j = min(i + MAX_LINE_CHARS, n)
+        m = _LONG_WORD.search(line[i:j])
+        if m is not None:
+            if m.start() > 0:
+                j = i + m.start()
+            else:
+                j = i + MAX_WORD_CHARS
+        elif j < n:
+            k = line.rfind(" ", i + MAX_LINE_CHARS // 2, j)
+            if k > i:
+                j = k
+        piece = line[i:j].strip()
+        if piece:
+            out.append(piece)
+        i = j
+    return out
 
 
 _warned: set[str] = set()  # one warning per file and process, although a corpus is read twice (BPE, packing)
@@ -191,14 +301,33 @@ def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[st
                 chunk = fh.read(_READ_CHUNK)
             except (OSError, EOFError, gzip.BadGzipFile) as err:
                 raise TupeError(f"cannot read corpus file {path}: {err}") from err
+            if offset == 0 and not pending:
+                what = _sniff_binary(chunk)
+                if what is not None:
+                    if not skip_bad_text:
+                        raise TupeError(
+                            f"corpus file {path} is {what}, not text; remove it, or pass --skip-bad-text to skip it"
+                        )
+                    _warn_once(f"corpus file {path}: {what}, not text; file skipped")
+                    return
             data = pending + chunk
             if not data:
                 break
             if chunk:
-                cut = data.rfind(b"\n") + 1
-                if cut == 0:  # no newline yet: keep reading (a line longer than the chunk)
-                    pending = data
-                    continue
+                # universal line ends: \n, \r\n and a lone \r (old Mac files); a \r at the very end is held back
+                # in case the next chunk starts with its \n
+                cut = max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
+                if cut == 0:
+                    if len(data) < _READ_CHUNK:  # no line end yet: keep reading
+                        pending = data
+                        continue
+                    # a line longer than the chunk: cut it (at a space if there is one, else before a UTF-8
+                    # lead byte), so memory stays bounded; `split_long_line` bounds the pieces further
+                    cut = data.rfind(b" ", len(data) // 2) + 1
+                    if cut == 0:
+                        cut = len(data) - 1
+                        while cut > len(data) - 4 and 0x80 <= data[cut] < 0xC0:
+                            cut -= 1
                 body, pending = data[:cut], data[cut:]
             else:
                 body, pending = data, b""
@@ -221,7 +350,7 @@ def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[st
                 dropped += n_bad
                 first_bad = first if first_bad < 0 else first_bad
             offset += len(body)
-            lines = text.replace("\r", "").split("\n")
+            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
             if lines and lines[-1] == "":
                 lines.pop()
             if not any_text and any(ln.strip() for ln in lines):
@@ -250,25 +379,29 @@ def iter_line_batches(
     lines_out: list[str] = []
     ends: list[bool] = []
     done = 0
+    n_chars = 0  # a batch is also bounded in characters (long lines make few lines a lot of text)
     for path in corpus.files:
         for lines in iter_file_lines(path, corpus.skip_bad_text):
             for raw in lines:
                 s = raw.strip()
                 if s:
-                    lines_out.append(s)
-                    ends.append(False)
+                    for piece in split_long_line(s):
+                        lines_out.append(piece)
+                        n_chars += len(piece)
+                        ends.append(False)
                 elif ends and not ends[-1]:
                     ends[-1] = True
-            if len(lines_out) > batch_lines:
+            if len(lines_out) > batch_lines or (n_chars > _BATCH_CHARS and len(lines_out) > 1):
                 # hold the last line back: it may still turn out to close the document (end of file)
                 yield lines_out[:-1], ends[:-1], done
                 lines_out, ends = lines_out[-1:], ends[-1:]
+                n_chars = len(lines_out[0])
         if ends:
             ends[-1] = True
         done += path.stat().st_size
-        if len(lines_out) >= batch_lines:
+        if len(lines_out) >= batch_lines or n_chars > _BATCH_CHARS:
             yield lines_out, ends, done
-            lines_out, ends = [], []
+            lines_out, ends, n_chars = [], [], 0
     for path in corpus.datasets:
         ds = _load_dataset(path)
         if corpus.text_column not in ds.column_names:
@@ -281,7 +414,9 @@ def iter_line_batches(
             for row in batch[corpus.text_column]:
                 if not isinstance(row, str):
                     continue
-                row_lines = [s for s in (ln.strip() for ln in row.split("\n")) if s]
+                row_lines = [
+                    p for s in (ln.strip() for ln in row.split("\n")) if s for p in split_long_line(s)
+                ]
                 if row_lines:
                     n_rows += 1
                     lines_out.extend(row_lines)

@@ -28,6 +28,7 @@ import numpy as np
 
 from tupe.data.tokenizer import CLS_ID, SEP_ID, tokenizer_fingerprint
 from tupe.errors import TupeError
+from tupe.io.files import is_write_failure, write_error
 
 PACK_VERSION = "stream-v1"
 _GROUP_CHARS = 4096  # lines of one document are joined (with " ") into encoder inputs of about this size
@@ -207,8 +208,15 @@ def load_or_build_packed(
                 os.replace(tmp, target)
             except OSError:  # another process finished first; theirs is identical
                 shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
+        except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(err, Exception) and not isinstance(err, TupeError) and is_write_failure(err):
+                raise write_error(
+                    getattr(err, "filename", None) or tmp,
+                    err,
+                    f"the data cache entry {target} was not made (partial files removed): free space or use "
+                    "another --cache-dir",
+                ) from None
             raise
         log(
             f"data: {meta['num_tokens']:,} tokens from {meta['num_documents']:,} documents in {meta['seconds']:.1f} s "

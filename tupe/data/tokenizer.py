@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tupe.errors import TupeError
+from tupe.io.files import write_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -129,6 +130,10 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
             raise TupeError(f"{path}: not a tokenizers JSON file ({err})") from err
     elif path.is_dir():
         tok = load_saved_tokenizer(path)
+    elif path.exists():
+        raise TupeError(
+            f"tokenizer {path} is a file, but not a tokenizer.json; give the tokenizer's folder or its tokenizer.json"
+        )
     else:
         raise TupeError(f"tokenizer not found: {path}")
     if not getattr(tok, "is_fast", False):
@@ -163,9 +168,19 @@ def get_or_train_tokenizer(
         return AutoTokenizer.from_pretrained(str(target))
     log(f"tokenizer: training byte-level BPE with {vocab_size} entries on {corpus.describe()}")
     tok = train_tokenizer(corpus, vocab_size, min_frequency, max_bytes, show_progress=progress)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
-    tok.save_pretrained(str(tmp))
+    tmp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+        tok.save_pretrained(str(tmp))
+    except OSError as err:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise write_error(
+            getattr(err, "filename", None) or target,
+            err,
+            "the trained tokenizer was not cached (partial files removed): free space or use another --cache-dir",
+        ) from None
     try:
         os.replace(tmp, target)
     except OSError:  # another process won the race: keep theirs

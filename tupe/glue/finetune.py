@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.glue.encoding import _load_data, _subsample, data_fingerprint, encode_split, to_dataset
 from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules import them from here)
@@ -277,27 +278,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         help="with --train-file: a dev file (task's TSV layout, or .json/.jsonl); MNLI: matched, then mismatched",
     )
-    p.add_argument("--out", required=True, help="output directory (results.json, runs/)")
     p.add_argument(
-        "--lrs", type=_floats, default=list(PAPER_LRS), help="learning rates (default 2e-5,3e-5,4e-5,5e-5)"
+        "--out", required=True, type=V.nonempty_path, help="output directory (results.json, runs/)"
     )
-    p.add_argument("--seeds", type=_ints, default=list(PAPER_SEEDS), help="seeds (default 1,2,3,4,5)")
-    p.add_argument("--epochs", type=float, help="epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI)")
-    p.add_argument("--batch-size", type=int, default=32, help="train batch size (default 32)")
-    p.add_argument("--eval-batch-size", type=int, default=64, help="evaluation batch size (default 64)")
-    p.add_argument("--max-seq-len", type=int, help="max tokens per example (default min(512, model's max))")
-    p.add_argument("--max-train-samples", type=int, help="use a fixed random subset of the training set")
     p.add_argument(
-        "--max-eval-samples", type=int, help="use a fixed random subset of each dev set (not comparable)"
+        "--lrs",
+        type=V.float_list(0.0),
+        default=list(PAPER_LRS),
+        help="learning rates (default 2e-5,3e-5,4e-5,5e-5)",
     )
-    p.add_argument("--warmup-ratio", type=float, default=0.06, help="linear warm-up fraction (default 0.06)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="default 0.01")
+    p.add_argument("--seeds", type=V.int_list(0), default=list(PAPER_SEEDS), help="seeds (default 1,2,3,4,5)")
+    p.add_argument(
+        "--epochs", type=V.positive_float, help="epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI)"
+    )
+    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
+    p.add_argument(
+        "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
+    )
+    p.add_argument(
+        "--max-seq-len", type=V.int_range(8), help="max tokens per example (default min(512, model's max))"
+    )
+    p.add_argument(
+        "--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set"
+    )
+    p.add_argument(
+        "--max-eval-samples",
+        type=V.positive_int,
+        help="use a fixed random subset of each dev set (not comparable)",
+    )
+    p.add_argument(
+        "--warmup-ratio",
+        type=V.float_range(0, 1, hi_open=True),
+        default=0.06,
+        help="linear warm-up fraction (default 0.06)",
+    )
+    p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
     p.add_argument("--adam-betas", default="0.9,0.999", help="Adam betas (default the paper's 0.9,0.999)")
-    p.add_argument("--adam-eps", type=float, default=1e-6, help="Adam epsilon (default 1e-6)")
-    p.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (default 1.0)")
+    p.add_argument("--adam-eps", type=V.positive_float, default=1e-6, help="Adam epsilon (default 1e-6)")
+    p.add_argument("--clip", type=V.nonneg_float, default=1.0, help="gradient clipping norm (default 1.0)")
     p.add_argument(
         "--dropout",
-        type=float,
+        type=V.float_range(-1, 1, hi_open=True),
         default=0.1,
         help="hidden and attention dropout while fine-tuning (default the paper's 0.1; -1 keeps the checkpoint's)",
     )
@@ -310,12 +331,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
     prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    V.annotate_ranges(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    betas = _floats(args.adam_betas)
+    try:
+        betas = _floats(args.adam_betas)
+    except argparse.ArgumentTypeError as err:
+        raise TupeError(f"--adam-betas: {err}") from None
     if len(betas) != 2:
         raise TupeError(f"--adam-betas needs two numbers, got {args.adam_betas!r}")
+    if not all(0 <= b < 1 for b in betas):
+        raise TupeError(f"--adam-betas must be two numbers in [0, 1), got {args.adam_betas!r}")
+    V.check_out_folder("--out", args.out)
+    for flag, value in (("--data-dir", args.data_dir), ("--train-file", args.train_file)):
+        if value is not None and not str(value).startswith("hub"):
+            V.check_path_kind(flag, value, "any" if flag == "--data-dir" else "file")
+    for value in args.dev_file or []:
+        V.check_path_kind("--dev-file", value, "file")
+    if args.tokenizer is not None:
+        V.check_path_kind("--tokenizer", args.tokenizer, "folder")
     for name in ("batch_size", "eval_batch_size"):
         if getattr(args, name) <= 0:
             raise TupeError(f"--{name.replace('_', '-')} must be positive")

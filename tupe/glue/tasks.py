@@ -257,7 +257,8 @@ def read_tsv(task: GlueTask, path: str | Path) -> Split:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    lines = text.split("\n")
+    # a file with a "\r" but no "\n" at all has old Mac (CR-only) line ends: then "\r" ends a row
+    lines = text.split("\r" if "\n" not in text and "\r" in text else "\n")
     if lines and lines[-1] == "":
         lines.pop()
     first_data_line = 1
@@ -269,12 +270,12 @@ def read_tsv(task: GlueTask, path: str | Path) -> Split:
         for name in needed:
             if name not in header:
                 raise TupeError(
-                    f"{path}:1: missing column {name!r} for {task.name} (header has: {', '.join(header)})"
+                    f"{path}:1: missing column {name!r} for {task.name} (header has: {', '.join(header)[:200]})"
                 )
         if task.n_columns is not None and len(header) != task.n_columns:
             raise TupeError(
                 f"{path}:1: {task.name} header has {len(header)} columns, expected {task.n_columns} "
-                f"({', '.join(header)})"
+                f"({', '.join(header)[:200]})"
             )
         n_columns = len(header)
         cols = [header.index(c) for c in task.text_columns]

@@ -50,7 +50,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to a temporary file next to `path`, fsync it, rename it over `path`, fsync the folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise write_error(path, err, "nothing was written") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -58,6 +61,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; what we publish is an ordinary file
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        kept = "its previous content is kept" if path.exists() else "nothing was written"
+        raise write_error(path, err, kept) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -96,25 +103,88 @@ def sha256_files(files: Iterable[str | os.PathLike]) -> str:
     return h.hexdigest()
 
 
+LOCK_NAME = ".lock"
+LOCK_INFO_NAME = ".lock.info"  # who holds the lock: pid, host, command, start time (JSON)
+
+
+def _lock_holder(folder: Path) -> str:
+    try:
+        info = json.loads((folder / LOCK_INFO_NAME).read_text())
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}: {info['command']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[None]:
-    """One writer per output folder (`folder/.lock`, an OS lock that dies with its process, so never stale).
+    """One writer per output folder: `folder/.lock` is an OS (flock) lock that the kernel releases when its process
+    dies, so a lock left by a killed run is never stale, it is simply taken over; `folder/.lock.info` names the
+    holder (pid, host, command line), so a second writer is refused at once with one line naming the first.
 
     Two commands writing one folder would train the same runs and overwrite each other's files.
     """
+    import socket
+    import sys
+    import time
+
     from filelock import FileLock, Timeout
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(folder / ".lock"), timeout=0)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise TupeError(f"{folder} is a file, not a folder") from None
+    lock = FileLock(str(folder / LOCK_NAME), timeout=0)
     try:
         lock.acquire()
     except Timeout:
-        raise TupeError(f"{folder}: another `{command}` is writing here; wait for it") from None
+        raise TupeError(
+            f"{folder}: another `{command}` is writing here ({_lock_holder(folder)}); wait for it or stop it"
+        ) from None
     try:
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join(["tupe", *sys.argv[1:]]) if sys.argv[1:] else command,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        try:
+            atomic_write_text(folder / LOCK_INFO_NAME, json.dumps(info) + "\n")
+        except OSError:
+            pass  # the lock itself holds; only the description of its holder is missing
         yield
     finally:
         lock.release()
+
+
+class WriteError(TupeError, OSError):
+    """A write that failed (disk full, permissions, I/O error), as one line naming the path and what was kept; an
+    `OSError` too, so code that handles failed writes still does."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "write failed"
+
+
+_WRITE_FAILURE_MARKERS = ("no space left", "file write failed", "storagefull", "ioerror", "disk quota")
+
+
+def is_write_failure(err: BaseException) -> bool:
+    """An `OSError`, or the way torch.save (RuntimeError from its C++ writer) and safetensors (SafetensorError)
+    report a failed write (disk full, I/O error)."""
+    if isinstance(err, OSError):
+        return True
+    text = str(err).lower()
+    return any(m in text for m in _WRITE_FAILURE_MARKERS)
+
+
+def write_error(
+    path: str | os.PathLike, err: OSError, kept: str = "the previous version is kept"
+) -> WriteError:
+    """A one-line error for a failed write (disk full, permissions): the path, the reason and what was kept."""
+    if isinstance(err, WriteError):
+        return err
+    reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
+    return WriteError(f"cannot write {path}: {reason}; {kept}")
 
 
 def fsync_tree(path: str | os.PathLike) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.training.presets import PRESETS, get_preset
 
@@ -157,12 +158,18 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
         help="use this tokenizer (folder or tokenizer.json) instead of training a BPE",
     )
     g.add_argument(
-        "--vocab-size", type=int, help="BPE vocabulary size to train (preset: 8192 mini, 32768 base/paper)"
+        "--vocab-size",
+        type=V.positive_int,
+        help="BPE vocabulary size to train (preset: 8192 mini, 32768 base/paper)",
     )
-    g.add_argument("--tokenizer-max-mb", type=float, help="train the BPE on the first N MB of text only")
-    g.add_argument("--max-length", type=int, help="block length in tokens ([CLS] included)")
-    g.add_argument("--valid-every", type=int, help="1 block in N is validation (default 200: 199:1)")
-    g.add_argument("--mlm-probability", type=float, help="fraction of tokens to predict (default 0.15)")
+    g.add_argument(
+        "--tokenizer-max-mb", type=V.positive_float, help="train the BPE on the first N MB of text only"
+    )
+    g.add_argument("--max-length", type=V.int_range(2), help="block length in tokens ([CLS] included)")
+    g.add_argument(
+        "--valid-every", type=V.int_range(2), help="1 block in N is validation (default 200: 199:1)"
+    )
+    g.add_argument("--mlm-probability", type=V.open_prob, help="fraction of tokens to predict (default 0.15)")
     g.add_argument(
         "--cache-dir",
         help="where tokenizers and packed data are cached (default $TUPE_CACHE or ~/.cache/tupe)",
@@ -171,11 +178,11 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--preset", default="mini", choices=sorted(PRESETS), help="size and budget (default: mini)"
     )
-    m.add_argument("--hidden-size", type=int)
-    m.add_argument("--num-layers", dest="num_hidden_layers", type=int)
-    m.add_argument("--num-heads", dest="num_attention_heads", type=int)
-    m.add_argument("--intermediate-size", type=int)
-    m.add_argument("--dropout", type=float)
+    m.add_argument("--hidden-size", type=V.positive_int)
+    m.add_argument("--num-layers", dest="num_hidden_layers", type=V.positive_int)
+    m.add_argument("--num-heads", dest="num_attention_heads", type=V.positive_int)
+    m.add_argument("--intermediate-size", type=V.positive_int)
+    m.add_argument("--dropout", type=V.unit_interval)
     m.add_argument(
         "--dense-prediction",
         action="store_true",
@@ -184,56 +191,59 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--attn-implementation", choices=["sdpa", "eager"])
     o = p.add_argument_group("optimisation")
     o.add_argument(
-        "--batch-size", type=int, help="global batch (sequences per optimizer step, all processes)"
+        "--batch-size", type=V.positive_int, help="global batch (sequences per optimizer step, all processes)"
     )
-    o.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation steps (default 1)")
-    o.add_argument("--max-steps", type=int)
-    o.add_argument("--lr", dest="learning_rate", type=float, help="peak learning rate")
-    o.add_argument("--warmup-steps", type=int)
-    o.add_argument("--weight-decay", type=float)
+    o.add_argument(
+        "--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)"
+    )
+    o.add_argument("--max-steps", type=V.positive_int)
+    o.add_argument("--lr", dest="learning_rate", type=V.positive_float, help="peak learning rate")
+    o.add_argument("--warmup-steps", type=V.nonneg_int)
+    o.add_argument("--weight-decay", type=V.nonneg_float)
     o.add_argument(
         "--positional-lr-scale",
-        type=float,
+        type=V.positive_float,
         default=1.0,
         help="learning rate of the positional parameters (position tables, U^Q/U^K, relative bias, theta) as a "
         "multiple of --lr (default 1)",
     )
     o.add_argument(
         "--positional-weight-decay",
-        type=float,
+        type=V.nonneg_float,
         help="weight decay of the positional tables (default: --weight-decay, as the released code, which decays "
         "every parameter; 0 exempts them)",
     )
-    o.add_argument("--adam-beta1", type=float)
-    o.add_argument("--adam-beta2", type=float)
-    o.add_argument("--adam-epsilon", type=float)
-    o.add_argument("--max-grad-norm", type=float, help="gradient clipping (default 1.0)")
+    o.add_argument("--adam-beta1", type=V.unit_interval)
+    o.add_argument("--adam-beta2", type=V.unit_interval)
+    o.add_argument("--adam-epsilon", type=V.positive_float)
+    o.add_argument("--max-grad-norm", type=V.nonneg_float, help="gradient clipping (default 1.0)")
     o.add_argument(
         "--precision",
         default="auto",
         choices=["auto", "fp32", "bf16", "fp16"],
         help="auto: bf16 (or fp16) on GPUs, fp32 on CPU",
     )
-    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--seed", type=V.seed_int, default=0)
     r = p.add_argument_group("evaluation, checkpoints, logging")
-    r.add_argument("--eval-steps", type=int, help="validate every N steps")
-    r.add_argument("--eval-batch-size", type=int)
-    r.add_argument("--save-steps", type=int, help="checkpoint every N steps")
+    r.add_argument("--eval-steps", type=V.positive_int, help="validate every N steps")
+    r.add_argument("--eval-batch-size", type=V.positive_int)
+    r.add_argument("--save-steps", type=V.positive_int, help="checkpoint every N steps")
     r.add_argument(
         "--save-at",
-        type=lambda s: [int(x) for x in s.split(",") if x],
+        type=V.int_list(1),
         metavar="N,N,...",
         help="also checkpoint at these steps",
     )
-    r.add_argument("--save-total-limit", type=int, help="keep only the N newest checkpoints")
-    r.add_argument("--logging-steps", type=int)
+    r.add_argument("--save-total-limit", type=V.positive_int, help="keep only the N newest checkpoints")
+    r.add_argument("--logging-steps", type=V.positive_int)
     r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     r.add_argument("--quiet", action="store_true", help="print nothing but errors")
     r.add_argument(
         "--threads",
-        type=int,
+        type=V.positive_int,
         help="CPU threads for torch (default: all cores; 1 is faster on a busy machine)",
     )
+    V.annotate_ranges(p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -245,7 +255,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default tupe-a)",
     )
     p.add_argument(
-        "--out", required=True, help="output folder (model, tokenizer, checkpoints, metrics.jsonl)"
+        "--out",
+        required=True,
+        type=V.nonempty_path,
+        help="output folder (model, tokenizer, checkpoints, metrics.jsonl)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start again even if --out holds a run")
@@ -280,7 +293,9 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="comma-separated schemes; the first is the reference, e.g. bert-a,tupe-a",
     )
-    p.add_argument("--out", required=True, help="output folder (one sub-folder per scheme)")
+    p.add_argument(
+        "--out", required=True, type=V.nonempty_path, help="output folder (one sub-folder per scheme)"
+    )
     p.add_argument(
         "--seeds",
         help="several seeds per scheme, e.g. 0,1,2 or 0-4 (each changes initialisation, data order and masks); "
@@ -288,14 +303,14 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--parallel",
-        type=int,
+        type=V.positive_int,
         default=1,
         help="runs trained at once, each in its own process (default 1; on a small CPU use the number of "
         "cores, with one thread each)",
     )
     p.add_argument("--resume", action="store_true", help="keep finished runs, continue interrupted ones")
     p.add_argument("--overwrite", action="store_true", help="start every run again")
-    add_model_data_arguments(p)
+    add_model_data_arguments(p)  # also annotates the ranges in --help
 
 
 DEMO_STEPS = 1800  # the mini preset's: fits 15 minutes on a quiet 2-core machine with two runs side by side
@@ -303,17 +318,20 @@ DEMO_STEPS = 1800  # the mini preset's: fits 15 minutes on a quiet 2-core machin
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     """`tupe demo`'s options (tupe/training/demo.py)."""
-    p.add_argument("--out", default="tupe-demo", help="output folder (default: ./tupe-demo)")
+    p.add_argument(
+        "--out", default="tupe-demo", type=V.nonempty_path, help="output folder (default: ./tupe-demo)"
+    )
     p.add_argument("--schemes", default="bert-a,tupe-a", help="schemes to compare (default: bert-a,tupe-a)")
-    p.add_argument("--max-steps", type=int, help=f"steps per scheme (default {DEMO_STEPS})")
+    p.add_argument("--max-steps", type=V.positive_int, help=f"steps per scheme (default {DEMO_STEPS})")
     p.add_argument("--corpus", nargs="+", metavar="PATH", help="another corpus (default: the built-in one)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", help="tokenizer/data cache (default $TUPE_CACHE or ~/.cache/tupe)")
     p.add_argument("--overwrite", action="store_true", help="start again instead of reusing runs in --out")
     p.add_argument(
         "--parallel",
-        type=int,
+        type=V.positive_int,
         default=2,
         help="runs trained at once, one thread each (default 2: both schemes side by side)",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    V.annotate_ranges(p)

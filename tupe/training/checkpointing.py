@@ -25,7 +25,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from tupe.errors import TupeError
+from tupe.errors import TupeError, one_line
 from tupe.io.checkpoints import check_model_weights, list_checkpoints
 from tupe.io.files import atomic_write_json, sha256_file
 
@@ -66,6 +66,45 @@ def write_manifest(
     return manifest
 
 
+_REQUIRED_IN_MANIFEST = ("model.safetensors", "trainer_state.json")
+
+
+def manifest_problem(manifest: object) -> str | None:
+    """None if `manifest` has the schema `write_manifest` writes, else what is wrong (one short phrase): a
+    manifest is trusted only if it lists the checkpoint's essential files, each with a size and a SHA-256."""
+    if not isinstance(manifest, dict):
+        return f"expected a JSON object, got {type(manifest).__name__}"
+    if manifest.get("format") != MANIFEST_FORMAT:
+        return f"format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}"
+    step = manifest.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"'step' must be a non-negative integer, got {step!r}"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return f"'files' must be an object of file -> size and SHA-256, got {type(files).__name__}"
+    for name in _REQUIRED_IN_MANIFEST:
+        if name not in files:
+            return f"'files' does not list {name}"
+    for rel, meta in files.items():
+        if not isinstance(rel, str) or rel.startswith(("/", "\\")) or ".." in Path(rel).parts:
+            return f"file name {rel!r} is not inside the checkpoint"
+        if not isinstance(meta, dict):
+            return f"entry {rel!r} must be an object with 'bytes' and 'sha256'"
+        size, digest = meta.get("bytes"), meta.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return f"entry {rel!r}: 'bytes' must be a non-negative integer, got {size!r}"
+        if (
+            not isinstance(digest, str)
+            or len(digest) != 64
+            or any(c not in "0123456789abcdef" for c in digest)
+        ):
+            return f"entry {rel!r}: 'sha256' must be 64 hex digits"
+    skipped = manifest.get("nonfinite_skipped", 0)
+    if not isinstance(skipped, int) or isinstance(skipped, bool) or skipped < 0:
+        return f"'nonfinite_skipped' must be a non-negative integer, got {skipped!r}"
+    return None
+
+
 def verify_checkpoint(ckpt_dir: str | os.PathLike, deep: bool = True) -> str | None:
     """None if `ckpt_dir` is a complete, intact checkpoint; else the reason it is not (one short phrase).
 
@@ -80,10 +119,12 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike, deep: bool = True) -> str | N
     if manifest_path.is_file():
         try:
             manifest = json.loads(manifest_path.read_text())
-            files = manifest["files"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
-            return f"unreadable {MANIFEST_NAME} ({err})"
-        for rel, meta in files.items():
+        except (OSError, ValueError) as err:
+            return f"unreadable {MANIFEST_NAME} ({one_line(err)})"
+        problem = manifest_problem(manifest)
+        if problem is not None:
+            return f"invalid {MANIFEST_NAME} ({problem})"
+        for rel, meta in manifest["files"].items():
             f = ckpt_dir / rel
             if not f.is_file():
                 return f"{rel} is missing"

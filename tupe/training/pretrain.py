@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -28,9 +29,9 @@ import torch
 from accelerate import PartialState
 from transformers import TrainerCallback
 
-from tupe.errors import TupeError
+from tupe.errors import TupeError, one_line
 from tupe.io.checkpoints import list_checkpoints
-from tupe.io.files import atomic_write_text
+from tupe.io.files import atomic_write_text, folder_lock
 from tupe.training.arguments import (  # noqa: F401  (re-exported: `tupe compare` and other commands use them)
     PretrainConfig,
     add_arguments,
@@ -67,7 +68,35 @@ class _Log:
 
 
 def pretrain(config: PretrainConfig) -> dict[str, Any]:
-    """Run (or resume) one pre-training run; returns the summary also written to `OUT/pretrain_summary.json`."""
+    """Run (or resume) one pre-training run; returns the summary also written to `OUT/pretrain_summary.json`.
+
+    Path flags are checked before any work, and the main process holds `OUT`'s lock (one writer per run folder)
+    from before the data is prepared to the end.
+    """
+    from tupe.validators import check_out_folder, check_path_kind
+
+    out = check_out_folder("--out", config.out, must_exist=config.resume and not config.prepare_only)
+    if (
+        config.resume
+        and not config.prepare_only
+        and not (out / RUN_FILE).is_file()
+        and not list_checkpoints(out)
+    ):
+        raise TupeError(
+            f"--resume: {out} holds no tupe run (no {RUN_FILE}, no checkpoint-N); drop --resume to start one"
+        )
+    if config.tokenizer is not None:
+        check_path_kind("--tokenizer", config.tokenizer, "any")
+    if config.cache_dir is not None and Path(config.cache_dir).expanduser().exists():
+        if not Path(config.cache_dir).expanduser().is_dir():
+            raise TupeError(f"--cache-dir {config.cache_dir} is a file, not a folder")
+    if config.prepare_only or int(os.environ.get("RANK", "0")) != 0:
+        return _pretrain(config)
+    with folder_lock(out, "tupe pretrain"):
+        return _pretrain(config)
+
+
+def _pretrain(config: PretrainConfig) -> dict[str, Any]:
     from transformers import set_seed
 
     from tupe.data.mlm import TRAIN_SPLIT, VALID_SPLIT, BlockDataset, EpochShuffleSampler, MaskedLMCollator
@@ -176,8 +205,12 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     with args.main_process_first(desc="output folder", local=False):
         if main:
             if action == "wipe":
-                log(f"--overwrite: emptying {out}")
-                _wipe(out)
+                kept = _wipe(out)
+                log(f"--overwrite: removed the previous run's files from {out}")
+                if kept:
+                    warn(
+                        f"--overwrite: kept {len(kept)} file(s) tupe did not write in {out}: {', '.join(kept[:5])}"
+                    )
             out.mkdir(parents=True, exist_ok=True)
             for stale in out.glob(".tmp-checkpoint-*"):  # a save cut by a kill
                 shutil.rmtree(stale, ignore_errors=True)
@@ -263,6 +296,12 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         trainer.remove_callback(ProgressCallback)
     try:
         train_out = trainer.train(resume_from_checkpoint=resume_from)
+    except pickle.UnpicklingError as err:  # weights_only refused a pickled object in optimizer.pt & co.
+        raise TupeError(
+            f"{resume_from}: a state file (optimizer.pt, scheduler.pt or rng_state*.pth) holds objects that are not "
+            f"plain tensors, refused by torch.load(weights_only=True) ({one_line(err)[:120]}); delete that checkpoint "
+            "to resume from an earlier one"
+        ) from None
     finally:
         stop.restore()
     if stop.received is not None:

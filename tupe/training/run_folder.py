@@ -8,6 +8,7 @@ run is never wiped.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -40,6 +41,41 @@ _RUN_ARTIFACTS_PREFIXES = (
 )
 
 
+_RUN_ARTIFACT_NAMES = {
+    "tensorboard",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "training_args.bin",
+    "modeling_tupe.py",
+    "configuration_tupe.py",
+    "positional.py",
+    "kernels.py",
+    "conversion.py",
+    ".tmp-final",
+    ".lock",
+    ".lock.info",
+    METRICS_FILE,
+    SUMMARY_FILE,
+    RUN_FILE,
+}
+# checkpoints, their staging folders, and atomic_write_text's temporary files (".NAME.XXXX.tmp")
+_RUN_ARTIFACT_PATTERN = re.compile(r"^(\.tmp-)?checkpoint-\d+(-old)?$|^\.[^/]+\.tmp$")
+LOCK_FILES = (".lock", ".lock.info")
+
+
+def is_run_artifact(name: str) -> bool:
+    """Whether `name` (an entry at the top of a run folder) is one `tupe pretrain` writes; only those are ever
+    deleted by --overwrite (a user's notes, `tupe analyze` or `tupe glue` outputs kept in the folder are not)."""
+    return name in _RUN_ARTIFACT_NAMES or bool(_RUN_ARTIFACT_PATTERN.match(name))
+
+
 def _identity_diff(old: dict, new: dict) -> list[str]:
     diffs = []
     for section in ("scheme", "model", "data", "optim"):
@@ -61,12 +97,12 @@ def check_out_dir(out: Path, identity: dict, resume: bool, overwrite: bool) -> s
     """
     if out.exists() and not out.is_dir():
         raise TupeError(f"--out {out} is a file, not a folder")
-    entries = [p for p in out.iterdir()] if out.exists() else []
+    entries = [p for p in out.iterdir() if p.name not in LOCK_FILES] if out.exists() else []
     if not entries:
         return "fresh"
     run_file = out / RUN_FILE
     if not run_file.exists():
-        foreign = [p.name for p in entries if not p.name.startswith(_RUN_ARTIFACTS_PREFIXES)]
+        foreign = [p.name for p in entries if not is_run_artifact(p.name)]
         if foreign:
             raise TupeError(
                 f"--out {out} is not empty and is not a tupe run folder (it holds {foreign[0]!r}); choose a new --out"
@@ -91,12 +127,21 @@ def _refuse(out: Path, why: str) -> str:
     raise TupeError(f"--out {out} {why}; pass --resume to continue it or --overwrite to start again")
 
 
-def _wipe(out: Path) -> None:
-    for p in out.iterdir():
+def _wipe(out: Path) -> list[str]:
+    """--overwrite: delete what `tupe pretrain` wrote in `out` (never its lock), keep everything else; returns the
+    names kept (foreign files: a user's notes, `tupe analyze` / `tupe glue` outputs)."""
+    kept = []
+    for p in sorted(out.iterdir()):
+        if p.name in LOCK_FILES:
+            continue
+        if not is_run_artifact(p.name):
+            kept.append(p.name + ("/" if p.is_dir() else ""))
+            continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink()
+    return kept
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback
 
 from tupe.errors import TupeError
-from tupe.io.files import fsync_dir, fsync_tree
+from tupe.io.files import fsync_dir, fsync_tree, is_write_failure, write_error
 from tupe.training.checkpointing import find_latest_checkpoint, first_nonfinite_parameter, write_manifest
 
 
@@ -301,18 +301,36 @@ class PretrainTrainer(Trainer):
         self._staging_root = staging
         try:
             super()._save_checkpoint(model, trial)
+            self.accelerator.wait_for_everyone()
+            if self.args.should_save:
+                # last file of the checkpoint: sizes + SHA-256 of all others, so a later truncation is detected
+                write_manifest(
+                    os.path.join(staging, name),
+                    self.state.global_step,
+                    {"nonfinite_skipped": self.nonfinite_skipped},
+                )
+                fsync_tree(os.path.join(staging, name))
+        except Exception as err:  # disk full, I/O error: drop the partial checkpoint, keep the earlier ones
+            if not is_write_failure(err):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            from tupe.io.checkpoints import list_checkpoints
+
+            earlier = list_checkpoints(run_dir)
+            kept = (
+                f"the latest complete checkpoint {earlier[0]} is kept" if earlier else "no earlier checkpoint"
+            )
+            where = getattr(err, "filename", None) or os.path.join(run_dir, name)
+            raise write_error(
+                where,
+                err,
+                f"{name} was not saved (partial files removed); {kept}: free space and rerun with --resume",
+            ) from None
         finally:
             self._staging_root = None
-        self.accelerator.wait_for_everyone()
         if self.args.should_save:
             final = os.path.join(run_dir, name)
-            # last file of the checkpoint: sizes + SHA-256 of all others, so a later truncation is detected
-            write_manifest(
-                os.path.join(staging, name),
-                self.state.global_step,
-                {"nonfinite_skipped": self.nonfinite_skipped},
-            )
-            fsync_tree(os.path.join(staging, name))
+            # the manifest (last file of the checkpoint: sizes + SHA-256 of all others) was written above
             if os.path.exists(final):  # re-saving a step (e.g. after resume): swap atomically
                 old = staging + "-old"
                 os.replace(final, old)
@@ -338,9 +356,20 @@ def save_final_model(trainer: Trainer, out: Path) -> None:
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(staging))
+    try:
+        trainer.save_model(str(staging))
+        if trainer.args.should_save:
+            fsync_tree(str(staging))
+    except Exception as err:  # disk full: the checkpoints (which hold the same weights) are untouched
+        if not is_write_failure(err):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        raise write_error(
+            getattr(err, "filename", None) or staging,
+            err,
+            f"the final model was not saved; the checkpoints in {out} are kept: free space and rerun with --resume",
+        ) from None
     if trainer.args.should_save:
-        fsync_tree(str(staging))
         for p in sorted(staging.iterdir()):
             os.replace(p, out / p.name)
         fsync_dir(str(out))

@@ -1,0 +1,182 @@
+"""Run folders are owned and locked; disk-full and I/O errors are one line naming the path and what was kept."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import assert_user_error, pretrain_args, run_cli, subprocess_env
+
+
+def _enospc(*a: object, **k: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.slow
+def test_overwrite_removes_only_what_tupe_wrote(
+    rel_corpus, rel_tokenizer, rel_cache, tmp_path, capsys
+) -> None:  # noqa: ANN001
+    out = tmp_path / "run"
+    args = pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, max_steps=2)
+    assert run_cli(args, capsys)[0] == 0
+    (out / "NOTES.md").write_text("my notes\n")
+    (out / "analysis").mkdir()
+    (out / "analysis" / "fig.png").write_bytes(b"png")
+    (out / "glue-sst2").mkdir()
+    (out / "glue-sst2" / "results.json").write_text("{}")
+    code, _, err = run_cli([*args, "--overwrite"], capsys)
+    assert code == 0, err
+    assert "kept 3 file(s) tupe did not write" in err and "NOTES.md" in err
+    assert (out / "NOTES.md").read_text() == "my notes\n"
+    assert (out / "analysis" / "fig.png").read_bytes() == b"png"
+    assert (out / "glue-sst2" / "results.json").read_text() == "{}"
+    assert (out / "model.safetensors").is_file()
+
+
+def test_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(
+    rel_corpus,
+    rel_tokenizer,
+    rel_cache,
+    tmp_path,
+    capsys,  # noqa: ANN001
+) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    code = (
+        "import sys,time; from tupe.io.files import folder_lock\n"
+        "with folder_lock(sys.argv[1], 'tupe pretrain'):\n print('locked', flush=True); time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, env=subprocess_env()
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        args = pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, max_steps=2)
+        code_, _, err = run_cli(args, capsys)
+        assert_user_error(code_, err, "another `tupe pretrain` is writing here", f"pid {proc.pid}")
+        assert list(out.iterdir()) and not (out / "tupe_run.json").exists()  # refused before any work
+        proc.send_signal(signal.SIGKILL)  # the holder dies: its lock is stale and must be taken over
+        proc.wait()
+        code_, _, err = run_cli(args, capsys)
+        assert code_ == 0, err
+    finally:
+        proc.kill()
+
+
+def test_glue_refuses_a_second_writer(tmp_path) -> None:  # noqa: ANN001
+    from tupe.errors import TupeError
+    from tupe.glue.finetune import run_grid
+    from tupe.io.files import folder_lock
+
+    with folder_lock(tmp_path / "g", "tupe glue"):
+        with pytest.raises(TupeError, match="another `tupe glue` is writing here"):
+            run_grid(tmp_path / "model", None, tmp_path / "g")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(
+    rel_corpus,
+    rel_tokenizer,
+    rel_cache,
+    tmp_path,
+    capsys,
+    monkeypatch,  # noqa: ANN001
+) -> None:
+    from transformers import Trainer
+
+    from tupe.training.checkpointing import find_latest_checkpoint, verify_checkpoint
+
+    out = tmp_path / "run"
+    args = pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, max_steps=4, save_steps=2, eval_steps=4)
+    calls = {"n": 0}
+    original = Trainer._save_optimizer_and_scheduler
+
+    def second_save_fails(self, output_dir):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        if calls["n"] == 2:
+            _enospc()
+        return original(self, output_dir)
+
+    monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", second_save_fails)
+    code, _, err = run_cli(args, capsys)
+    line = assert_user_error(
+        code, err, "No space left on device", "checkpoint-4 was not saved", "checkpoint-2"
+    )
+    assert str(out) in line
+    latest = find_latest_checkpoint(out, log=None)
+    assert latest is not None and latest.name == "checkpoint-2" and verify_checkpoint(latest) is None
+    assert not list(out.glob(".tmp-checkpoint-*"))
+    monkeypatch.setattr(Trainer, "_save_optimizer_and_scheduler", original)
+    code, _, err = run_cli([*args, "--resume"], capsys)  # space freed: the run continues
+    assert code == 0, err
+
+
+@pytest.mark.slow
+def test_disk_full_while_saving_the_final_model(
+    rel_corpus, rel_tokenizer, rel_cache, tmp_path, capsys, monkeypatch
+) -> None:  # noqa: ANN001
+    from transformers import Trainer
+
+    out = tmp_path / "run"
+    args = pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, max_steps=2, save_steps=2, eval_steps=2)
+    original = Trainer.save_model
+
+    def fails(self, output_dir=None, _internal_call=False):  # noqa: ANN001, ANN202
+        if str(output_dir).endswith(".tmp-final"):
+            _enospc()
+        return original(self, output_dir, _internal_call)
+
+    monkeypatch.setattr(Trainer, "save_model", fails)
+    code, _, err = run_cli(args, capsys)
+    assert_user_error(code, err, "No space left on device", "final model was not saved", "checkpoints")
+    assert (out / "checkpoint-2").is_dir() and not (out / ".tmp-final").exists()
+    monkeypatch.setattr(Trainer, "save_model", original)
+    code, _, err = run_cli([*args, "--resume"], capsys)
+    assert code == 0, err
+    assert (out / "model.safetensors").is_file()
+
+
+def test_atomic_write_on_a_full_disk_keeps_the_old_content(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import tupe.io.files as files
+    from tupe.errors import TupeError
+
+    path = tmp_path / "results.json"
+    files.atomic_write_text(path, "old\n")
+    monkeypatch.setattr(files.os, "fsync", _enospc)
+    with pytest.raises(
+        TupeError, match=r"cannot write .*results.json: No space left on device; its previous"
+    ):
+        files.atomic_write_text(path, "new\n")
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_disk_full_while_caching_names_the_cache(
+    rel_corpus, rel_tokenizer, tmp_path, capsys, monkeypatch
+) -> None:  # noqa: ANN001
+    import tupe.data.packing as packing
+
+    def encode_fails(corpus, tokenizer, path, **kw):  # noqa: ANN001, ANN003, ANN202
+        Path(path).write_bytes(b"partial")
+        _enospc()
+
+    monkeypatch.setattr(packing, "encode_to_stream", encode_fails)
+    args = pretrain_args(rel_corpus, rel_tokenizer, tmp_path / "cache", tmp_path / "run", max_steps=2)
+    code, _, err = run_cli([*args, "--prepare-only"], capsys)
+    assert_user_error(code, err, "No space left on device", "data cache entry", str(tmp_path / "cache"))
+    assert not [p for p in (tmp_path / "cache" / "packed").iterdir()]  # no partial entry left
+
+
+def test_cr_only_glue_tsv_is_read_as_rows(tmp_path) -> None:  # noqa: ANN001
+    from tupe.glue.tasks import get_task, read_tsv
+
+    rows = ["sentence\tlabel"] + [f"word number {i}\t{i % 2}" for i in range(50)]
+    path = tmp_path / "train.tsv"
+    path.write_bytes(("\r".join(rows) + "\r").encode())
+    split = read_tsv(get_task("SST-2"), path)
+    assert len(split) == 50

@@ -1,0 +1,178 @@
+"""argparse `type=` validators: every numeric flag is checked when it is parsed, with its allowed range in the
+error message and in `--help` (`annotate_ranges` appends it), and path flags are checked for their kind before
+any work starts (`check_out_folder`, `check_path_kind`).
+
+A value out of range is `tupe CMD: error: argument --grad-accum: must be an integer >= 1, got 0`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from tupe.errors import TupeError
+
+
+def _typed(fn: Callable[[str], object], text: str) -> Callable[[str], object]:
+    fn.range_text = text  # type: ignore[attr-defined]
+    fn.__name__ = text  # argparse names the type in some messages
+    return fn
+
+
+def int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
+    """An integer in [lo, hi] (either end open when None)."""
+    text = (
+        f"an integer from {lo} to {hi}"
+        if lo is not None and hi is not None
+        else f"an integer >= {lo}"
+        if lo is not None
+        else f"an integer <= {hi}"
+        if hi is not None
+        else "an integer"
+    )
+
+    def parse(s: str) -> int:
+        try:
+            v = int(str(s).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {text}, got {s!r}") from None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {text}, got {v}")
+        return v
+
+    return _typed(parse, text)  # type: ignore[return-value]
+
+
+def float_range(
+    lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
+) -> Callable[[str], float]:
+    """A finite number in the interval (open or closed ends); NaN and infinities are always refused."""
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '>='} {lo:g}")
+    if hi is not None:
+        parts.append(f"{'<' if hi_open else '<='} {hi:g}")
+    text = "a finite number" + (" " + " and ".join(parts) if parts else "")
+
+    def parse(s: str) -> float:
+        try:
+            v = float(str(s).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {text}, got {s!r}") from None
+        bad = not math.isfinite(v)
+        if lo is not None:
+            bad |= v <= lo if lo_open else v < lo
+        if hi is not None:
+            bad |= v >= hi if hi_open else v > hi
+        if bad:
+            raise argparse.ArgumentTypeError(f"must be {text}, got {s}")
+        return v
+
+    return _typed(parse, text)  # type: ignore[return-value]
+
+
+positive_int = int_range(1)
+nonneg_int = int_range(0)
+seed_int = int_range(0, 2**32 - 1)
+positive_float = float_range(0, lo_open=True)
+nonneg_float = float_range(0)
+prob = float_range(0, 1)  # a probability, 0 and 1 included
+open_prob = float_range(0, 1, lo_open=True, hi_open=True)  # strictly between 0 and 1
+unit_interval = float_range(0, 1, hi_open=True)  # 0 <= x < 1 (dropout, Adam betas)
+
+
+def int_list(lo: int = 1) -> Callable[[str], list[int]]:
+    """Comma-separated integers, each >= lo."""
+    one = int_range(lo)
+    text = f"comma-separated integers >= {lo}"
+
+    def parse(s: str) -> list[int]:
+        items = [x for x in str(s).split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"must be {text}, got {s!r}")
+        try:
+            return [one(x) for x in items]
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"must be {text}, got {s!r}") from None
+
+    return _typed(parse, text)  # type: ignore[return-value]
+
+
+def float_list(lo: float = 0.0, lo_open: bool = True) -> Callable[[str], list[float]]:
+    """Comma-separated finite numbers, each > lo (or >= lo)."""
+    one = float_range(lo, lo_open=lo_open)
+    text = f"comma-separated numbers (each finite, {'>' if lo_open else '>='} {lo:g})"
+
+    def parse(s: str) -> list[float]:
+        items = [x for x in str(s).split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}")
+        try:
+            return [one(x) for x in items]
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected {text}, got {s!r}") from None
+
+    return _typed(parse, text)  # type: ignore[return-value]
+
+
+def nonempty_path(s: str) -> str:
+    """A path that is not empty (`--out ""` would silently mean the current folder)."""
+    if not str(s).strip():
+        raise argparse.ArgumentTypeError("must be a path, got an empty string")
+    if "\x00" in str(s):
+        raise argparse.ArgumentTypeError(f"must be a path, got {s!r} (NUL byte)")
+    return str(s)
+
+
+nonempty_path.range_text = None  # type: ignore[attr-defined]
+
+
+def annotate_ranges(parser: argparse.ArgumentParser) -> None:
+    """Append each validated flag's allowed range to its `--help` text."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public accessor
+        text = getattr(action.type, "range_text", None)
+        if text and action.help is not argparse.SUPPRESS and "[" + text + "]" not in (action.help or ""):
+            action.help = f"{action.help} [{text}]" if action.help else f"[{text}]"
+
+
+def check_out_folder(flag: str, path: str | os.PathLike, must_exist: bool = False) -> Path:
+    """`path` may be created as an output folder: not a file (or a link to one), not inside a file; with
+    `must_exist`, it must exist (`--resume` on a misspelled folder must not start a fresh run)."""
+    p = Path(path).expanduser()
+    if not str(path).strip():
+        raise TupeError(f"{flag} is empty; give a folder")
+    if p.is_symlink() and not p.exists():
+        raise TupeError(f"{flag} {p} is a broken symbolic link")
+    if p.exists() and not p.is_dir():
+        raise TupeError(f"{flag} {p} is a file, not a folder")
+    if must_exist and not p.exists():
+        raise TupeError(f"{flag} {p} does not exist (misspelled?); drop --resume to start a new run there")
+    for parent in p.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise TupeError(f"{flag} {p}: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK) and not p.exists():
+                raise TupeError(f"{flag} {p}: cannot create it, {parent} is not writable")
+            break
+    return p
+
+
+def check_path_kind(flag: str, path: str | os.PathLike, kind: str) -> Path:
+    """An input path that must exist and be a `file`, a `folder`, or `any` of them."""
+    p = Path(path).expanduser()
+    if not str(path).strip():
+        raise TupeError(f"{flag} is empty; give a path")
+    if not p.exists():
+        raise TupeError(f"{flag} {p}: no such {'file or folder' if kind == 'any' else kind}")
+    if kind == "file" and not p.is_file():
+        raise TupeError(
+            f"{flag} {p} is {'a folder' if p.is_dir() else 'not a regular file'}, expected a file"
+        )
+    if kind == "folder" and not p.is_dir():
+        raise TupeError(f"{flag} {p} is a file, expected a folder")
+    if kind == "any" and not (p.is_file() or p.is_dir()):
+        raise TupeError(f"{flag} {p} is not a regular file or folder (a FIFO or device?)")
+    return p
