@@ -63,7 +63,7 @@ class MetricsCallback(TrainerCallback):
                 lr=self._lr,
                 grad_norm=logs.get("grad_norm"),
                 tokens_per_s=round(tokens / self._step_time, 1) if self._step_time > 0 else None,
-                epoch=round(state.epoch or 0.0, 4),
+                epoch=round(state.epoch or 0.0, 4),  # passes over the training blocks (PretrainTrainer.log)
             )
             self._step_time = 0.0
         elif "eval_loss" in logs:
@@ -86,12 +86,27 @@ class SaveAtStepsCallback(TrainerCallback):
         return control
 
 
+class LogLastStepCallback(TrainerCallback):
+    """Log at the last step too: the Trainer's final train loss adds the steps since the last log from this process
+    only, so without it a multi-process summary differed from the single-process one."""
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        if state.max_steps and state.global_step >= state.max_steps:
+            control.should_log = True
+        return control
+
+
 class PretrainTrainer(Trainer):
     """The stock Trainer plus: our sampler, a masked-LM loss normalised over the whole global batch, a stop on
     non-finite losses, and atomic checkpoints."""
 
-    def __init__(self, *args, train_sampler=None, skip_nonfinite=False, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+    def __init__(
+        self, *args, train_sampler=None, skip_nonfinite=False, passes_per_step=None, **kwargs
+    ) -> None:  # noqa: ANN001, ANN002, ANN003
         super().__init__(*args, **kwargs)
+        # global batch / training blocks: the logged `epoch` is passes over the training blocks, not the
+        # Trainer's fraction of the one dataset that holds every pass
+        self.passes_per_step = passes_per_step
         self._tupe_sampler = train_sampler
         # skip (and count) batches with a non-finite loss instead of stopping
         self.skip_nonfinite = skip_nonfinite
@@ -116,6 +131,16 @@ class PretrainTrainer(Trainer):
                 losses = [h["loss"] for h in state.log_history if "loss" in h]
                 return TrainOutput(state.global_step, sum(losses) / max(1, len(losses)), {})
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def log(self, logs, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
+        if self.passes_per_step is None:
+            return super().log(logs, *args, **kwargs)
+        saved = self.state.epoch
+        self.state.epoch = round(self.state.global_step * self.passes_per_step, 4)
+        try:
+            return super().log(logs, *args, **kwargs)
+        finally:
+            self.state.epoch = saved
 
     def _get_num_items_in_batch(self, batch_samples, device):  # noqa: ANN001, ANN202
         # Masked tokens of the whole global batch (all accumulation steps, all processes). Counted here rather than
