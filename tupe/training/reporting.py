@@ -4,6 +4,8 @@ W&B, MLflow... as the Trainer's `report_to`), `--push-to-hub` / `--hub-model-id`
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +69,42 @@ def point_tensorboard(trainer: Any, logging_dir: str | Path) -> bool:
             cb.logging_dir = str(logging_dir)
             found = True
     return found
+
+
+@contextlib.contextmanager
+def hushed_libraries(progress: bool = True, quiet: bool = False) -> Iterator[None]:
+    """`--no-progress` / `--quiet` for the libraries too, while the command runs: no "Writing model shards" /
+    "Loading weights" / `datasets` bars without progress; only errors from `transformers` and `datasets` with
+    --quiet. The previous settings come back afterwards."""
+    import datasets
+    import transformers
+
+    hf = transformers.utils.logging
+    saved = (hf.get_verbosity(), hf.is_progress_bar_enabled())
+    saved_ds = (datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled())
+    if not progress or quiet:
+        hf.disable_progress_bar()
+        datasets.disable_progress_bars()
+    if quiet:
+        hf.set_verbosity_error()
+        datasets.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf.set_verbosity(saved[0])
+        datasets.logging.set_verbosity(saved_ds[0])
+        if saved[1]:
+            hf.enable_progress_bar()
+        if saved_ds[1]:
+            datasets.enable_progress_bars()
+
+
+def align_special_tokens(model: Any, tokenizer: Any) -> None:
+    """Give the model's config the tokenizer's PAD/BOS/EOS ids before a Trainer is built, which otherwise does it
+    itself with a warning on every run."""
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            setattr(model.config, name, value)
+            if getattr(model, "generation_config", None) is not None:
+                setattr(model.generation_config, name, value)
