@@ -80,3 +80,25 @@ def test_report_to_and_hub_flags_reach_the_trainer(tmp_path: Path) -> None:
     none = training_arguments(config_from_args(args, report_to="none", push_to_hub=False, hub_model_id=None),
                               config.resolved(), tmp_path / "o", 8)  # fmt: skip
     assert none.report_to == [] or none.report_to == "none" and none.push_to_hub is False
+
+
+def test_quiet_run_and_resume_print_nothing_spurious(
+    tiny_corpus, tiny_tokenizer_dir, cache_dir, tmp_path, capfd
+):  # noqa: ANN001
+    from tests.training.conftest import tiny_cli_args
+    from tupe.cli import main
+
+    base = [
+        "pretrain",
+        "--out",
+        str(tmp_path / "r"),
+        *tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir),
+    ]
+    assert main([*base, "--max-steps", "2"]) == 0
+    got = capfd.readouterr()
+    assert got.out == "" and got.err == ""  # no "Writing model shards" bars, no warnings
+    assert main([a for a in base if a != "--quiet"] + ["--max-steps", "4", "--resume"]) == 0
+    got = capfd.readouterr()
+    assert "--resume: continuing from" in got.out
+    assert "missing keys" not in got.err and "Writing model shards" not in got.err + got.out
+    assert "PAD/BOS/EOS" not in got.err

@@ -45,7 +45,7 @@ from tupe.training.checkpointing import (
     find_latest_checkpoint,
 )
 from tupe.training.model import build_model, check_scheme, model_config
-from tupe.training.reporting import point_tensorboard
+from tupe.training.reporting import align_special_tokens, point_tensorboard
 from tupe.training.run_folder import (  # noqa: F401  (re-exported)
     METRICS_FILE,
     RUN_FILE,
@@ -223,6 +223,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
 
     set_seed(config.seed)
     model = build_model(config, model_kwargs)
+    align_special_tokens(model, tokenizer)  # else the Trainer does it, with a warning
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"model: {config.scheme}, {n_params / 1e6:.2f} M parameters, {v['num_hidden_layers']} x {v['hidden_size']}, "
@@ -333,7 +334,10 @@ def _write_card(
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = pretrain(config_from_args(args))
+    from tupe.training.reporting import hushed_libraries
+
+    with hushed_libraries(args.progress, args.quiet):  # no "Writing model shards" bars with --quiet
+        summary = pretrain(config_from_args(args))
     if summary.get("prepared"):
         print(json.dumps(summary, indent=1))
     return 0

@@ -132,6 +132,26 @@ class PretrainTrainer(Trainer):
                 return TrainOutput(state.global_step, sum(losses) / max(1, len(losses)), {})
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):  # noqa: ANN001, ANN202
+        """The Trainer's, without its "missing keys ['lm_head.decoder.weight']" warning: that weight is tied to
+        the word embeddings, so it is not saved and comes back with them."""
+        import logging
+
+        class _TiedOnly(logging.Filter):
+            def filter(self, record: logging.LogRecord) -> bool:
+                return (
+                    "missing keys" not in (msg := record.getMessage())
+                    or "['lm_head.decoder.weight']" not in msg
+                )
+
+        logger = logging.getLogger("transformers.trainer")
+        flt = _TiedOnly()
+        logger.addFilter(flt)
+        try:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        finally:
+            logger.removeFilter(flt)
+
     def log(self, logs, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
         if self.passes_per_step is None:
             return super().log(logs, *args, **kwargs)
