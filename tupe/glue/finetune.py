@@ -1,4 +1,4 @@
-"""Fine-tune a pre-trained `tupe` checkpoint on one GLUE task with the paper's protocol (TUPE spec, section 5).
+"""Fine-tune a pre-trained `tupe` checkpoint on one GLUE task with the paper's protocol (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md).
 
 Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds, batch 32, 10 epochs (5 for MNLI, QQP, QNLI), linear
 warm-up over 6% of the steps then linear decay, Adam (0.9, 0.999), eps 1e-6, weight decay 0.01, clip 1.0. A

@@ -2,7 +2,7 @@
 
 One row per fine-tuned checkpoint (named by its position scheme and pre-training steps), the paper's columns
 (MNLI-m/mm, QNLI, QQP, SST, CoLA, MRPC, RTE, STS) with each task's best-learning-rate median x 100, and the
-average over the columns present. `--paper` adds the paper's BERT-Base rows (TUPE spec, section 6), averaged
+average over the columns present. `--paper` adds the paper's BERT-Base rows (Ke et al., ICLR 2021, Table 1), averaged
 over the same columns so the numbers compare.
 """
 
@@ -33,7 +33,7 @@ COLUMNS: list[tuple[str, str, str, str]] = [
 ]
 PAPER_COLUMNS = [c[0] for c in COLUMNS if c[0] != "WNLI"]
 
-# The paper's Table 1 (BERT-Base, GLUE dev), TUPE spec section 6: (name, scheme, steps, the 9 numbers).
+# The paper's Table 1 (BERT-Base, GLUE dev), Ke et al., ICLR 2021, Table 1: (name, scheme, steps, the 9 numbers).
 PAPER_ROWS: list[tuple[str, str, int, list[float]]] = [
     ("BERT-A", "bert-a", 1_000_000, [84.93, 84.91, 91.34, 91.04, 92.88, 55.19, 88.29, 68.61, 89.43]),
     ("BERT-R", "bert-r", 1_000_000, [85.81, 85.84, 92.16, 91.12, 92.90, 55.43, 89.26, 71.46, 88.94]),
@@ -82,7 +82,7 @@ class Row:
 
 
 def protocol_differences(data: dict[str, Any]) -> list[str]:
-    """How a results.json's settings differ from the paper's fine-tuning protocol (TUPE spec, section 5)."""
+    """How a results.json's settings differ from the paper's fine-tuning protocol (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md)."""
     from tupe.glue.protocol import PAPER_LRS
     from tupe.glue.tasks import get_task
 

@@ -1,4 +1,4 @@
-"""Pre-train one positional scheme with masked LM on a corpus (the paper's recipe, TUPE spec section 4).
+"""Pre-train one positional scheme with masked LM on a corpus (the recipe of Ke et al., ICLR 2021, Table 2).
 
 Corpus -> byte-level BPE (trained once and cached, or given) -> RoBERTa full-sentences blocks (cached) -> masked LM
 (15%, 80/10/10, sparse prediction) on the `transformers` Trainer: AdamW (0.9, 0.999, eps 1e-6), warm-up then
