@@ -218,3 +218,66 @@ def test_scheme_flag_accepts_the_matching_scheme(tmp_path, glue_dir):
         == 0
     )
     assert json.loads((out / "results.json").read_text())["scheme"] == "tupe-r"
+
+
+def _bert_folder(path, with_head=True):
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    from .fixtures import make_tokenizer
+
+    tok = make_tokenizer()
+    config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    (BertForMaskedLM if with_head else BertModel)(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_transformers_bert_folder_model_card_tensorboard_quiet(glue_dir, tmp_path, capsys):
+    """A plain `transformers` BertForMaskedLM folder is converted on the fly with a one-line notice; the result
+    folder gets a model card and TensorBoard curves; --quiet prints nothing."""
+    model_dir = _bert_folder(tmp_path / "bert")
+    bert_model = _bert_folder(tmp_path / "bert-model", with_head=False)
+    capsys.readouterr()
+    out = tmp_path / "rte"
+    args = ("--task", "RTE", "--lrs", "1e-4", "--seeds", "1", "--threads", "1", "--report-to", "tensorboard")
+    assert _glue(model_dir, glue_dir, out, *args, "--no-progress") == 0
+    printed = capsys.readouterr()
+    assert f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a" in printed.out
+    assert "lr=0.0001 seed=1: dev/accuracy=" in printed.out and "\r" not in printed.err
+    res = json.loads((out / "results.json").read_text())
+    assert res["scheme"] == "bert-a"
+    assert list((out / "tensorboard" / "lr0.0001_seed1").glob("events.out.tfevents.*"))
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: text-classification" in card and "# BERT-A (bert-a)" in card
+    assert f"| dev accuracy (median) | {res['best']['median']['dev']['accuracy']:.6g} |" in card
+    assert "GLUE RTE from" in card and "| learning rates | 0.0001 |" in card
+    out2 = tmp_path / "rte-quiet"
+    assert _glue(bert_model, glue_dir, out2, *args, "--quiet") == 0
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err == ""
+
+
+def test_sigterm_says_what_was_kept(tiny_model, glue_dir, tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    real = ft.train_one
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ft, "train_one", wrapper)
+    out = tmp_path / "mrpc"
+    with pytest.raises(SystemExit) as exc:
+        _glue(tiny_model, glue_dir, out, "--task", "mrpc", "--lrs", "1e-4", "--seeds", "1,2", "--quiet")
+    assert exc.value.code == 143
+    err = capsys.readouterr().err
+    assert f"tupe glue: stopped by SIGTERM; the finished runs are kept in {out / 'runs'}" in err
+    assert "run the same command again to continue" in err
+    assert len(json.loads((out / "results.json").read_text())["runs"]) == 1
+    assert signal.getsignal(signal.SIGTERM) is not None

@@ -109,9 +109,11 @@ def test_report_table(tmp_path):
     lines = md.splitlines()
     assert lines[0] == "| model | steps | MNLI-m/mm | CoLA | MRPC | STS | Avg |"
     tupe_row = next(line for line in lines if line.startswith("| TUPE-A"))
-    assert tupe_row == "| TUPE-A | 30k | 61.00/62.00 | 20.00 | - | 70.00 | 53.25* |"
+    # Avg only over the columns every row has (here CoLA), and the table says which
+    assert tupe_row == "| TUPE-A | 30k | 61.00/62.00 | 20.00 | - | 70.00 | 20.00 |"
     bert_row = next(line for line in lines if line.startswith("| BERT-A"))
-    assert "10.00†" in bert_row and "| 40.00* |" in bert_row
+    assert "10.00†" in bert_row and bert_row.endswith("| 10.00 |")
+    assert "Avg is the mean over the columns every row has: CoLA (" in md
     assert "spearman 69.00" in md  # secondary metrics in the details list
     rows = list(csv.DictReader(io.StringIO(csv_text)))
     assert {r["model"] for r in rows} == {"TUPE-A", "BERT-A"}
@@ -159,3 +161,21 @@ def test_report_flags_settings_other_than_the_papers(tmp_path):
     assert (
         "differs from the paper's protocol: 3 epochs (paper 5); 2 seeds (paper 5); train subset of 1000" in md
     )
+
+
+def test_report_majority_baseline_and_subsets(tmp_path):
+    d = _results(tmp_path, "mnli", "MNLI", "tupe-a", 100, "aa",
+                 {"dev_matched": {"accuracy": 0.5}, "dev_mismatched": {"accuracy": 0.52}})  # fmt: skip
+    data = json.loads((d / "results.json").read_text())
+    data["data"] = {"dev_majority_accuracy": {"dev_matched": 0.354, "dev_mismatched": 0.352}}
+    data["settings"] = {"max_eval_samples": 200}
+    (d / "results.json").write_text(json.dumps(data))
+    c = _results(tmp_path, "cola", "CoLA", "tupe-a", 100, "aa", {"dev": {"mcc": 0.1}})
+    data = json.loads((c / "results.json").read_text())
+    data["data"] = {"dev_majority_accuracy": {"dev": 0.691}}
+    (c / "results.json").write_text(json.dumps(data))
+    md, _ = make_report([str(tmp_path)])
+    assert "| TUPE-A | 100 | 50.00‡/52.00‡ | 10.00 | 37.33 |" in md
+    assert "| majority class | - | 35.40/35.20 | 0.00 | 23.53 |" in md  # no steps: not a model
+    assert "‡ trained or scored on a subset of the task" in md
+    assert "majority class: always predicting the most frequent dev label" in md

@@ -233,3 +233,39 @@ def test_last_row_without_newline_and_empty_sentence(tmp_path):
     )  # like the real CoLA dev
     split = read_tsv(get_task("CoLA"), f)
     assert split.text_a == ["first .", "", "last, no newline ."] and split.index == [1, 2, 3]
+
+
+def test_datasets_parquet_and_json_layout_matches_tsv(tmp_path, glue_dir):
+    """The files `datasets` users have on disk: the Hub's `mnli/train-00000-of-00001.parquet` layout (also what
+    the Hub cache's snapshots hold), and one JSON-lines file per split."""
+    datasets = pytest.importorskip("datasets")
+    tsv = load_task("MNLI", glue_dir)
+    root = tmp_path / "glue-parquet"
+    (root / "mnli").mkdir(parents=True)
+    for name, split in (
+        ("train", tsv.train),
+        ("validation_matched", tsv.dev["dev_matched"]),
+        ("validation_mismatched", tsv.dev["dev_mismatched"]),
+        ("test_matched", tsv.dev["dev_matched"]),
+    ):
+        d = datasets.Dataset.from_dict(
+            {"premise": split.text_a, "hypothesis": split.text_b, "label": split.labels, "idx": split.index}
+        )
+        d.to_parquet(str(root / "mnli" / f"{name}-00000-of-00001.parquet"))
+    got = load_task("MNLI", root)
+    assert got.train.text_a == tsv.train.text_a and got.train.labels == tsv.train.labels
+    assert got.dev["dev_mismatched"].text_b == tsv.dev["dev_mismatched"].text_b
+    assert got.source == str(root / "mnli")
+
+    sst = load_task("SST-2", glue_dir)
+    jroot = tmp_path / "sst2"
+    jroot.mkdir()
+    for name, split in (("train", sst.train), ("validation", sst.dev["dev"])):
+        lines = [json.dumps({"sentence": a, "label": y}) for a, y in zip(split.text_a, split.labels)]
+        (jroot / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    got = load_task("SST-2", jroot)
+    assert got.dev["dev"].labels == sst.dev["dev"].labels and got.train.text_a == sst.train.text_a
+
+    (jroot / "validation.jsonl").unlink()
+    with pytest.raises(TupeError, match="train files found but no 'validation' split files"):
+        load_task("SST-2", jroot)

@@ -1,4 +1,4 @@
-"""Fine-tune a pre-trained `tupe` checkpoint on one GLUE task with the paper's protocol (TUPE spec, section 5).
+"""Fine-tune a pre-trained `tupe` checkpoint on one GLUE task with the paper's protocol (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md).
 
 Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds, batch 32, 10 epochs (5 for MNLI, QQP, QNLI), linear
 warm-up over 6% of the steps then linear decay, Adam (0.9, 0.999), eps 1e-6, weight decay 0.01, clip 1.0. A
@@ -13,10 +13,12 @@ after every run with all scores, the median per learning rate and the best one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import shutil
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from tupe.glue.tasks import TASKS, Split, get_task
 from tupe.glue.trainer import _progress_callback, read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
 from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
+from tupe.training.reporting import add_report_arguments, hushed_libraries, parse_report_to
 
 
 @dataclass
@@ -69,12 +72,15 @@ def _run_grid(
     save_models: bool = False,
     overwrite: bool = False,
     log: Callable[[str], None] = print,
+    report_to: list[str] | None = None,
+    progress: bool = True,
 ) -> GridResult:
     from tqdm.auto import tqdm
 
     task = get_task(settings.task)
     model_dir = Path(model_dir)
     out_dir = Path(out_dir)
+    model_dir = _converted_if_bert(model_dir, out_dir, tokenizer_dir, log)
     info, config = inspect_checkpoint(model_dir, scheme)
     settings = settings.resolved(task, config.max_position_embeddings)
     if not settings.lrs or not settings.seeds:
@@ -190,7 +196,13 @@ def _run_grid(
     runs = [done[g] for g in grid if g in done]
     results = write_summary(runs)
     if todo:
-        bar = tqdm(total=steps_per_run * len(todo), desc=f"{task.name} grid", unit="step", dynamic_ncols=True)
+        bar = tqdm(
+            total=steps_per_run * len(todo),
+            desc=f"{task.name} grid",
+            unit="step",
+            dynamic_ncols=True,
+            disable=not progress,
+        )
         try:
             for k, (lr, seed) in enumerate(todo, 1):
                 label = f"run {k}/{len(todo)} lr={lr:g} seed={seed}"
@@ -212,6 +224,8 @@ def _run_grid(
                     run_dir,
                     [_progress_callback(bar, label)],
                     save_model=save_models,
+                    report_to=report_to,
+                    logging_dir=out_dir / "tensorboard" / run_name(lr, seed),
                 )
                 bar.n = start + steps_per_run  # keep the ETA right if the Trainer's step count differed
                 bar.refresh()
@@ -226,9 +240,18 @@ def _run_grid(
                     for split, ms in r["scores"].items()
                     for m, v in ms.items()
                 )
-                bar.write(f"lr={lr:g} seed={seed}: {shown} ({r['seconds']:.0f} s)")
+                if save_models:
+                    _write_glue_card(
+                        run_dir / "model", task, settings, results, data.source, info, lr=lr, seed=seed
+                    )
+                _write_glue_card(out_dir, task, settings, results, data.source, info)
+                if progress:
+                    bar.write(f"lr={lr:g} seed={seed}: {shown} ({r['seconds']:.0f} s)")
+                else:
+                    log(f"lr={lr:g} seed={seed}: {shown} ({r['seconds']:.0f} s)")
         finally:
             bar.close()
+    _write_glue_card(out_dir, task, settings, results, data.source, info)
     best = results["best"]
     if best is not None:
         log(
@@ -236,6 +259,94 @@ def _run_grid(
             f"over {best['n_seeds']} seeds -> {out_dir / 'results.json'}"
         )
     return GridResult(out_dir, results)
+
+
+def _converted_if_bert(model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable) -> Path:
+    """A `transformers` BERT folder (BertForMaskedLM / BertModel) converted to `bert-a` in OUT/converted-bert-a
+    (once; with its tokenizer), with a one-line notice; any other folder is returned as is."""
+    from tupe.io.checkpoints import load_model
+
+    config_file = model_dir / "config.json"
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type") if config_file.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return model_dir  # inspect_checkpoint gives the one-line error
+    if model_type != "bert":
+        return model_dir
+    target = out_dir / "converted-bert-a"
+    log(f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a in {target}")
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    model, _ = load_model(model_dir)
+    staging = out_dir / ".tmp-converted-bert-a"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(str(staging))
+    if tokenizer_dir is None:
+        load_tokenizer(model_dir, model.config, explicit=False).save_pretrained(str(staging))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def _write_glue_card(
+    folder: Path,
+    task: Any,
+    settings: GlueSettings,
+    results: dict,
+    source: str,
+    info: Any,
+    lr: float | None = None,
+    seed: int | None = None,
+) -> None:
+    """README.md of a GLUE result folder (or of one run's saved model): scheme, recipe, data, dev scores."""
+    from tupe.io.model_card import write_model_card
+
+    if not folder.is_dir():
+        return
+    recipe = {
+        "task": task.name,
+        "pre-trained model": f"{info.path} ({info.pretrain_steps or 'unknown'} pre-training steps)",
+        "learning rates": ", ".join(f"{x:g}" for x in settings.lrs) if lr is None else f"{lr:g}",
+        "seeds": ", ".join(map(str, settings.seeds)) if seed is None else str(seed),
+        "epochs": settings.epochs,
+        "batch size": settings.batch_size,
+        "max sequence length": settings.max_seq_len,
+        "warm-up ratio": settings.warmup_ratio,
+        "weight decay": settings.weight_decay,
+        "Adam betas": f"{settings.adam_beta1}, {settings.adam_beta2}",
+        "Adam epsilon": settings.adam_epsilon,
+        "dropout": settings.dropout,
+        "protocol": "median over seeds per learning rate, best learning rate reported (the TUPE paper's)",
+    }
+    d = results["data"]
+    data = (
+        f"GLUE {task.name} from {source}: {d['train_examples']:,} training examples; dev: "
+        + ", ".join(f"{n:,} ({k})" for k, n in d["dev_examples"].items())
+        + (" (a subset: not comparable with published numbers)" if settings.max_eval_samples else "")
+        + "."
+    )
+    metrics: dict[str, Any] = {}
+    if seed is not None:
+        run = next((r for r in results["runs"] if r["lr"] == lr and r["seed"] == seed), None)
+        for split, ms in (run or {}).get("scores", {}).items():
+            metrics.update({f"{split} {m}": v for m, v in ms.items()})
+    elif results.get("best"):
+        best = results["best"]
+        metrics["best learning rate"] = f"{best['lr']:g} ({best['n_seeds']} seeds)"
+        for split, ms in best["median"].items():
+            metrics.update({f"{split} {m} (median)": v for m, v in ms.items()})
+    metrics["runs finished"] = (
+        f"{len(results['runs'])}{'' if results['complete'] else ' (grid not complete)'}"
+    )
+    write_model_card(
+        folder,
+        kind="text-classification",
+        scheme=info.scheme,
+        recipe=recipe,
+        data=data,
+        metrics=metrics,
+        notes="" if seed is not None else "The fine-tuned models are in `runs/*/model` with `--save-models`.",
+    )
 
 
 def _versions() -> dict[str, str]:
@@ -263,7 +374,11 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="pre-trained tupe checkpoint directory (save_pretrained)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="pre-trained tupe checkpoint directory (save_pretrained); a transformers BERT folder is converted",
+    )
     p.add_argument("--task", required=True, help=f"GLUE task: {', '.join(TASKS)}")
     p.add_argument(
         "--data-dir",
@@ -328,6 +443,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--save-models", action="store_true", help="keep every run's fine-tuned model (runs/*/model)"
     )
     p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_report_arguments(p, hub=False)
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
     prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
@@ -380,6 +499,24 @@ def run(args: argparse.Namespace) -> int:
         fp16=args.fp16,
         bf16=args.bf16,
     )
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise TupeError(f"--threads must be positive, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    quiet = args.quiet
+
+    def log(msg: str) -> None:
+        if not quiet:
+            print(msg, flush=True)
+
+    with _stop_on_sigterm(args.out), hushed_libraries(args.progress, quiet):
+        _run_cli_grid(args, settings, log)
+    return 0
+
+
+def _run_cli_grid(args: argparse.Namespace, settings: GlueSettings, log: Callable[[str], None]) -> None:
     run_grid(
         args.model,
         settings,
@@ -391,5 +528,40 @@ def run(args: argparse.Namespace) -> int:
         tokenizer_dir=args.tokenizer,
         save_models=args.save_models,
         overwrite=args.overwrite,
+        log=log,
+        report_to=parse_report_to(args.report_to),
+        progress=args.progress and not args.quiet,
     )
-    return 0
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM turned into an interruption, so the grid stops the way Ctrl-C stops it."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm(out: str) -> Iterator[None]:
+    """SIGTERM (a scheduler's pre-emption) and Ctrl-C: say what was kept and how to continue, then exit 143 / 130."""
+    import signal
+    import threading
+
+    def on_term(signum, frame):  # noqa: ANN001, ARG001
+        raise _Stopped()
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if main_thread else None
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        what = "SIGTERM" if isinstance(err, _Stopped) else "Ctrl-C"
+        print(
+            f"tupe glue: stopped by {what}; the finished runs are kept in {Path(out) / 'runs'} (results.json "
+            "lists them) and the run in progress is discarded: run the same command again to continue",
+            file=sys.stderr,
+            flush=True,
+        )
+        if isinstance(err, _Stopped):
+            raise SystemExit(143) from None
+        raise  # the command line says "interrupted" and exits 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)

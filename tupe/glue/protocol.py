@@ -1,7 +1,7 @@
 """The paper's GLUE protocol as data: the grid, the settings of one run, and how a grid's scores are summarised.
 
 Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds; a learning rate's score is the median of its seeds' dev
-scores, and the best learning rate is reported (TUPE spec, section 5). `tupe report` reads this module too.
+scores, and the best learning rate is reported (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md). `tupe report` reads this module too.
 """
 
 from __future__ import annotations

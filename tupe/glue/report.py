@@ -2,7 +2,7 @@
 
 One row per fine-tuned checkpoint (named by its position scheme and pre-training steps), the paper's columns
 (MNLI-m/mm, QNLI, QQP, SST, CoLA, MRPC, RTE, STS) with each task's best-learning-rate median x 100, and the
-average over the columns present. `--paper` adds the paper's BERT-Base rows (TUPE spec, section 6), averaged
+average over the columns present. `--paper` adds the paper's BERT-Base rows (Ke et al., ICLR 2021, Table 1), averaged
 over the same columns so the numbers compare.
 """
 
@@ -33,7 +33,7 @@ COLUMNS: list[tuple[str, str, str, str]] = [
 ]
 PAPER_COLUMNS = [c[0] for c in COLUMNS if c[0] != "WNLI"]
 
-# The paper's Table 1 (BERT-Base, GLUE dev), TUPE spec section 6: (name, scheme, steps, the 9 numbers).
+# The paper's Table 1 (BERT-Base, GLUE dev), Ke et al., ICLR 2021, Table 1: (name, scheme, steps, the 9 numbers).
 PAPER_ROWS: list[tuple[str, str, int, list[float]]] = [
     ("BERT-A", "bert-a", 1_000_000, [84.93, 84.91, 91.34, 91.04, 92.88, 55.19, 88.29, 68.61, 89.43]),
     ("BERT-R", "bert-r", 1_000_000, [85.81, 85.84, 92.16, 91.12, 92.90, 55.43, 89.26, 71.46, 88.94]),
@@ -82,7 +82,7 @@ class Row:
 
 
 def protocol_differences(data: dict[str, Any]) -> list[str]:
-    """How a results.json's settings differ from the paper's fine-tuning protocol (TUPE spec, section 5)."""
+    """How a results.json's settings differ from the paper's fine-tuning protocol (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md)."""
     from tupe.glue.protocol import PAPER_LRS
     from tupe.glue.tasks import get_task
 
@@ -169,9 +169,11 @@ def build_rows(paths: list[Path]) -> list[Row]:
             steps = data.get("pretrain_steps")
             name = scheme_display_name(data["scheme"])
             row = rows[key] = Row(name, data["scheme"], steps, "ours", model["path"])
+        _add_majority(data)
         best = data["best"]
         if best is None:
             continue
+        subset = any((data.get("settings") or {}).get(k) for k in ("max_train_samples", "max_eval_samples"))
         for col, task, split, metric in COLUMNS:
             if task == data["task"]:
                 value = best["median"].get(split, {}).get(metric)
@@ -179,6 +181,8 @@ def build_rows(paths: list[Path]) -> list[Row]:
                     row.cells[col] = 100.0 * value
                     if not data.get("complete", False):
                         row.incomplete.add(col)
+                    if subset:  # an MNLI subset is not MNLI-m: the cell says so
+                        row.incomplete.add(col + "#subset")
         others = [
             f"{split.replace('dev_', '')} {m} {100 * v:.2f}"
             if len(best["median"]) > 1
@@ -206,6 +210,29 @@ def build_rows(paths: list[Path]) -> list[Row]:
     return out
 
 
+_MAJORITY: dict[str, float] = {}
+
+
+def _add_majority(data: dict[str, Any]) -> None:
+    """The majority-class baseline of a task's dev split(s): always predicting the most frequent dev label gives
+    its accuracy, MCC 0 (CoLA); STS-B (regression) has none."""
+    majority = (data.get("data") or {}).get("dev_majority_accuracy") or {}
+    for col, task, split, metric in COLUMNS:
+        if task != data["task"]:
+            continue
+        acc = majority.get(split)
+        if metric == "accuracy" and acc is not None:
+            _MAJORITY[col] = 100.0 * acc
+        elif metric == "mcc" and split in majority:
+            _MAJORITY[col] = 0.0
+
+
+def majority_row() -> Row | None:
+    if not _MAJORITY:
+        return None
+    return Row("majority class", "-", None, "baseline", "", dict(_MAJORITY))
+
+
 def paper_rows() -> list[Row]:
     return [
         Row(name, scheme, steps, "paper", "", dict(zip(PAPER_COLUMNS, values)))
@@ -218,13 +245,19 @@ def table_columns(rows: list[Row]) -> list[str]:
     return [c for c, *_ in COLUMNS if c in present]
 
 
+def average_columns(rows: list[Row], columns: list[str]) -> list[str]:
+    """The columns every row has (WNLI left out, as in the paper): the only ones averaged, so every Avg is over
+    the same tasks."""
+    scored = [r for r in rows if r.source != "baseline"] or rows
+    return [c for c in columns if c != "WNLI" and all(c in r.cells for r in scored)]
+
+
 def average(row: Row, columns: list[str]) -> tuple[float | None, bool]:
-    """Mean over the table's paper columns that the row has; the flag says whether some were missing."""
-    cols = [c for c in columns if c != "WNLI"]
-    values = [row.cells[c] for c in cols if c in row.cells]
-    if not values:
+    """Mean over `columns` (those every row has); the flag says whether the row lacks some of them."""
+    values = [row.cells[c] for c in columns if c in row.cells]
+    if not values or len(values) < len(columns):
         return None, True
-    return sum(values) / len(values), len(values) < len(cols)
+    return sum(values) / len(values), False
 
 
 def render(rows: list[Row]) -> tuple[str, str]:
@@ -243,33 +276,53 @@ def render(rows: list[Row]) -> tuple[str, str]:
             return "/".join(cell(row, x) for x in ("MNLI-m", "MNLI-mm"))
         if c not in row.cells:
             return "-"
-        return f"{row.cells[c]:.2f}" + ("†" if c in row.incomplete else "")
+        marks = ("†" if c in row.incomplete else "") + ("‡" if c + "#subset" in row.incomplete else "")
+        return f"{row.cells[c]:.2f}" + marks
 
     header = ["model", "steps", *md_cols, "Avg"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    partial = False
+    avg_cols = average_columns(rows, columns)
     for r in rows:
-        avg, missing = average(r, columns)
-        partial |= missing and avg is not None
-        avg_s = "-" if avg is None else f"{avg:.2f}" + ("*" if missing else "")
+        avg, missing = average(r, avg_cols)
+        avg_s = "-" if avg is None else f"{avg:.2f}"
         name = r.name + (" (paper)" if r.source == "paper" else "")
         lines.append(
-            "| " + " | ".join([name, format_steps(r.steps), *(cell(r, c) for c in md_cols), avg_s]) + " |"
+            "| "
+            + " | ".join(
+                [
+                    name,
+                    "-" if r.source == "baseline" else format_steps(r.steps),
+                    *(cell(r, c) for c in md_cols),
+                    avg_s,
+                ]
+            )
+            + " |"
         )
     notes = [
         "",
         "GLUE dev; each cell is the median over seeds at the best learning rate, x 100: Matthews correlation "
         "(CoLA), Pearson (STS), accuracy (the rest).",
-        "Avg is the mean over the columns shown"
-        + (" except WNLI" if "WNLI" in columns else "")
-        + " (MNLI-m and -mm count separately, as in the paper).",
+        (
+            f"Avg is the mean over the columns every row has: {', '.join(avg_cols)} (MNLI-m and -mm count "
+            "separately, as in the paper; WNLI is never averaged)."
+            if avg_cols
+            else "Avg: no column is shared by every row, so no row is averaged."
+        ),
     ]
+    if any(r.source == "baseline" for r in rows):
+        notes.append(
+            "majority class: always predicting the most frequent dev label (accuracy; MCC 0 for CoLA; none for "
+            "STS-B, a regression)."
+        )
+    if any(any(k.endswith("#subset") for k in r.incomplete) for r in rows):
+        notes.append(
+            "‡ trained or scored on a subset of the task (--max-train-samples / --max-eval-samples): not the full "
+            "dev set, not comparable with the paper."
+        )
     if any(r.source == "paper" for r in rows):
         notes.append(
             "Paper rows: Ke et al. (ICLR 2021), Table 1, BERT-Base; their Avg recomputed over these columns."
         )
-    if partial:
-        notes.append("* averaged over the columns this row has.")
     if any(r.incomplete for r in rows):
         notes.append("† the lr x seed grid of this cell is not finished.")
     if any(r.off_protocol for r in rows):
@@ -284,7 +337,7 @@ def render(rows: list[Row]) -> tuple[str, str]:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["model", "scheme", "steps", *columns, "Avg", "source", "model_path"])
     for r in rows:
-        avg, _ = average(r, columns)
+        avg, _ = average(r, avg_cols)
         w.writerow(
             [
                 r.name,
@@ -300,7 +353,11 @@ def render(rows: list[Row]) -> tuple[str, str]:
 
 
 def make_report(paths: list[str], include_paper: bool = False) -> tuple[str, str]:
+    _MAJORITY.clear()
     rows = build_rows(find_results(paths))
+    baseline = majority_row()
+    if baseline is not None:
+        rows = rows + [baseline]
     if include_paper:
         rows = rows + paper_rows()
     return render(rows)

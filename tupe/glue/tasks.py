@@ -364,12 +364,49 @@ def _from_datasets(task: GlueTask, dsd, source: str) -> TaskData:  # noqa: ANN00
     return TaskData(task, out.pop("train"), out, source)
 
 
+_DATA_EXTENSIONS = (("parquet", "parquet"), ("jsonl", "json"), ("json", "json"))
+
+
+def _split_files(folder: Path, split: str) -> tuple[str, list[str]] | None:
+    """The files of one split in the `datasets` on-disk layout (`train-00000-of-00001.parquet`, `train.parquet`,
+    `validation_matched.jsonl`, ... as on the Hub and in its cache): (builder, files), or None."""
+    for ext, builder in _DATA_EXTENSIONS:
+        files = sorted({*folder.glob(f"{split}.{ext}"), *folder.glob(f"{split}-*.{ext}")})
+        if files:
+            return builder, [str(f) for f in files]
+    return None
+
+
+def _from_data_files(task: GlueTask, folder: Path) -> TaskData | None:
+    """A task stored as parquet/JSON files per split (the `datasets` GLUE layout), or None if not that layout."""
+    wanted = ["train", *task.hf_dev_splits.values()]
+    found = {split: _split_files(folder, split) for split in wanted}
+    if found["train"] is None:
+        return None
+    missing = [s for s, f in found.items() if f is None]
+    if missing:
+        raise TupeError(f"{folder}: {task.name} train files found but no {missing[0]!r} split files")
+    import datasets
+
+    try:
+        dsd = datasets.DatasetDict(
+            {
+                split: datasets.load_dataset(builder, data_files=files, split="train")
+                for split, (builder, files) in found.items()  # type: ignore[misc]
+            }
+        )
+    except Exception as err:  # noqa: BLE001 - unreadable parquet/JSON: one line for the user
+        raise TupeError(f"{folder}: cannot read the {task.name} data files: {one_line(err)}") from None
+    return _from_datasets(task, dsd, str(folder))
+
+
 def load_task(task: GlueTask | str, data_dir: str | Path) -> TaskData:
     """Read `task`'s train and dev splits from `data_dir`.
 
     `data_dir` may be: the GLUE root (holding `TASK/train.tsv`, `TASK/dev.tsv`), the task directory itself, a
     `datasets` GLUE copy saved with `save_to_disk` (the task's DatasetDict, or a folder holding one per task under
-    its `datasets` name), or `hub:` / `hub:REPO` to load `nyu-mll/glue` (or REPO) from the Hugging Face hub.
+    its `datasets` name), the `datasets` GLUE files (`TASK/train-00000-of-00001.parquet`,
+    `TASK/validation-*.parquet`, or .json/.jsonl; the Hub's layout and its cache's snapshots), or `hub:` / `hub:REPO` to load `nyu-mll/glue` (or REPO) from the Hugging Face hub.
     """
     task = get_task(task) if isinstance(task, str) else task
     spec = str(data_dir)
@@ -404,9 +441,13 @@ def load_task(task: GlueTask | str, data_dir: str | Path) -> TaskData:
             if not isinstance(dsd, datasets.DatasetDict):
                 raise TupeError(f"{cand}: a single saved split; expected a DatasetDict with train/validation")
             return _from_datasets(task, dsd, str(cand))
+        from_files = _from_data_files(task, cand)
+        if from_files is not None:
+            return from_files
     raise TupeError(
         f"{root}: no {task.name} data found: expected {root}/{task.name}/train.tsv (GLUE layout), "
-        f"{root}/train.tsv, or a `datasets` DatasetDict saved with save_to_disk"
+        f"{root}/train.tsv, a `datasets` DatasetDict saved with save_to_disk, or the `datasets` GLUE files "
+        f"({root}/{task.hf_name}/train-*.parquet, validation-*.parquet; .json/.jsonl too)"
     )
 
 

@@ -71,6 +71,8 @@ def train_one(
     run_dir: Path,
     callbacks: list[Any],
     save_model: bool = False,
+    report_to: list[str] | None = None,
+    logging_dir: Path | None = None,
 ) -> dict[str, Any]:
     """One (lr, seed) run: fresh classification head on the checkpoint, train, predict every dev split."""
     import torch
@@ -82,6 +84,7 @@ def train_one(
     transformers.set_seed(seed)  # the new head's initialisation depends on the seed too
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # "newly initialized head" is expected here
+    bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.logging.disable_progress_bar()  # one bar for the whole grid
     try:
         kwargs: dict[str, Any] = {"num_labels": task.num_labels}
@@ -96,8 +99,12 @@ def train_one(
         )
     finally:
         transformers.logging.set_verbosity(verbosity)
-        transformers.logging.enable_progress_bar()
+        if bars:  # --no-progress / --quiet turned them off for the whole command
+            transformers.logging.enable_progress_bar()
 
+    from tupe.training.reporting import align_special_tokens, point_tensorboard
+
+    align_special_tokens(model, tokenizer)
     work = run_dir / "trainer"
     args = TrainingArguments(
         output_dir=str(work),
@@ -119,7 +126,7 @@ def train_one(
         eval_strategy="no",
         logging_strategy="steps",
         logging_steps=max(1, min(50, len(train_ds) // settings.batch_size)),
-        report_to="none",
+        report_to=list(report_to) if report_to else "none",  # the Trainer's integrations (--report-to)
         disable_tqdm=True,
         fp16=settings.fp16,
         bf16=settings.bf16,
@@ -135,6 +142,8 @@ def train_one(
         callbacks=callbacks,
     )
     trainer.remove_callback(PrinterCallback)
+    if logging_dir is not None:
+        point_tensorboard(trainer, logging_dir)  # one TensorBoard run per (lr, seed): the loss curves
     t0 = time.time()
     train_out = trainer.train()
     train_seconds = time.time() - t0

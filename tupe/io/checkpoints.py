@@ -277,6 +277,9 @@ def load_tokenizer(source: str | os.PathLike, config: Any = None, explicit: bool
             f"{path}: the tokenizer does not start a sequence with [CLS] (id {cls_id}); got ids {ids[:4]}... "
             "(its post-processor must produce [CLS] A [SEP] B [SEP])"
         )
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit and (tok.model_max_length is None or tok.model_max_length > limit):
+        tok.model_max_length = int(limit)  # older tupe tokenizers say 1e30: truncation=True must cut here
     if len(tok) > config.vocab_size:
         raise TupeError(
             f"{path}: tokenizer has {len(tok)} tokens but the model's vocab_size is {config.vocab_size}"

@@ -239,8 +239,11 @@ class TupeModel(TupePreTrainedModel):
 
     def _check_length(self, n: int) -> None:
         if n > self.config.max_position_embeddings:
+            limit = self.config.max_position_embeddings
             raise ValueError(
-                f"input length {n} exceeds max_position_embeddings {self.config.max_position_embeddings}"
+                f"input length {n} exceeds max_position_embeddings {limit} (the model's maximum length); "
+                f"truncate the input: tokenizer(..., truncation=True) or pipeline(..., truncation=True), "
+                f"which cut at the tokenizer's model_max_length"
             )
 
     def _attention_inputs(

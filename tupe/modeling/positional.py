@@ -5,7 +5,7 @@ keys, or to the attention logits. The context is computed once per forward pass 
 adding a scheme touches this file only: a `PositionalScheme` subclass (its class attributes are what bench,
 analysis and reports read) listed in `SCHEMES`.
 
-Notation (see `docs/model.md` and the spec): `d` head dimension, `p` the learned absolute position table,
+Notation (see `docs/model.md`, which carries every equation): `d` head dimension, `p` the learned absolute position table,
 `U^Q, U^K` the untied positional projections shared by all layers, `b_{j-i}` a per-head relative bias.
 """
 

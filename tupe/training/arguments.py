@@ -16,6 +16,7 @@ from typing import Any
 from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.training.presets import PRESETS, get_preset
+from tupe.training.reporting import add_report_arguments, parse_report_to, trainer_reporting
 
 
 @dataclass
@@ -69,6 +70,9 @@ class PretrainConfig:
     quiet: bool = False
     threads: int | None = None
     prepare_only: bool = False
+    report_to: str | None = None  # None: tensorboard where installed, else none
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved(self) -> dict[str, Any]:
@@ -123,7 +127,7 @@ def training_arguments(config: PretrainConfig, v: dict[str, Any], out: Path, per
         save_steps=int(v["save_steps"]),
         save_total_limit=config.save_total_limit,
         seed=config.seed,
-        report_to="none",
+        **trainer_reporting(parse_report_to(config.report_to), config.push_to_hub, config.hub_model_id),
         disable_tqdm=not config.progress or config.quiet,
         dataloader_num_workers=0,
         dataloader_pin_memory=torch.cuda.is_available(),
@@ -243,6 +247,7 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
         type=V.positive_int,
         help="CPU threads for torch (default: all cores; 1 is faster on a busy machine)",
     )
+    add_report_arguments(r, hub=False)
     V.annotate_ranges(p)
 
 
@@ -274,6 +279,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip (and count) batches whose loss is NaN/inf instead of stopping the run",
     )
     add_model_data_arguments(p)
+    h = p.add_argument_group("Hugging Face Hub")
+    h.add_argument(
+        "--push-to-hub", action="store_true", help="push the saved model (the Trainer's push_to_hub)"
+    )
+    h.add_argument("--hub-model-id", help="Hub repository for --push-to-hub (the Trainer's hub_model_id)")
 
 
 def config_from_args(args: argparse.Namespace, **over: Any) -> PretrainConfig:

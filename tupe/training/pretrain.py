@@ -1,4 +1,4 @@
-"""Pre-train one positional scheme with masked LM on a corpus (the paper's recipe, TUPE spec section 4).
+"""Pre-train one positional scheme with masked LM on a corpus (the recipe of Ke et al., ICLR 2021, Table 2).
 
 Corpus -> byte-level BPE (trained once and cached, or given) -> RoBERTa full-sentences blocks (cached) -> masked LM
 (15%, 80/10/10, sparse prediction) on the `transformers` Trainer: AdamW (0.9, 0.999, eps 1e-6), warm-up then
@@ -46,6 +46,7 @@ from tupe.training.checkpointing import (
     find_latest_checkpoint,
 )
 from tupe.training.model import build_model, check_scheme, model_config
+from tupe.training.reporting import align_special_tokens, point_tensorboard
 from tupe.training.run_folder import (  # noqa: F401  (re-exported)
     METRICS_FILE,
     RUN_FILE,
@@ -55,7 +56,13 @@ from tupe.training.run_folder import (  # noqa: F401  (re-exported)
     _wipe,
     check_out_dir,
 )
-from tupe.training.trainer import MetricsCallback, PretrainTrainer, SaveAtStepsCallback, save_final_model
+from tupe.training.trainer import (
+    LogLastStepCallback,
+    MetricsCallback,
+    PretrainTrainer,
+    SaveAtStepsCallback,
+    save_final_model,
+)
 
 
 class _Log:
@@ -168,6 +175,8 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
         return {"prepared": True, **data.describe(), "wall_seconds": round(time.perf_counter() - t_start, 1)}
 
     model_kwargs = model_config(config, v, tokenizer)
+    # saved with the model: truncation=True (pipelines, tokenizer calls) cuts at the model's length
+    tokenizer.model_max_length = int(model_kwargs["max_position_embeddings"])
     identity = {
         "format": RUN_FORMAT,
         "scheme": config.scheme,
@@ -254,6 +263,7 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
 
     set_seed(config.seed)
     model = build_model(config, model_kwargs)
+    align_special_tokens(model, tokenizer)  # else the Trainer does it, with a warning
     n_params = sum(p.numel() for p in model.parameters())
     log(
         f"model: {config.scheme}, {n_params / 1e6:.2f} M parameters, {v['num_hidden_layers']} x {v['hidden_size']}, "
@@ -267,12 +277,12 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
     collator = MaskedLMCollator(len(tokenizer), seed=config.seed, mlm_probability=float(v["mlm_probability"]))
     sampler = EpochShuffleSampler(len(train_idx), epochs, config.seed)
 
-    from transformers.integrations import TensorBoardCallback
-
-    tb = TensorBoardCallback()
-    tb.logging_dir = str(out / "tensorboard")
     stop = StopOnSignal()  # pre-emption (SIGTERM) or Ctrl-C: checkpoint at the end of the step, then stop
-    callbacks: list[TrainerCallback] = [MetricsCallback(out / METRICS_FILE), tb, stop]
+    callbacks: list[TrainerCallback] = [
+        MetricsCallback(out / METRICS_FILE),
+        LogLastStepCallback(),
+        stop,
+    ]
     if v["save_at"]:
         callbacks.append(SaveAtStepsCallback([int(s) for s in v["save_at"]]))
     trainer = PretrainTrainer(
@@ -287,8 +297,12 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
         skip_nonfinite=config.skip_nonfinite,
         positional_lr_scale=config.positional_lr_scale,
         positional_weight_decay=config.positional_weight_decay,
+        passes_per_step=int(v["batch_size"]) / len(train_idx),
     )
     trainer.nonfinite_skipped = nonfinite_skipped
+    point_tensorboard(
+        trainer, out / "tensorboard"
+    )  # --report-to tensorboard: the Trainer's callback, our folder
     if config.quiet or not main:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -335,13 +349,43 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
         "nonfinite_skipped": trainer.nonfinite_skipped,
     }
     if main:
+        _write_card(out, config, v, corpus, len(train_idx), summary)
         atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))  # last: marks the run finished
         log(f"done: {summary['steps']} steps, validation loss {final_eval:.4f}; model saved to {out}")
     return summary
 
 
+def _write_card(
+    out: Path, config: PretrainConfig, v: dict, corpus: Any, train_blocks: int, summary: dict
+) -> None:
+    """README.md next to the model: scheme, recipe, data, final metrics, the command, how to load it."""
+    from tupe.io.model_card import write_model_card
+
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_length")
+    keys += ("vocab_size", "batch_size", "max_steps", "learning_rate", "warmup_steps", "weight_decay")
+    keys += ("adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "mlm_probability")
+    recipe = {"preset": config.preset, **{k: v[k] for k in keys}, "seed": config.seed}
+    recipe["objective"] = "masked LM (15% of tokens: 80% [MASK], 10% random, 10% kept)"
+    data = (
+        f"{corpus.describe()}; byte-level BPE tokenizer ({v['vocab_size']} entries), packed into "
+        f"{train_blocks:,} training blocks of {v['max_length']} tokens (1 block in {v['valid_every']} held out "
+        "for validation)."
+    )
+    metrics = {
+        "steps": summary["steps"],
+        "validation masked-LM loss": summary["final_eval_loss"],
+        "validation perplexity": math.exp(min(50.0, summary["final_eval_loss"])),
+        "training loss (mean over the run)": summary["train_loss"],
+        "passes over the training blocks": round(summary["steps"] * int(v["batch_size"]) / train_blocks, 2),
+    }
+    write_model_card(out, kind="fill-mask", scheme=config.scheme, recipe=recipe, data=data, metrics=metrics)
+
+
 def run(args: argparse.Namespace) -> int:
-    summary = pretrain(config_from_args(args))
+    from tupe.training.reporting import hushed_libraries
+
+    with hushed_libraries(args.progress, args.quiet):  # no "Writing model shards" bars with --quiet
+        summary = pretrain(config_from_args(args))
     if summary.get("prepared"):
         print(json.dumps(summary, indent=1))
     return 0

@@ -63,7 +63,7 @@ class MetricsCallback(TrainerCallback):
                 lr=self._lr,
                 grad_norm=logs.get("grad_norm"),
                 tokens_per_s=round(tokens / self._step_time, 1) if self._step_time > 0 else None,
-                epoch=round(state.epoch or 0.0, 4),
+                epoch=round(state.epoch or 0.0, 4),  # passes over the training blocks (PretrainTrainer.log)
             )
             self._step_time = 0.0
         elif "eval_loss" in logs:
@@ -91,6 +91,16 @@ def is_positional_parameter(name: str) -> bool:
     return ".positional." in f".{name}" or "position_embeddings" in name
 
 
+class LogLastStepCallback(TrainerCallback):
+    """Log at the last step too: the Trainer's final train loss adds the steps since the last log from this process
+    only, so without it a multi-process summary differed from the single-process one."""
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        if state.max_steps and state.global_step >= state.max_steps:
+            control.should_log = True
+        return control
+
+
 class PretrainTrainer(Trainer):
     """The stock Trainer plus: our sampler, a masked-LM loss normalised over the whole global batch, a stop on
     non-finite losses, and atomic checkpoints."""
@@ -102,11 +112,15 @@ class PretrainTrainer(Trainer):
         skip_nonfinite=False,  # noqa: ANN001
         positional_lr_scale: float = 1.0,
         positional_weight_decay: float | None = None,
+        passes_per_step: float | None = None,
         **kwargs,  # noqa: ANN003
     ) -> None:
         super().__init__(*args, **kwargs)
         self.positional_lr_scale = positional_lr_scale
         self.positional_weight_decay = positional_weight_decay
+        # global batch / training blocks: the logged `epoch` is passes over the training blocks, not the
+        # Trainer's fraction of the one dataset that holds every pass
+        self.passes_per_step = passes_per_step
         self._tupe_sampler = train_sampler
         # skip (and count) batches with a non-finite loss instead of stopping
         self.skip_nonfinite = skip_nonfinite
@@ -164,6 +178,36 @@ class PretrainTrainer(Trainer):
             **optimizer_kwargs,
         )
         return self.optimizer
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):  # noqa: ANN001, ANN202
+        """The Trainer's, without its "missing keys ['lm_head.decoder.weight']" warning: that weight is tied to
+        the word embeddings, so it is not saved and comes back with them."""
+        import logging
+
+        class _TiedOnly(logging.Filter):
+            def filter(self, record: logging.LogRecord) -> bool:
+                return (
+                    "missing keys" not in (msg := record.getMessage())
+                    or "['lm_head.decoder.weight']" not in msg
+                )
+
+        logger = logging.getLogger("transformers.trainer")
+        flt = _TiedOnly()
+        logger.addFilter(flt)
+        try:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        finally:
+            logger.removeFilter(flt)
+
+    def log(self, logs, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
+        if self.passes_per_step is None:
+            return super().log(logs, *args, **kwargs)
+        saved = self.state.epoch
+        self.state.epoch = round(self.state.global_step * self.passes_per_step, 4)
+        try:
+            return super().log(logs, *args, **kwargs)
+        finally:
+            self.state.epoch = saved
 
     def _get_num_items_in_batch(self, batch_samples, device):  # noqa: ANN001, ANN202
         # Masked tokens of the whole global batch (all accumulation steps, all processes). Counted here rather than

@@ -1,0 +1,104 @@
+"""A `transformers` user's habits on a pre-trained model: tokenizer limits, pipelines on long text, the model
+card, Trainer-style report_to / Hub arguments, and the logged epoch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tupe.training.pretrain import pretrain
+
+LONG_TEXT = " ".join(["the man opened the door and walked into the garden"] * 40)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_corpus, tiny_tokenizer_dir, cache_dir) -> Path:  # noqa: ANN001
+    from tests.training.conftest import TINY
+    from tupe.training.pretrain import PretrainConfig
+
+    out = tmp_path_factory.mktemp("habits") / "run"
+    kw = dict(TINY, out=str(out), corpus=[str(tiny_corpus)], tokenizer=str(tiny_tokenizer_dir), max_steps=3)
+    pretrain(PretrainConfig(**kw, cache_dir=str(cache_dir), scheme="tupe-a", report_to="tensorboard"))
+    return out
+
+
+def test_saved_tokenizer_knows_the_model_length(finished_run: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(finished_run)
+    assert tok.model_max_length == 32
+    assert len(tok(LONG_TEXT, truncation=True)["input_ids"]) == 32
+
+
+def test_fill_mask_pipeline_truncates_long_text(finished_run: Path) -> None:
+    import torch
+    import transformers
+
+    fill = transformers.pipeline("fill-mask", model=str(finished_run))
+    preds = fill("the [MASK] " + LONG_TEXT, tokenizer_kwargs={"truncation": True})
+    assert len(preds) == 5 and all("[MASK]" not in p["sequence"] for p in preds)
+    enc = fill.tokenizer(LONG_TEXT, return_tensors="pt")  # no truncation: the model names the limit
+    with pytest.raises(ValueError, match=r"exceeds max_position_embeddings 32 .*truncation=True"):
+        with torch.no_grad():
+            fill.model(**enc)
+
+
+def test_model_card(finished_run: Path) -> None:
+    card = (finished_run / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: fill-mask\n")
+    assert "# TUPE-A (tupe-a)" in card and "ICLR 2021" in card and "arXiv:2006.15595" in card
+    summary = json.loads((finished_run / "pretrain_summary.json").read_text())
+    assert f"| validation masked-LM loss | {summary['final_eval_loss']:.6g} |" in card
+    assert "| max_steps | 3 |" in card and "| learning_rate | 0.002 |" in card
+    assert "training blocks of 32 tokens" in card
+    assert 'AutoModelForMaskedLM.from_pretrained("' in card and "trust_remote_code=True" in card
+
+
+def test_report_to_tensorboard_and_real_epochs(finished_run: Path) -> None:
+    assert list((finished_run / "tensorboard").glob("events.out.tfevents.*"))
+    summary = json.loads((finished_run / "pretrain_summary.json").read_text())
+    recs = [json.loads(x) for x in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in recs if "loss" in r]
+    per_step = 8 / summary["train_blocks"]  # global batch 8
+    assert [r["epoch"] for r in train] == [round(s * per_step, 4) for s in (1, 2, 3)]
+
+
+def test_report_to_and_hub_flags_reach_the_trainer(tmp_path: Path) -> None:
+    from tupe.cli import build_parser
+    from tupe.training.arguments import config_from_args, training_arguments
+
+    args = build_parser("pretrain").parse_args(
+        ["pretrain", "--out", str(tmp_path / "o"), "--report-to", "tensorboard,mlflow", "--push-to-hub",
+         "--hub-model-id", "me/tupe-a-mini"]
+    )  # fmt: skip
+    config = config_from_args(args)
+    targs = training_arguments(config, config.resolved(), tmp_path / "o", 8)
+    assert targs.report_to == ["tensorboard", "mlflow"]
+    assert targs.push_to_hub is True and targs.hub_model_id == "me/tupe-a-mini"
+    none = training_arguments(config_from_args(args, report_to="none", push_to_hub=False, hub_model_id=None),
+                              config.resolved(), tmp_path / "o", 8)  # fmt: skip
+    assert none.report_to == [] or none.report_to == "none" and none.push_to_hub is False
+
+
+def test_quiet_run_and_resume_print_nothing_spurious(
+    tiny_corpus, tiny_tokenizer_dir, cache_dir, tmp_path, capfd
+):  # noqa: ANN001
+    from tests.training.conftest import tiny_cli_args
+    from tupe.cli import main
+
+    base = [
+        "pretrain",
+        "--out",
+        str(tmp_path / "r"),
+        *tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir),
+    ]
+    assert main([*base, "--max-steps", "2"]) == 0
+    got = capfd.readouterr()
+    assert got.out == "" and got.err == ""  # no "Writing model shards" bars, no warnings
+    assert main([a for a in base if a != "--quiet"] + ["--max-steps", "4", "--resume"]) == 0
+    got = capfd.readouterr()
+    assert "--resume: continuing from" in got.out
+    assert "missing keys" not in got.err and "Writing model shards" not in got.err + got.out
+    assert "PAD/BOS/EOS" not in got.err

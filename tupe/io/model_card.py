@@ -1,0 +1,121 @@
+"""Model cards: the `README.md` written next to every saved model and every GLUE result folder, as the Hub and
+`transformers` users expect (YAML front matter, then what the model is, how it was made, how well it does and
+how to load it)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from tupe.io.files import atomic_write_text
+
+PAPER = (
+    'Guolin Ke, Di He, Tie-Yan Liu, "Rethinking Positional Encoding in Language Pre-training", ICLR 2021 '
+    "(arXiv:2006.15595)"
+)
+CARD_NAME = "README.md"
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that is running, as a user would type it (`tupe pretrain ...`)."""
+    argv = list(sys.argv if argv is None else argv)
+    prog = Path(argv[0]).name if argv else "tupe"
+    if prog in ("__main__.py", "-m", "cli.py") or prog.startswith("python"):
+        prog = "tupe"
+    return " ".join(shlex.quote(a) for a in [prog, *argv[1:]])
+
+
+def scheme_description(scheme: str) -> tuple[str, str]:
+    """(display name, one-line equation summary) of a positional scheme, from its class in `positional.py`."""
+    from tupe.modeling.positional import SCHEMES
+
+    cls = SCHEMES.get(scheme)
+    if cls is None:
+        return scheme, ""
+    doc = (cls.__doc__ or "").strip().split("\n")[0]
+    return cls.display_name, doc
+
+
+def _table(rows: dict[str, Any]) -> str:
+    lines = ["| | |", "|---|---|"]
+    for k, v in rows.items():
+        if v is None:
+            continue
+        if isinstance(v, float):
+            v = f"{v:.6g}"
+        lines.append(f"| {k} | {v} |")
+    return "\n".join(lines)
+
+
+def model_card(
+    *,
+    kind: str,
+    scheme: str,
+    recipe: dict[str, Any],
+    data: str,
+    metrics: dict[str, Any],
+    command: str | None = None,
+    model_path: str = "PATH",
+    notes: str = "",
+) -> str:
+    """The card's Markdown. `kind`: "fill-mask" (a pre-trained model) or "text-classification" (GLUE)."""
+    name, equation = scheme_description(scheme)
+    command = command or command_line()
+    auto = "AutoModelForMaskedLM" if kind == "fill-mask" else "AutoModelForSequenceClassification"
+    if kind == "fill-mask":
+        use = (
+            f'fill = pipeline("fill-mask", model="{model_path}", trust_remote_code=True)\n'
+            'print(fill("The man [MASK] the door.", tokenizer_kwargs={"truncation": True}))'
+        )
+    else:
+        use = (
+            f'classify = pipeline("text-classification", model="{model_path}", trust_remote_code=True)\n'
+            'print(classify("A sentence to classify.", truncation=True))'
+        )
+    front = "\n".join(
+        [
+            "---",
+            "library_name: transformers",
+            f"pipeline_tag: {kind}",
+            "tags:",
+            "- tupe",
+            f"- {scheme}",
+            "- positional-encoding",
+            "---",
+        ]
+    )
+    parts = [
+        front,
+        f"# {name} ({scheme}) — {'masked-LM encoder' if kind == 'fill-mask' else 'fine-tuned classifier'}",
+        f'Positional scheme **{name}** (`position_scheme="{scheme}"`): {equation}'.rstrip(": ")
+        + "\n\nFrom the TUPE paper: "
+        + PAPER
+        + ". The maths of every scheme is in `docs/model.md` of the `tupe` package.",
+        "## Recipe\n\n" + _table(recipe),
+        "## Data\n\n" + data,
+        "## Results\n\n" + (_table(metrics) if metrics else "(none recorded)"),
+        "## How it was made\n\n```bash\n" + command + "\n```",
+        "## How to load\n\n"
+        "The folder holds the modeling code (`auto_map`), so `transformers` loads it without `tupe` installed:\n\n"
+        "```python\n"
+        f"from transformers import {auto}, AutoTokenizer, pipeline\n\n"
+        f'model = {auto}.from_pretrained("{model_path}", trust_remote_code=True)\n'
+        f'tokenizer = AutoTokenizer.from_pretrained("{model_path}")\n'
+        f"{use}\n"
+        "```\n\n"
+        "With `tupe` installed, `import tupe` registers the classes and `trust_remote_code` is not needed. "
+        "The tokenizer knows the model's maximum length: pass `truncation=True` for longer texts.",
+    ]
+    if notes:
+        parts.append(notes)
+    return "\n\n".join(parts) + "\n"
+
+
+def write_model_card(folder: str | os.PathLike, **kwargs: Any) -> Path:
+    """Write `folder/README.md` (atomically); returns its path."""
+    path = Path(folder) / CARD_NAME
+    atomic_write_text(path, model_card(model_path=str(folder), **kwargs))
+    return path

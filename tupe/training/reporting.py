@@ -1,0 +1,110 @@
+"""Trainer-style reporting shared by `tupe pretrain`, `tupe compare` and `tupe glue`: `--report-to` (TensorBoard,
+W&B, MLflow... as the Trainer's `report_to`), `--push-to-hub` / `--hub-model-id`, and where TensorBoard writes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def default_report_to() -> str:
+    """ "tensorboard" where it is installed, else "none" (the Trainer's own choice of integrations otherwise)."""
+    from transformers.integrations import is_tensorboard_available
+
+    return "tensorboard" if is_tensorboard_available() else "none"
+
+
+def parse_report_to(text: str | list[str] | None) -> list[str]:
+    """`--report-to` as the Trainer's list: "tensorboard,wandb" -> ["tensorboard", "wandb"]; "none" -> []."""
+    if text is None:
+        text = default_report_to()
+    items = text if isinstance(text, list) else [t.strip() for t in str(text).split(",")]
+    items = [t for t in items if t]
+    if not items or items == ["none"]:
+        return []
+    if "none" in items:
+        raise ValueError(f"--report-to: 'none' cannot be combined with other integrations, got {text!r}")
+    return items
+
+
+def add_report_arguments(p: argparse.ArgumentParser | Any, hub: bool = True) -> None:
+    """--report-to (and, for commands that save one model, --push-to-hub and --hub-model-id)."""
+    p.add_argument(
+        "--report-to",
+        metavar="NAME[,NAME]",
+        help="where the Trainer sends metrics, as its report_to: tensorboard, wandb, mlflow, all, none... "
+        "(default: tensorboard where installed, else none)",
+    )
+    if hub:
+        p.add_argument(
+            "--push-to-hub",
+            action="store_true",
+            help="push the saved model to the Hugging Face Hub (the Trainer's push_to_hub; needs a login)",
+        )
+        p.add_argument(
+            "--hub-model-id", help="Hub repository name for --push-to-hub (the Trainer's hub_model_id)"
+        )
+
+
+def trainer_reporting(
+    report_to: list[str], push_to_hub: bool = False, hub_model_id: str | None = None
+) -> dict:
+    """The `TrainingArguments` keyword arguments for reporting and the Hub."""
+    kw: dict[str, Any] = {"report_to": list(report_to) if report_to else "none"}
+    if push_to_hub or hub_model_id:
+        kw.update(push_to_hub=bool(push_to_hub), hub_model_id=hub_model_id)
+    return kw
+
+
+def point_tensorboard(trainer: Any, logging_dir: str | Path) -> bool:
+    """Make the Trainer's own `TensorBoardCallback` (added by report_to) write to `logging_dir`; False if none."""
+    from transformers.integrations import TensorBoardCallback
+
+    found = False
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, TensorBoardCallback):
+            cb.logging_dir = str(logging_dir)
+            found = True
+    return found
+
+
+@contextlib.contextmanager
+def hushed_libraries(progress: bool = True, quiet: bool = False) -> Iterator[None]:
+    """`--no-progress` / `--quiet` for the libraries too, while the command runs: no "Writing model shards" /
+    "Loading weights" / `datasets` bars without progress; only errors from `transformers` and `datasets` with
+    --quiet. The previous settings come back afterwards."""
+    import datasets
+    import transformers
+
+    hf = transformers.utils.logging
+    saved = (hf.get_verbosity(), hf.is_progress_bar_enabled())
+    saved_ds = (datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled())
+    if not progress or quiet:
+        hf.disable_progress_bar()
+        datasets.disable_progress_bars()
+    if quiet:
+        hf.set_verbosity_error()
+        datasets.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf.set_verbosity(saved[0])
+        datasets.logging.set_verbosity(saved_ds[0])
+        if saved[1]:
+            hf.enable_progress_bar()
+        if saved_ds[1]:
+            datasets.enable_progress_bars()
+
+
+def align_special_tokens(model: Any, tokenizer: Any) -> None:
+    """Give the model's config the tokenizer's PAD/BOS/EOS ids before a Trainer is built, which otherwise does it
+    itself with a warning on every run."""
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            setattr(model.config, name, value)
+            if getattr(model, "generation_config", None) is not None:
+                setattr(model.generation_config, name, value)
