@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": (
         "tupe.training.demo",
-        "pre-train bert-a and tupe-a (mini) on the built-in corpus and compare (3-4 min on 2 free cores)",
+        "pre-train bert-a and tupe-a (mini) side by side on the built-in corpus and say what came out",
     ),
     "plot": ("tupe.analysis.curves", "validation-loss curves of several pre-training runs on one figure"),
     "analyze": (

@@ -21,10 +21,11 @@ import numpy as np
 import torch
 
 from tupe.errors import TupeError
+from tupe.evaluation.bootstrap import CI_LEVEL, Ratio, bootstrap, bootstrap_rng  # noqa: F401 - re-exported
+from tupe.evaluation.report import format_report  # noqa: F401 - re-exported for the command
 
 EVAL_SPLIT = 2  # mask key (EVAL_SPLIT, block index): apart from pre-training's train (0) and valid (1) keys
-SHUFFLE_STREAM, PPPL_STREAM, BOOTSTRAP_STREAM = 101, 102, 103  # second seed word of each other random stream
-CI_LEVEL = 0.95
+SHUFFLE_STREAM, PPPL_STREAM = 101, 102  # second seed word of each random stream (bootstrap: 103)
 
 
 # ---------------------------------------------------------------------------------------------------- models
@@ -276,64 +277,6 @@ def sample_pppl_positions(
         sel = ks == k
         positions[sel] = where[ranks[sel] - starts[k]]
     return ks.astype(np.int64), positions
-
-
-# ---------------------------------------------------------------------------------------------- bootstrap
-def bootstrap_rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng([seed, BOOTSTRAP_STREAM])
-
-
-@dataclass
-class Ratio:
-    """sum(num[b]) / sum(den[b]) over blocks b: a mean per token, resampled by block."""
-
-    num: np.ndarray
-    den: np.ndarray
-
-
-def _statistic(terms: Sequence[tuple[float, Ratio]], idx: np.ndarray | None) -> np.ndarray | float:
-    total: np.ndarray | float = 0.0
-    for weight, r in terms:
-        if idx is None:
-            total = total + weight * r.num.sum() / max(r.den.sum(), 1e-300)
-        else:
-            total = total + weight * r.num[idx].sum(axis=-1) / np.maximum(r.den[idx].sum(axis=-1), 1e-300)
-    return total
-
-
-def bootstrap(
-    statistics: dict[str, Sequence[tuple[float, Ratio]]],
-    n_blocks: int,
-    n_resamples: int,
-    seed: int,
-    level: float = CI_LEVEL,
-) -> dict[str, dict[str, float | None]]:
-    """Percentile bootstrap over blocks, shared by all statistics (so paired differences are paired).
-
-    Each statistic is a weighted sum of ratios (weight +1 for a loss, +1/-1 for a difference). Resample r
-    draws `n_blocks` block indices with replacement; all resamples are the rows of
-    `bootstrap_rng(seed).integers(0, n_blocks, size=(n_resamples, n_blocks))` (drawn in chunks, same
-    numbers), and the interval is `np.quantile(values, [(1 - level) / 2, (1 + level) / 2])`.
-    """
-    out: dict[str, dict[str, float | None]] = {
-        name: {"value": float(_statistic(terms, None)), "low": None, "high": None}
-        for name, terms in statistics.items()
-    }
-    if n_resamples <= 0 or n_blocks == 0:
-        return out
-    rng = bootstrap_rng(seed)
-    values = {name: np.empty(n_resamples) for name in statistics}
-    chunk = max(1, min(n_resamples, 4_000_000 // max(n_blocks, 1)))
-    for start in range(0, n_resamples, chunk):
-        size = min(chunk, n_resamples - start)
-        idx = rng.integers(0, n_blocks, size=(size, n_blocks))
-        for name, terms in statistics.items():
-            values[name][start : start + size] = _statistic(terms, idx)
-    q = [(1 - level) / 2, (1 + level) / 2]
-    for name in statistics:
-        low, high = np.quantile(values[name], q)
-        out[name]["low"], out[name]["high"] = float(low), float(high)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------- evaluate
@@ -620,84 +563,3 @@ def evaluate(
         "models": [results_models[m.name] | {"name": m.name} for m in models],
         "seconds": round(time.perf_counter() - t0, 2),
     }
-
-
-# ------------------------------------------------------------------------------------------------- report
-def _fmt(d: dict[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
-    if d is None:
-        return "-"
-    spec = f"{'+' if signed else ''}.{digits}f"
-
-    def f(x: float) -> str:
-        return format(0.0 if round(x, digits) == 0 else x, spec)  # no "-0.000"
-
-    if d.get("low") is None:
-        return f(d["value"])
-    return f"{f(d['value'])} [{f(d['low'])}, {f(d['high'])}]"
-
-
-def _fmt_ppl(d: dict[str, Any] | None) -> str:
-    if d is None:
-        return "-"
-    v = d["value"]
-    return f"{v:,.2f}" if v < 1e6 else f"{v:.3g}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-
-    return [line(header), "  ".join("-" * w for w in widths), *map(line, rows)]
-
-
-def format_report(result: dict[str, Any]) -> str:
-    """The terminal table: one block per tokenizer group, then its paired differences."""
-    s = result["settings"]
-    ci = f"{int(s['ci_level'] * 100)}% CI" if s["bootstrap_resamples"] else "no CI"
-    out = [
-        f"text: {result['text']['description']} ({result['text']['bytes']:,} bytes)",
-        f"loss: mean nats per masked token (seed {s['seed']}, {s['mlm_probability']:.0%} masked, 80/10/10); "
-        f"[{ci}: bootstrap over blocks, {s['bootstrap_resamples']} resamples]",
-    ]
-    models = {m["name"]: m for m in result["models"]}
-    for g in result["tokenizer_groups"]:
-        out += [
-            "",
-            f"{g['id']}: {g['tokens']:,} tokens -> {g['blocks']:,} of {g['full_blocks']:,} blocks of "
-            f"{g['block_length']}, {g['masked_tokens']:,} masked targets; pseudo-perplexity on a sample of "
-            f"{g['pppl_tokens']:,} tokens",
-        ]
-        header = ["model", "loss", "ppl", "pppl", "word order (shuffled - loss)"]
-        rows = []
-        for name in g["models"]:
-            m = models[name]
-            rows.append(
-                [
-                    name,
-                    _fmt(m["loss"]),
-                    _fmt_ppl(m["perplexity"]),
-                    _fmt_ppl(m["pseudo_perplexity"]),
-                    _fmt(m["word_order_delta"], signed=True),
-                ]
-            )
-        u = g["unigram"]
-        rows.append(
-            [
-                "unigram (text's own frequencies)",
-                _fmt(u["loss"]),
-                _fmt_ppl(u["perplexity"]),
-                _fmt_ppl(u["pseudo_perplexity"]),
-                "0",
-            ]
-        )
-        out += _table(header, rows)
-        diff_rows = [[f"{d['a']} - {d['b']}", _fmt(d["loss"], signed=True)] for d in g["differences"]]
-        diff_rows += [
-            [f"{name} - unigram", _fmt(models[name]["minus_unigram"], signed=True)] for name in g["models"]
-        ]
-        out += ["", *_table(["paired difference (same blocks and masks)", "loss difference"], diff_rows)]
-    if len(result["tokenizer_groups"]) > 1:
-        out += ["", "models with different tokenizers see different tokens: compare them within a group only"]
-    return "\n".join(out)

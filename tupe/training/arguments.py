@@ -323,7 +323,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     add_model_data_arguments(p)  # also annotates the ranges in --help
 
 
-DEMO_STEPS = 1800  # the mini preset's: fits 15 minutes on a quiet 2-core machine with two runs side by side
+DEMO_STEPS = 1200  # fits 15 minutes on a quiet 2-core machine with two runs side by side (README)
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@
 The training runs' own evaluation gives one number per run; the difference between two schemes needs its
 uncertainty. Runs of one comparison share the validation blocks and (for one seed) the masks, so each final
 model's masked-token loss is recomputed per validation block and the paired difference is resampled by block
-(`tupe.evaluation.evaluate.bootstrap`, the method of `tupe evaluate`).
+(`tupe.evaluation.bootstrap`, the method of `tupe evaluate`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def paired_comparison(
 ) -> dict[str, dict[str, float | None]]:
     """Each run's final validation loss and each run minus `reference`, with 95% bootstrap intervals over the
     shared validation blocks (`{name: {"value", "low", "high"}}`, differences named `"a - ref"`)."""
-    from tupe.evaluation.evaluate import Ratio, bootstrap
+    from tupe.evaluation.bootstrap import Ratio, bootstrap
 
     ratios = {}
     n_blocks = None

@@ -1,0 +1,85 @@
+"""The terminal table of `tupe evaluate`: losses, perplexities, word-order deltas and paired differences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _fmt(d: dict[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
+    if d is None:
+        return "-"
+    spec = f"{'+' if signed else ''}.{digits}f"
+
+    def f(x: float) -> str:
+        return format(0.0 if round(x, digits) == 0 else x, spec)  # no "-0.000"
+
+    if d.get("low") is None:
+        return f(d["value"])
+    return f"{f(d['value'])} [{f(d['low'])}, {f(d['high'])}]"
+
+
+def _fmt_ppl(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "-"
+    v = d["value"]
+    return f"{v:,.2f}" if v < 1e6 else f"{v:.3g}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return [line(header), "  ".join("-" * w for w in widths), *map(line, rows)]
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The terminal table: one block per tokenizer group, then its paired differences."""
+    s = result["settings"]
+    ci = f"{int(s['ci_level'] * 100)}% CI" if s["bootstrap_resamples"] else "no CI"
+    out = [
+        f"text: {result['text']['description']} ({result['text']['bytes']:,} bytes)",
+        f"loss: mean nats per masked token (seed {s['seed']}, {s['mlm_probability']:.0%} masked, 80/10/10); "
+        f"[{ci}: bootstrap over blocks, {s['bootstrap_resamples']} resamples]",
+    ]
+    models = {m["name"]: m for m in result["models"]}
+    for g in result["tokenizer_groups"]:
+        out += [
+            "",
+            f"{g['id']}: {g['tokens']:,} tokens -> {g['blocks']:,} of {g['full_blocks']:,} blocks of "
+            f"{g['block_length']}, {g['masked_tokens']:,} masked targets; pseudo-perplexity on a sample of "
+            f"{g['pppl_tokens']:,} tokens",
+        ]
+        header = ["model", "loss", "ppl", "pppl", "word order (shuffled - loss)"]
+        rows = []
+        for name in g["models"]:
+            m = models[name]
+            rows.append(
+                [
+                    name,
+                    _fmt(m["loss"]),
+                    _fmt_ppl(m["perplexity"]),
+                    _fmt_ppl(m["pseudo_perplexity"]),
+                    _fmt(m["word_order_delta"], signed=True),
+                ]
+            )
+        u = g["unigram"]
+        rows.append(
+            [
+                "unigram (text's own frequencies)",
+                _fmt(u["loss"]),
+                _fmt_ppl(u["perplexity"]),
+                _fmt_ppl(u["pseudo_perplexity"]),
+                "0",
+            ]
+        )
+        out += _table(header, rows)
+        diff_rows = [[f"{d['a']} - {d['b']}", _fmt(d["loss"], signed=True)] for d in g["differences"]]
+        diff_rows += [
+            [f"{name} - unigram", _fmt(models[name]["minus_unigram"], signed=True)] for name in g["models"]
+        ]
+        out += ["", *_table(["paired difference (same blocks and masks)", "loss difference"], diff_rows)]
+    if len(result["tokenizer_groups"]) > 1:
+        out += ["", "models with different tokenizers see different tokens: compare them within a group only"]
+    return "\n".join(out)
