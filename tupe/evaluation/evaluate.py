@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tupe.errors import TupeError
-from tupe.evaluation.bootstrap import CI_LEVEL, Ratio, bootstrap, bootstrap_rng  # noqa: F401 - re-exported
+from tupe.evaluation.bootstrap import BOOTSTRAP_STREAM, CI_LEVEL, Ratio, bootstrap, bootstrap_rng  # noqa: F401
 from tupe.evaluation.report import format_report  # noqa: F401 - re-exported for the command
 
 EVAL_SPLIT = 2  # mask key (EVAL_SPLIT, block index): apart from pre-training's train (0) and valid (1) keys
