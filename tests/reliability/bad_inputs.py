@@ -82,14 +82,6 @@ def _truncate(path: Path) -> None:
     os.truncate(path, path.stat().st_size // 2)
 
 
-def _bert_config(ctx: Ctx) -> list:
-    m = ctx.copy_model()
-    cfg = json.loads((m / "config.json").read_text())
-    cfg["model_type"] = "bert"
-    (m / "config.json").write_text(json.dumps(cfg))
-    return ctx.glue(model=m)
-
-
 def _edit_config(ctx: Ctx, **changes: object) -> Path:
     m = ctx.copy_model()
     cfg = json.loads((m / "config.json").read_text())
@@ -509,12 +501,6 @@ CASES: list[Case] = [
         "`--model` folder that does not exist",
         lambda c: c.glue(model=c.tmp / "nomodel"),
         ("no config.json",),
-    ),
-    Case(
-        "glue-model-bert",
-        "checkpoint of another model type (BERT config)",
-        _bert_config,
-        ("model_type 'bert' is not a tupe model",),
     ),
     Case(
         "glue-scheme-mismatch",
