@@ -44,6 +44,7 @@ _RUN_ARTIFACTS_PREFIXES = (
 _RUN_ARTIFACT_NAMES = {
     "tensorboard",
     "config.json",
+    "README.md",  # the model card
     "generation_config.json",
     "model.safetensors",
     "tokenizer.json",
