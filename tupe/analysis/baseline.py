@@ -70,14 +70,25 @@ def train_valid_unigram(packed: PackedCorpus, valid_every: int, vocab_size: int)
     return {"unigram_loss": loss, "valid_tokens": total}
 
 
-def run_unigram(run_dir: str | Path) -> dict[str, float | int] | None:
-    """The unigram baseline of a finished `tupe pretrain` run's own train/valid split (None if its data cache
-    is gone)."""
+def open_run_blocks(run_dir: str | Path) -> tuple[dict, PackedCorpus]:
+    """A finished `tupe pretrain` run's identity (`tupe_run.json`) and its packed blocks, from the data cache
+    named in its `pretrain_summary.json`."""
     run_dir = Path(run_dir)
     try:
         run = json.loads((run_dir / "tupe_run.json").read_text())
         summary = json.loads((run_dir / "pretrain_summary.json").read_text())
-        packed = PackedCorpus.open(summary["data_cache"], int(run["data"]["max_length"]))
-    except (OSError, KeyError, ValueError, TupeError):
+        return run, PackedCorpus.open(summary["data_cache"], int(run["data"]["max_length"]))
+    except (OSError, KeyError, ValueError) as err:
+        raise TupeError(
+            f"{run_dir}: not a finished `tupe pretrain` run with its data cache ({err})"
+        ) from None
+
+
+def run_unigram(run_dir: str | Path) -> dict[str, float | int] | None:
+    """The unigram baseline of a finished `tupe pretrain` run's own train/valid split (None if its data cache
+    is gone)."""
+    try:
+        run, packed = open_run_blocks(run_dir)
+    except TupeError:
         return None
     return train_valid_unigram(packed, int(run["data"]["valid_every"]), int(run["model"]["vocab_size"]))

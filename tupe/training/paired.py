@@ -8,7 +8,6 @@ model's masked-token loss is recomputed per validation block and the paired diff
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +20,11 @@ from tupe.errors import TupeError
 def validation_block_losses(run_dir: str | Path, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray, int]:
     """(per validation block: sum of -log p over masked targets, masked-target count, number of blocks) of a
     finished run's final model, with the masks its own evaluation used (run seed, validation keys)."""
-    from tupe.analysis.baseline import NUM_SPECIAL
+    from tupe.analysis.baseline import NUM_SPECIAL, open_run_blocks
     from tupe.data.mlm import VALID_SPLIT, MaskedLMCollator
-    from tupe.data.packing import PackedCorpus
     from tupe.evaluation.evaluate import load_model
 
-    run_dir = Path(run_dir)
-    try:
-        run = json.loads((run_dir / "tupe_run.json").read_text())
-        summary = json.loads((run_dir / "pretrain_summary.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise TupeError(f"{run_dir}: not a finished `tupe pretrain` run ({err})") from None
-    packed = PackedCorpus.open(summary["data_cache"], int(run["data"]["max_length"]))
+    run, packed = open_run_blocks(run_dir)
     _, valid_idx = packed.split(int(run["data"]["valid_every"]))
     model = load_model(run_dir)
     collator = MaskedLMCollator(
