@@ -38,3 +38,27 @@ def tiny_config(scheme: str, **overrides):  # noqa: ANN201 - a TupeConfig
     from tupe import TupeConfig
 
     return TupeConfig(**{**TINY_MODEL, "position_scheme": scheme, **overrides})
+
+
+def hold_lock(kind: str, path: Path, command: str, argv: list | None = None):  # noqa: ANN201 - a subprocess.Popen
+    """Start a process that holds `tupe.io.files.folder_lock` or `file_lock` (`kind`) on `path` until killed, as
+    `tupe ARGV` would (the command line its lock info shows); returned once the lock is held. The caller kills it
+    (SIGKILL leaves a lock file that a dead process held)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    code = (
+        f"import json,sys,time; from tupe.io.files import {kind}\n"
+        "path, command = sys.argv[1], sys.argv[2]; sys.argv = ['tupe', *json.loads(sys.argv[3])]\n"
+        f"with {kind}(path, command):\n print('locked', flush=True); time.sleep(120)\n"
+    )
+    shown = json.dumps([str(a) for a in argv] if argv else [])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(path), command, shown], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc

@@ -32,7 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tupe.training.demo",
         "pre-train bert-a and tupe-a (mini) side by side on the built-in corpus and say what came out",
     ),
-    "plot": ("tupe.analysis.curves", "validation-loss curves of several pre-training runs on one figure"),
+    "plot": (
+        "tupe.analysis.curves",
+        "validation-loss curves of pre-training runs or whole `tupe compare` folders on one figure",
+    ),
     "analyze": (
         "tupe.analysis.analyze",
         "draw the paper's position analyses (Fig. 2 and 6) for a checkpoint",

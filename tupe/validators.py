@@ -1,6 +1,6 @@
 """argparse `type=` validators: every numeric flag is checked when it is parsed, with its allowed range in the
 error message and in `--help` (`annotate_ranges` appends it), and path flags are checked for their kind before
-any work starts (`check_out_folder`, `check_path_kind`).
+any work starts (`check_out_folder`, `check_out_file`, `check_path_kind`).
 
 A value out of range is `tupe CMD: error: argument --grad-accum: must be an integer >= 1, got 0`.
 """
@@ -130,6 +130,28 @@ def nonempty_path(s: str) -> str:
 nonempty_path.range_text = None  # type: ignore[attr-defined]
 
 
+def add_threads_progress(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup, what: str = "progress bars"
+) -> None:
+    """`--threads N` (validated, dest `threads`) and `--no-progress` (dest `progress`), worded alike in every
+    command that computes; `apply_threads` applies the first."""
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        metavar="N",
+        help="CPU threads for torch (default: torch's choice, all cores; 1 is faster on a busy machine)",
+    )
+    p.add_argument("--no-progress", dest="progress", action="store_false", help=f"no {what}")
+
+
+def apply_threads(threads: int | None) -> None:
+    """torch.set_num_threads for `--threads` (nothing when it was not given)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
 def annotate_ranges(parser: argparse.ArgumentParser) -> None:
     """Append each validated flag's allowed range to its `--help` text."""
     for action in parser._actions:  # noqa: SLF001 - argparse has no public accessor
@@ -156,6 +178,25 @@ def check_out_folder(flag: str, path: str | os.PathLike, must_exist: bool = Fals
                 raise TupeError(f"{flag} {p}: {parent} is a file, not a folder")
             if not os.access(parent, os.W_OK | os.X_OK) and not p.exists():
                 raise TupeError(f"{flag} {p}: cannot create it, {parent} is not writable")
+            break
+    return p
+
+
+def check_out_file(flag: str, path: str | os.PathLike) -> Path:
+    """`path` may be written as an output file: not a folder or a device, and its folder can be made."""
+    p = Path(path).expanduser()
+    if not str(path).strip():
+        raise TupeError(f"{flag} is empty; give a file")
+    if p.is_dir():
+        raise TupeError(f"{flag} {p} is a folder, expected a file")
+    if p.exists() and not p.is_file():
+        raise TupeError(f"{flag} {p} is not a regular file (a FIFO or device?)")
+    for parent in p.absolute().parents:  # the nearest existing folder must be a writable folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise TupeError(f"{flag} {p}: {parent} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise TupeError(f"{flag} {p}: cannot write there, {parent} is not writable")
             break
     return p
 

@@ -122,8 +122,9 @@ def test_user_errors_are_one_line(tupe_dir, text_file, tmp_path, capsys):
     # bert-a needs text for its split
     assert main(["analyze", "--model", str(no_tok), "--out", str(tmp_path / "o")]) == 2
     assert "needs --text" in capsys.readouterr().err
-    assert main(["analyze", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert main(["analyze", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
+    assert f"--model {tmp_path / 'missing'}: no such folder" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()  # refused before any work: --out not even made
     rope = tupe_dir("rope")
     assert (
         main(["analyze", "--model", str(rope), "--text", str(text_file), "--out", str(tmp_path / "o")]) == 2
@@ -189,3 +190,63 @@ def test_bare_bert_model_directory_keeps_its_weights(tmp_path, tokenizer, text_f
         )
         == 0
     )
+
+
+def test_threads_and_no_progress(tupe_dir, tmp_path, capsys, monkeypatch):
+    import transformers
+
+    assert main(["analyze", "--model", "x", "--out", str(tmp_path / "o"), "--threads", "0"]) == 2
+    assert "argument --threads: must be an integer >= 1, got 0" in capsys.readouterr().err
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    seen = {}
+
+    import tupe.analysis.analyze as analyze_module
+
+    real = analyze_module._analyze_from_args
+
+    def spy(args):  # noqa: ANN001, ANN202 - the bars are off while the analysis runs
+        seen["bars"] = transformers.utils.logging.is_progress_bar_enabled()
+        return real(args)
+
+    monkeypatch.setattr(analyze_module, "_analyze_from_args", spy)
+    model = tupe_dir("tupe-a")
+    argv = ["analyze", "--model", str(model), "--out", str(tmp_path / "o"), "--threads", "1", "--no-progress"]
+    assert main(argv) == 0
+    assert calls == [1] and seen["bars"] is False
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_flags_and_paths_checked_when_parsed_and_a_second_writer_refused(
+    tupe_dir, text_file, tmp_path, capsys
+):
+    import signal
+
+    from ..helpers import hold_lock
+
+    model = tupe_dir("tupe-a")
+    out = tmp_path / "o"
+    base = ["analyze", "--model", str(model), "--text", str(text_file), "--out", str(out)]
+    assert main([*base, "--max-length", "3"]) == 2
+    assert "argument --max-length: must be an integer >= 4, got 3" in capsys.readouterr().err
+    assert main([*base, "--tokenizer", str(text_file)]) == 2
+    assert f"--tokenizer {text_file} is a file, expected a folder" in capsys.readouterr().err
+    assert main(["analyze", "--model", str(text_file), "--out", str(out)]) == 2
+    assert f"--model {text_file} is a file, expected a folder" in capsys.readouterr().err
+    assert not out.exists()
+    holder = hold_lock("folder_lock", out, "tupe analyze")
+    try:
+        assert main([*base, "--num-blocks", "2", "--max-length", "16"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            len(err.strip().splitlines()) == 1
+            and f"another `tupe analyze` is writing here (pid {holder.pid} " in err
+        )
+        assert not (out / "analysis.json").exists()
+        holder.send_signal(signal.SIGKILL)  # a killed holder's lock is taken over
+        holder.wait()
+        assert main([*base, "--num-blocks", "2", "--max-length", "16"]) == 0
+        assert (out / "analysis.json").is_file()
+    finally:
+        holder.kill()
+        holder.wait()

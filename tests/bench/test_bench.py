@@ -264,3 +264,52 @@ def test_bench_breakdown_and_end_to_end_mode(tmp_path, capsys, monkeypatch):
     assert run["tokens_per_s"] > 0 and run["bare_tokens_per_s"] > 0 and run["ratio_end_to_end_to_bare"] > 0
     assert run["tokens_per_step"] == 4 * 32 and run["time_to_first_step_s"] > 0 and run["peak_rss_bytes"] > 0
     assert "end to end, tupe-a" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- profiler noise, --threads, --no-progress
+def test_profiler_start_and_stop_print_no_usdt_lines(capfd):
+    from torch.profiler import ProfilerActivity
+
+    from tupe.bench.profiling import quiet_profile
+
+    with quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        torch.ones(4, 4).matmul(torch.ones(4, 4))
+    assert prof.events()  # it profiled
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_start" not in err and "profiler_stop" not in err
+
+
+def test_only_kineto_lines_are_dropped_from_the_captured_window(capfd):
+    import os
+    import sys
+
+    from tupe.bench.profiling import kineto_lines_dropped
+
+    with kineto_lines_dropped():
+        os.write(
+            2, b"USDT:2026-11-23 14:23:00 24660:24660 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+        )
+        os.write(2, b"STAGE:2026-11-23 14:23:00 24660:24660 SyncActivityProfilerHandler.cpp:51] Completed\n")
+        os.write(2, b"ERROR:2026-11-23 14:23:00 24660:24660 Foo.cpp:9] a real problem\n")
+        print("warning from python", file=sys.stderr)
+    print("after", file=sys.stderr)
+    err = capfd.readouterr().err  # (pytest's sys.stderr bypasses fd 2: order across the two is not kept)
+    assert sorted(err.splitlines()) == [
+        "ERROR:2026-11-23 14:23:00 24660:24660 Foo.cpp:9] a real problem", "after", "warning from python",
+    ]  # fmt: skip
+
+
+def test_bench_threads_and_no_progress(tmp_path, capsys):
+    for bad in ("0", "-1", "two"):
+        assert main(["bench", "--threads", bad]) == 2
+        assert "argument --threads: must be an integer >= 1, got" in capsys.readouterr().err
+    assert main(["bench", "--rounds", "0"]) == 2
+    assert "argument --rounds: must be an integer >= 1, got 0" in capsys.readouterr().err
+    args = ["bench", "--preset", "mini", "--layers", "1", "--seq-len", "16", "--batch-size", "2", "--rounds", "2",
+            "--warmup", "0", "--schemes", "tupe-a", "--backends", "default", "--peak-flops", "1e11", "--no-memory",
+            "--threads", "1"]  # fmt: skip
+    assert main([*args, "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "round 1/2" not in err and "matmul peak before" in err  # log lines stay, progress lines go
+    assert main(args) == 0
+    assert "round 2/2: tupe-a [default]" in capsys.readouterr().err

@@ -94,3 +94,107 @@ def test_missing_empty_and_bad_utf8_are_one_line_errors(tmp_path: Path) -> None:
         fh.write(b"ok\n\xff\n")
     with pytest.raises(TupeError, match=r"bad.txt.gz is not UTF-8.*byte offset 3 \(decompressed\)"):
         list(iter_line_batches(resolve_corpus([str(tmp_path / "bad.txt.gz")])))
+
+
+@pytest.fixture()
+def hf_cache(tmp_path: Path, monkeypatch) -> Path:  # noqa: ANN001
+    """An empty `datasets` cache of this test's own (nothing read from or written to ~/.cache/huggingface)."""
+    datasets = pytest.importorskip("datasets")
+    cache = tmp_path / "hf-datasets"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    return cache
+
+
+def _cache_dataset(cache: Path, repo: str, config: str, rows: dict) -> None:
+    """What `datasets.load_dataset(repo, config)` leaves in the cache after a download: the prepared Arrow files
+    under <namespace>___<name>/<config>/<version>/<hash>/, made here from a local parquet file (no network)."""
+    import shutil
+
+    import datasets
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    namespace, _, name = repo.rpartition("/")
+    src = cache.parent / f"{name}-{config}.parquet"
+    datasets.Dataset.from_dict(rows).to_parquet(str(src))
+    builder = Parquet(
+        cache_dir=str(cache), dataset_name=name, config_name=config, config_id=config, hash="0123456789abcdef",
+        data_files={"train": str(src)},
+    )  # fmt: skip
+    builder.download_and_prepare()
+    if namespace:
+        shutil.move(str(cache / name), str(cache / f"{namespace}___{name}"))
+
+
+def test_parquet_and_json_files_rows_are_documents(tmp_path: Path, hf_cache: Path) -> None:
+    import datasets
+
+    rows = {"text": ["a b\nc", "", "d"], "id": [1, 2, 3]}
+    datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "part-0.parquet"))
+    (tmp_path / "more.jsonl").write_text('{"text": "e f", "id": 4}\n{"text": null, "id": 5}\n{"text": "g"}\n')
+    (tmp_path / "list.json").write_text('[{"body": "h"}, {"body": "i j"}]')
+    corpus = resolve_corpus([str(tmp_path / "part-0.parquet"), str(tmp_path / "more.jsonl")])
+    assert not corpus.files and [p.name for p in corpus.tables] == ["part-0.parquet", "more.jsonl"]
+    assert _docs(corpus) == [["a b", "c"], ["d"], ["e f"], ["g"]]
+    assert "2 parquet/JSON file(s)" in corpus.describe() and "column 'text'" in corpus.describe()
+    # another column, and a JSON array; a folder holding table files reads them as rows, not as text lines
+    assert _docs(resolve_corpus([str(tmp_path / "list.json")], text_column="body")) == [["h"], ["i j"]]
+    sub = tmp_path / "folder"
+    sub.mkdir()
+    (sub / "notes.txt").write_text("plain line\n")
+    (sub / "rows.jsonl").write_text('{"text": "from json"}\n')
+    mixed = resolve_corpus([str(sub)])
+    assert [p.name for p in mixed.files] == ["notes.txt"] and [p.name for p in mixed.tables] == ["rows.jsonl"]
+    assert _docs(mixed) == [["plain line"], ["from json"]]
+    # the fingerprint follows the rows' bytes
+    before = corpus.fingerprint()
+    (tmp_path / "more.jsonl").write_text('{"text": "changed"}\n')
+    assert (
+        resolve_corpus([str(tmp_path / "part-0.parquet"), str(tmp_path / "more.jsonl")]).fingerprint()
+        != before
+    )
+    assert not list(Path(hf_cache).rglob("*.arrow"))  # streamed: no copy of the data in the cache
+
+
+def test_missing_text_column_names_the_columns_before_any_work(tmp_path: Path, hf_cache: Path) -> None:
+    import datasets
+
+    datasets.Dataset.from_dict({"body": ["x"], "id": [1]}).to_parquet(str(tmp_path / "t.parquet"))
+    with pytest.raises(
+        TupeError, match=r"t\.parquet has no column 'text' \(columns: body, id\); pick one with --text-column"
+    ):
+        resolve_corpus([str(tmp_path / "t.parquet")])
+    (tmp_path / "t.jsonl").write_text('{"content": "x"}\n')
+    with pytest.raises(TupeError, match=r"no column 'text' \(columns: content\)"):
+        resolve_corpus([str(tmp_path / "t.jsonl")])
+    (tmp_path / "bad.jsonl").write_text("not json at all\n")
+    with pytest.raises(TupeError, match=r"bad\.jsonl"):
+        resolve_corpus([str(tmp_path / "bad.jsonl")])
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(TupeError, match=r"corpus file .*bad\.parquet: cannot read it as parquet"):
+        resolve_corpus([str(tmp_path / "bad.parquet")])
+
+
+def test_a_dataset_name_not_in_the_local_cache_is_one_line_naming_it(hf_cache: Path) -> None:
+    with pytest.raises(TupeError) as err:
+        resolve_corpus(["someone/not-cached:cfg"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert "no dataset 'someone/not-cached' in the local `datasets` cache" in message
+    assert str(hf_cache) in message and "nothing is downloaded" in message
+    with pytest.raises(TupeError, match="corpus path not found: nope.txt"):  # a file name is a missing path
+        resolve_corpus(["nope.txt"])
+
+
+def test_a_dataset_in_the_local_cache_is_read_offline(hf_cache: Path) -> None:
+    _cache_dataset(hf_cache, "someone/tiny-wiki", "raw", {"text": ["first article\nline two", "second"]})
+    _cache_dataset(hf_cache, "plainname", "default", {"body": ["only row"]})
+    corpus = resolve_corpus(["someone/tiny-wiki:raw"])
+    assert corpus.names == ["someone/tiny-wiki:raw"] and not corpus.files
+    assert _docs(corpus) == [["first article", "line two"], ["second"]]
+    assert "dataset someone/tiny-wiki:raw" in corpus.describe()
+    assert corpus.fingerprint() == resolve_corpus(["someone/tiny-wiki"]).fingerprint()  # its only config
+    assert _docs(resolve_corpus(["plainname"], text_column="body")) == [["only row"]]
+    with pytest.raises(TupeError, match=r"dataset plainname has no column 'text' \(columns: body\)"):
+        resolve_corpus(["plainname"])
+    with pytest.raises(TupeError, match="--corpus someone/tiny-wiki:other: .*'other'"):
+        resolve_corpus(["someone/tiny-wiki:other"])

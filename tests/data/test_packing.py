@@ -102,3 +102,33 @@ def test_too_small_corpus(tmp_path: Path, small_tokenizer) -> None:  # noqa: ANN
     )
     with pytest.raises(TupeError, match="corpus too small"):
         pk.split()
+
+
+def test_a_changed_line_rule_never_reuses_the_cache(small_tokenizer, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The bounds that cut long lines and words change the tokens, so they key the cache with the corpus."""
+    from tupe.data import corpus as corpus_mod
+
+    (tmp_path / "c").mkdir()
+    word = "".join(chr(97 + (i * 7) % 26) for i in range(600))  # a 600-character "word" (a URL, a DNA string)
+    (tmp_path / "c" / "t.txt").write_text(("some words " + word + " more words\n") * 20)
+    corpus = resolve_corpus([str(tmp_path / "c")])
+    logs: list[str] = []
+    first = load_or_build_packed(
+        corpus, small_tokenizer, 64, tmp_path / "cache", progress=False, log=logs.append
+    )
+    monkeypatch.setattr(corpus_mod, "MAX_WORD_CHARS", 100)  # another word bound: other pieces, other tokens
+    logs.clear()
+    second = load_or_build_packed(
+        corpus, small_tokenizer, 64, tmp_path / "cache", progress=False, log=logs.append
+    )
+    assert second.path != first.path and not any("reusing" in m for m in logs)
+    assert second.stream.tolist() != first.stream.tolist()
+    assert second.meta["text_rule"].endswith(":word=100") and first.meta["text_rule"].endswith(":word=256")
+    monkeypatch.setattr(corpus_mod, "MAX_LINE_CHARS", 8192)  # the line bound is part of the key as well
+    assert packing.packed_cache_key(corpus, small_tokenizer) != second.path.name
+    monkeypatch.undo()
+    logs.clear()
+    again = load_or_build_packed(
+        corpus, small_tokenizer, 64, tmp_path / "cache", progress=False, log=logs.append
+    )
+    assert again.path == first.path and any("reusing" in m for m in logs)

@@ -58,3 +58,6 @@ def test_trained_tokenizer_is_cached(small_corpus_dir: Path, tmp_path: Path, mon
     monkeypatch.setattr(tok_mod, "train_tokenizer", boom)
     second = get_or_train_tokenizer(corpus, tmp_path, 350, log=lambda _m: None)
     assert first.get_vocab() == second.get_vocab()
+    monkeypatch.setattr(corpus_mod, "MAX_WORD_CHARS", 100)  # another line rule: other training text
+    with pytest.raises(AssertionError, match="trained again"):
+        get_or_train_tokenizer(corpus, tmp_path, 350, log=lambda _m: None)

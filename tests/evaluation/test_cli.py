@@ -147,8 +147,81 @@ def test_text_too_short_for_one_block(tmp_path, tokenizer, capsys):
 def test_bad_options(tmp_path, tokenizer, text_file, capsys):
     model = save_tupe(tmp_path / "m", tokenizer)
     err = cli_error(capsys, "--model", str(model), "--text", str(text_file), "--mlm-probability", "1.5")
-    assert "--mlm-probability must be in (0, 1), got 1.5" in err
+    assert "argument --mlm-probability: must be a finite number > 0 and < 1, got 1.5" in err
+    for flag, value, allowed in (
+        ("--threads", "0", ">= 1"),
+        ("--batch-size", "-3", ">= 1"),
+        ("--bootstrap", "x", ">= 0"),
+    ):
+        err = cli_error(capsys, "--model", str(model), "--text", str(text_file), flag, value)
+        assert f"argument {flag}: must be an integer {allowed}, got" in err, err
     err = cli_error(capsys, "--model", str(model), "--text", str(text_file), "--max-length", "64")
     assert "--max-length 64 must be between 2 and the models' max length 32" in err
     err = cli_error(capsys, "--model", str(model), str(model), "--text", str(text_file))
     assert "is given twice" in err
+
+
+def test_numeric_flags_are_checked_when_parsed_with_the_range_in_help(tmp_path, tokenizer, text_file, capsys):
+    from tupe.cli import build_parser
+
+    model = save_tupe(tmp_path / "m", tokenizer)
+    base = ("--model", str(model), "--text", str(text_file))
+    for flag, value, needle in (
+        ("--max-blocks", "0", "must be an integer >= 1, got 0"),
+        ("--max-length", "1", "must be an integer >= 2, got 1"),
+        ("--batch-size", "-3", "must be an integer >= 1, got -3"),
+        ("--seed", "-1", "must be an integer from 0 to 4294967295, got -1"),
+        ("--pppl-tokens", "many", "must be an integer >= 0, got 'many'"),
+        ("--bootstrap", "-1", "must be an integer >= 0, got -1"),
+        ("--threads", "0", "must be an integer >= 1, got 0"),
+        ("--mlm-probability", "nan", "must be a finite number > 0 and < 1, got nan"),
+        ("--json", "", "must be a path, got an empty string"),
+    ):
+        err = cli_error(capsys, *base, flag, value)
+        assert f"argument {flag}: {needle}" in err, err
+    help_text = build_parser("evaluate")._subparsers._group_actions[0].choices["evaluate"].format_help()
+    assert "[an integer >= 1]" in help_text and "[a finite number > 0 and < 1]" in " ".join(help_text.split())
+
+
+def test_path_flags_are_checked_before_any_work(tmp_path, tokenizer, text_file, capsys):
+    model = save_tupe(tmp_path / "m", tokenizer)
+    base = ("--model", str(model), "--text", str(text_file))
+    err = cli_error(capsys, *base, "--json", str(tmp_path))
+    assert err == f"tupe evaluate: error: --json {tmp_path} is a folder, expected a file"
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    err = cli_error(capsys, *base, "--json", str(a_file / "out.json"))
+    assert f"--json {a_file / 'out.json'}: {a_file} is a file, not a folder" in err
+    err = cli_error(capsys, "--model", str(a_file), "--text", str(text_file))
+    assert err == f"tupe evaluate: error: --model {a_file} is a file, expected a folder"
+    err = cli_error(capsys, *base, "--tokenizer", str(tmp_path / "nope"))
+    assert err == f"tupe evaluate: error: --tokenizer {tmp_path / 'nope'}: no such folder"
+    err = cli_error(capsys, *base, "--cache-dir", str(a_file))
+    assert err == f"tupe evaluate: error: --cache-dir {a_file} is a file, not a folder"
+
+
+def test_a_second_writer_of_the_json_file_is_refused_and_a_dead_ones_lock_taken_over(
+    tmp_path, tokenizer, text_file, capsys
+):
+    import signal
+
+    from ..helpers import hold_lock
+
+    model = save_tupe(tmp_path / "m", tokenizer)
+    out_json = tmp_path / "res" / "eval.json"
+    args = ("--model", str(model), "--text", str(text_file), "--bootstrap", "0", "--pppl-tokens", "0")
+    holder = hold_lock("file_lock", out_json, "tupe evaluate")
+    try:
+        err = cli_error(capsys, *args, "--json", str(out_json))
+        assert f"{out_json}: another `tupe evaluate` is writing it (pid {holder.pid} " in err
+        assert not out_json.exists()
+        other = tmp_path / "res" / "other.json"  # another file of the same folder is not locked
+        rc, _, err = cli(capsys, *args, "--json", str(other), "--quiet")
+        assert rc == 0 and other.is_file(), err
+        holder.send_signal(signal.SIGKILL)  # the holder dies: its lock is taken over
+        holder.wait()
+        rc, _, err = cli(capsys, *args, "--json", str(out_json), "--quiet")
+        assert rc == 0 and json.loads(out_json.read_text())["models"], err
+    finally:
+        holder.kill()
+        holder.wait()

@@ -281,3 +281,82 @@ def test_sigterm_says_what_was_kept(tiny_model, glue_dir, tmp_path, monkeypatch,
     assert "run the same command again to continue" in err
     assert len(json.loads((out / "results.json").read_text())["runs"]) == 1
     assert signal.getsignal(signal.SIGTERM) is not None
+
+
+def test_hub_flags_reach_each_runs_trainer_arguments(tiny_model, glue_dir, tmp_path, monkeypatch, capsys):
+    """--push-to-hub / --hub-model-id are passed to the Trainer's own arguments, one Hub repository per run (the
+    push itself needs the network and a login: only the plumbing is tested)."""
+    from tupe.glue.protocol import GlueSettings
+    from tupe.glue.trainer import training_arguments
+
+    settings = GlueSettings(task="RTE", lrs=[2e-5], seeds=[1])
+    targs = training_arguments(
+        settings, 2e-5, 1, tmp_path / "w", 64, ["tensorboard"], True, "me/rte-lr2e-05_seed1"
+    )
+    assert targs.push_to_hub is True and targs.hub_model_id == "me/rte-lr2e-05_seed1"
+    assert targs.report_to == ["tensorboard"]
+    plain = training_arguments(settings, 2e-5, 1, tmp_path / "w", 64)
+    assert plain.push_to_hub is False and plain.report_to in ([], "none")
+
+    seen = []
+
+    def fake_train_one(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - record, do not train
+        seen.append((kwargs["push_to_hub"], kwargs["hub_model_id"]))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(ft, "train_one", fake_train_one)
+    out = tmp_path / "rte-hub"
+    args = (
+        "--task",
+        "RTE",
+        "--lrs",
+        "3e-5",
+        "--seeds",
+        "2",
+        "--no-progress",
+        "--save-models",
+        "--push-to-hub",
+    )
+    with pytest.raises(SystemExit):
+        _glue(tiny_model, glue_dir, out, *args, "--hub-model-id", "me/tupe-a-rte")
+    assert seen == [(True, "me/tupe-a-rte-lr3e-05_seed2")]
+    with pytest.raises(SystemExit):
+        _glue(tiny_model, glue_dir, tmp_path / "rte-hub-2", *args)
+    assert seen[-1] == (True, "rte-hub-2-lr3e-05_seed2")  # default prefix: the --out folder's name
+    capsys.readouterr()
+    assert _glue(tiny_model, glue_dir, tmp_path / "x", "--task", "RTE", "--push-to-hub") == 2
+    assert (
+        "--push-to-hub pushes the fine-tuned models, which only --save-models keeps"
+        in capsys.readouterr().err
+    )
+    assert _glue(tiny_model, glue_dir, tmp_path / "x", "--task", "RTE", "--threads", "0") == 2
+    assert "argument --threads: must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_disk_full_while_saving_a_fine_tuned_model_is_one_line(
+    tiny_model, glue_dir, tmp_path, monkeypatch, capsys
+):
+    import errno
+    import os
+
+    from transformers import Trainer
+
+    original = Trainer.save_model
+
+    def full(self, output_dir=None, _internal_call=False):
+        if str(output_dir).endswith("model"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original(self, output_dir, _internal_call)
+
+    monkeypatch.setattr(Trainer, "save_model", full)
+    out = tmp_path / "g"
+    assert (
+        _glue(tiny_model, glue_dir, out, "--task", "SST-2", "--lrs", "1e-4", "--seeds", "1", "--save-models")
+        == 2
+    )
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert f"cannot write {out / 'runs' / 'lr0.0001_seed1' / 'model'}: No space left on device" in lines[0]
+    assert "has no result.json and is redone next time" in lines[0]
+    assert not (out / "runs" / "lr0.0001_seed1" / "result.json").exists()

@@ -78,3 +78,20 @@ def test_compute_metrics_and_argmax():
     assert reg.tolist() == [1.5, 2.5]
     with pytest.raises(ValueError):
         compute_metrics(["accuracy"], [1, 0], [1])
+
+
+def test_default_grid_and_epochs_depend_on_the_models_width() -> None:
+    """The paper's grid for BERT-Base-like widths; the sweep's grid and 3 epochs for the CPU presets' widths;
+    anything given explicitly is kept."""
+    from tupe.glue.protocol import PAPER_LRS, SMALL_MODEL_EPOCHS, SMALL_MODEL_LRS, GlueSettings
+    from tupe.glue.tasks import get_task
+
+    task = get_task("MRPC")
+    base = GlueSettings(task="MRPC").resolved(task, 512, hidden_size=768)
+    assert base.lrs == list(PAPER_LRS) and base.epochs == task.epochs == 10
+    small = GlueSettings(task="MRPC").resolved(task, 128, hidden_size=128)
+    assert small.lrs == list(SMALL_MODEL_LRS) and small.epochs == SMALL_MODEL_EPOCHS == 3
+    unknown = GlueSettings(task="MRPC").resolved(task, 128)
+    assert unknown.lrs == list(PAPER_LRS)
+    given = GlueSettings(task="MRPC", lrs=[5e-5, 5e-5], epochs=2).resolved(task, 128, hidden_size=128)
+    assert given.lrs == [5e-5] and given.epochs == 2

@@ -269,3 +269,40 @@ def test_datasets_parquet_and_json_layout_matches_tsv(tmp_path, glue_dir):
     (jroot / "validation.jsonl").unlink()
     with pytest.raises(TupeError, match="train files found but no 'validation' split files"):
         load_task("SST-2", jroot)
+
+
+def test_train_and_dev_parquet_files(tmp_path, glue_dir, monkeypatch):
+    """`--train-file`/`--dev-file` take single parquet files of the `datasets` GLUE too (e.g. copied out of the
+    Hub cache's `mrpc/train-00000-of-00001.parquet`)."""
+    datasets = pytest.importorskip("datasets")
+    from tupe.glue.finetune import _load_data
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")  # its Arrow copies
+
+    mrpc = get_task("MRPC")
+    tsv = load_task(mrpc, glue_dir)
+    files = {}
+    for name, split in (("train", tsv.train), ("validation", tsv.dev["dev"])):
+        files[name] = tmp_path / f"{name}-00000-of-00001.parquet"
+        datasets.Dataset.from_dict(
+            {"sentence1": split.text_a, "sentence2": split.text_b, "label": split.labels, "idx": split.index}
+        ).to_parquet(str(files[name]))
+    got = _load_data(mrpc, None, str(files["train"]), [str(files["validation"])])
+    assert got.train.text_b == tsv.train.text_b and got.dev["dev"].labels == tsv.dev["dev"].labels
+    bad = tmp_path / "test.parquet"
+    datasets.Dataset.from_dict(
+        {"sentence1": ["a"], "sentence2": ["b"], "label": [-1], "idx": [0]}
+    ).to_parquet(str(bad))
+    with pytest.raises(
+        TupeError, match=r"test\.parquet row 0: unknown label -1 for MRPC .*test splits have no labels"
+    ):
+        read_split_file(mrpc, bad)
+    wrong = tmp_path / "sst.parquet"
+    datasets.Dataset.from_dict({"text": ["a"], "label": [0]}).to_parquet(str(wrong))
+    with pytest.raises(
+        TupeError, match=r"sst\.parquet: missing column 'sentence' for SST-2 \(has: text, label\)"
+    ):
+        read_split_file(get_task("SST-2"), wrong)
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    with pytest.raises(TupeError, match=r"junk\.parquet: cannot read it as parquet"):
+        read_split_file(mrpc, tmp_path / "junk.parquet")

@@ -43,6 +43,9 @@ class Ctx:
             args += ["--data-dir", self.glue_data]
         return [*args, "--lrs", "1e-4", "--seeds", "1", "--epochs", "1", *extra]
 
+    def evaluate(self, *extra: object) -> list[str]:
+        return ["evaluate", "--model", self.glue_model, "--text", self.corpus, *extra]
+
     def copy_model(self) -> Path:
         return Path(shutil.copytree(self.glue_model, self.tmp / "model"))
 
@@ -597,7 +600,7 @@ CASES: list[Case] = [
         "analyze-model-missing",
         "`--model` that does not exist",
         lambda c: ["analyze", "--model", c.tmp / "none", "--out", c.tmp / "a"],
-        ("does not exist",),
+        ("--model", "no such folder"),
     ),
     Case(
         "analyze-model-type",
@@ -787,7 +790,57 @@ CASES: list[Case] = [
         lambda c: c.glue("--train-file", c.tmp),
         ("--train-file", "is a folder, expected a file"),
     ),
+    # ----------------------------------------------------------------------------------------- evaluate, analyze
+    Case(
+        "evaluate-second-writer",
+        "a second `tupe evaluate` writing the `--json` file another process is writing",
+        lambda c: _locked(
+            c, "file_lock", c.tmp / "eval.json", "tupe evaluate", c.evaluate("--json", c.tmp / "eval.json")
+        ),
+        ("eval.json: another `tupe evaluate` is writing it", "pid"),
+    ),
+    Case(
+        "evaluate-json-folder",
+        "`tupe evaluate --json` naming a folder",
+        lambda c: c.evaluate("--json", c.tmp),
+        ("--json", "is a folder, expected a file"),
+    ),
+    Case(
+        "evaluate-bootstrap-negative",
+        "`tupe evaluate --bootstrap -1`",
+        lambda c: c.evaluate("--bootstrap", "-1"),
+        ("argument --bootstrap: must be an integer >= 0, got -1",),
+    ),
+    Case(
+        "analyze-second-writer",
+        "a second `tupe analyze` on an `--out` another process is writing",
+        lambda c: _locked(
+            c,
+            "folder_lock",
+            c.tmp / "a",
+            "tupe analyze",
+            ["analyze", "--model", c.glue_model, "--out", c.tmp / "a"],
+        ),
+        ("another `tupe analyze` is writing here", "pid"),
+    ),
+    Case(
+        "analyze-max-length-3",
+        "`tupe analyze --max-length 3`",
+        lambda c: ["analyze", "--model", c.glue_model, "--out", c.tmp / "a", "--max-length", "3"],
+        ("argument --max-length: must be an integer >= 4, got 3",),
+    ),
 ]
+
+
+def _locked(ctx: Ctx, kind: str, path: Path, command: str, argv: list) -> list:
+    """`argv`, run while another live process running the same command holds `kind` (folder_lock / file_lock) on
+    `path`."""
+    from tests.helpers import hold_lock
+
+    proc = hold_lock(kind, path, command, argv)
+    ctx.cleanup.append(proc.kill)
+    ctx.cleanup.append(proc.wait)
+    return argv
 
 
 def _dataset(ctx: Ctx) -> Path:

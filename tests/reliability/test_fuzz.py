@@ -271,6 +271,52 @@ def test_fuzz_glue_flag_values_parse_or_refuse_in_one_line() -> None:
     _report("glue-flags", N)
 
 
+_OTHER_FLAGS = {
+    "evaluate": (
+        ["evaluate", "--model", "m", "--text", "t"],
+        ["--max-blocks", "--max-length", "--batch-size", "--seed", "--mlm-probability", "--pppl-tokens",
+         "--bootstrap", "--threads"],
+    ),
+    "analyze": (
+        ["analyze", "--model", "m", "--out", "o"],
+        ["--max-length", "--num-blocks", "--batch-size", "--zoom", "--max-offset"],
+    ),
+    "bench": (
+        ["bench"],
+        ["--seq-len", "--batch-size", "--layers", "--rounds", "--warmup", "--threads", "--peak-flops",
+         "--breakdown-steps", "--e2e-steps"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", sorted(_OTHER_FLAGS))
+def test_fuzz_evaluate_analyze_bench_flag_values_parse_or_refuse_in_one_line(command: str) -> None:
+    """The numeric flags of the other commands through the real parser: a value is accepted (then a finite
+    number) or refused with one line naming the flag."""
+    import math
+
+    from tupe.cli import _UsageError, build_parser
+
+    parser = build_parser(command)
+    base, flags = _OTHER_FLAGS[command]
+
+    @settings(FUZZ, max_examples=max(10, N // 2))
+    @given(flag=st.sampled_from(flags), value=_values)
+    def case(flag: str, value: str) -> None:
+        try:
+            args = parser.parse_args([*base, f"{flag}={value}"])
+        except _UsageError as err:
+            assert "\n" not in str(err) and flag in str(err), str(err)
+            _count(f"{command}-flags", 2)
+            return
+        parsed = getattr(args, flag[2:].replace("-", "_"))
+        assert isinstance(parsed, int | float) and math.isfinite(parsed), (flag, value, parsed)
+        _count(f"{command}-flags", 0)
+
+    case()
+    _report(f"{command}-flags", max(10, N // 2))
+
+
 # ------------------------------------------------------------------------------------------------ path flags
 @st.composite
 def out_path(draw: st.DrawFn) -> str:

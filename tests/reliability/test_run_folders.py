@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,17 @@ def test_overwrite_removes_only_what_tupe_wrote(
     assert (out / "analysis" / "fig.png").read_bytes() == b"png"
     assert (out / "glue-sst2" / "results.json").read_text() == "{}"
     assert (out / "model.safetensors").is_file()
+    # the record names every entry tupe wrote, and nothing else
+    recorded = set(json.loads((out / "tupe_files.json").read_text())["files"])
+    on_disk = {p.name for p in out.iterdir()} - {".lock", ".lock.info", "tupe_files.json"}
+    assert on_disk - recorded == {"NOTES.md", "analysis", "glue-sst2"}
+    assert {"tupe_run.json", "metrics.jsonl", "README.md", "model.safetensors", "checkpoint-2"} <= recorded
+
+    # a folder from before the record (none): the known-names rule, foreign files still kept
+    (out / "tupe_files.json").unlink()
+    code, _, err = run_cli([*args, "--overwrite"], capsys)
+    assert code == 0 and "kept 3 file(s) tupe did not write" in err, err
+    assert (out / "NOTES.md").read_text() == "my notes\n" and (out / "tupe_files.json").is_file()
 
 
 def test_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(
@@ -142,6 +154,47 @@ def test_disk_full_while_saving_the_final_model(
     assert (out / "model.safetensors").is_file()
 
 
+def test_disk_full_while_writing_tensorboard_names_the_folder_and_what_was_kept(
+    rel_corpus, rel_tokenizer, rel_cache, tmp_path, capsys, monkeypatch
+) -> None:  # noqa: ANN001
+    from torch.utils.tensorboard import SummaryWriter
+
+    out = tmp_path / "run"
+    args = pretrain_args(
+        rel_corpus,
+        rel_tokenizer,
+        rel_cache,
+        out,
+        max_steps=4,
+        save_steps=2,
+        eval_steps=4,
+        report_to="tensorboard",
+    )
+    original = SummaryWriter.add_scalar
+
+    def full_from_step_3(self, tag, value, global_step=None, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if global_step is not None and global_step >= 3:
+            _enospc()
+        return original(self, tag, value, global_step, *a, **k)
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", full_from_step_3)
+    code, _, err = run_cli(args, capsys)
+    line = assert_user_error(
+        code,
+        err,
+        f"cannot write {out / 'tensorboard'}: No space left on device",
+        "TensorBoard logging failed",
+    )
+    assert (
+        f"the latest checkpoint {out / 'checkpoint-2'} and metrics.jsonl are kept" in line
+        and "--resume" in line
+    )
+    assert (out / "checkpoint-2").is_dir() and (out / "metrics.jsonl").is_file()
+    monkeypatch.setattr(SummaryWriter, "add_scalar", original)
+    code, _, err = run_cli([*args, "--resume"], capsys)  # space freed: the run continues
+    assert code == 0, err
+
+
 def test_atomic_write_on_a_full_disk_keeps_the_old_content(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     import tupe.io.files as files
     from tupe.errors import TupeError
@@ -180,3 +233,88 @@ def test_cr_only_glue_tsv_is_read_as_rows(tmp_path) -> None:  # noqa: ANN001
     path.write_bytes(("\r".join(rows) + "\r").encode())
     split = read_tsv(get_task("SST-2"), path)
     assert len(split) == 50
+
+
+def _names(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def test_overwrite_follows_the_record_of_what_tupe_wrote(tmp_path) -> None:  # noqa: ANN001
+    from tupe.training.run_folder import _wipe, read_written, record_written
+
+    out = tmp_path / "run"
+    out.mkdir()
+    record_written(out, "tupe_run.json", "metrics.jsonl", "checkpoint-2", "my-own-output.bin")
+    for name in ("tupe_run.json", "metrics.jsonl", "my-own-output.bin", ".metrics.jsonl.a1b2c3d4.tmp"):
+        (out / name).write_text("tupe\n")
+    (out / "checkpoint-2").mkdir()
+    (out / "checkpoint-2" / "model.safetensors").write_text("w")
+    (out / ".lock").write_text("")
+    # not recorded, even under names tupe uses elsewhere: kept
+    for name in ("NOTES.md", "config.json", ".notes.swp"):
+        (out / name).write_text("mine\n")
+    (out / "checkpoint-9").mkdir()
+    kept = _wipe(out)
+    assert sorted(kept) == [".notes.swp", "NOTES.md", "checkpoint-9/", "config.json"]
+    assert _names(out) == {
+        ".lock",
+        ".notes.swp",
+        "NOTES.md",
+        "checkpoint-9",
+        "config.json",
+        "tupe_files.json",
+    }
+    assert read_written(out) == set()  # emptied last: the next run records its own files
+
+
+def test_a_folder_without_record_falls_back_to_known_names_and_is_adopted(tmp_path) -> None:  # noqa: ANN001
+    from tupe.training.run_folder import _wipe, read_written, record_written
+
+    out = tmp_path / "old-run"
+    out.mkdir()
+    for name in ("tupe_run.json", "config.json", "model.safetensors", "NOTES.md"):
+        (out / name).write_text("x")
+    (out / "checkpoint-4").mkdir()
+    assert sorted(_wipe(out)) == ["NOTES.md"] and _names(out) == {"NOTES.md", "tupe_files.json"}
+
+    for name in ("tupe_run.json", "config.json"):
+        (out / name).write_text("x")
+    (out / "tupe_files.json").unlink()
+    record_written(out, "metrics.jsonl")  # a newer tupe resuming an older run adopts what the old rule claims
+    assert read_written(out) == {"tupe_run.json", "config.json", "metrics.jsonl"}
+
+
+def test_a_file_tupe_did_not_write_but_would_overwrite_stops_the_run_first(tmp_path) -> None:  # noqa: ANN001
+    from tupe.errors import TupeError
+    from tupe.training.run_folder import check_out_dir, record_written
+
+    out = tmp_path / "run"
+    out.mkdir()
+    record_written(out, "tupe_run.json")
+    (out / "tupe_run.json").write_text("{}")
+    (out / "README.md").write_text("my own readme\n")  # where the model card will go
+    with pytest.raises(
+        TupeError, match=r"holds 'README.md', which tupe did not write there but would overwrite"
+    ):
+        check_out_dir(out, {}, resume=True, overwrite=False)
+    with pytest.raises(TupeError, match="README.md"):
+        check_out_dir(out, {}, resume=False, overwrite=True)
+    (out / "README.md").rename(out / "NOTES.md")
+    assert check_out_dir(out, {}, resume=True, overwrite=False) == "resume"
+
+
+def test_a_folder_left_with_only_foreign_files_by_overwrite_starts_fresh(tmp_path) -> None:  # noqa: ANN001
+    from tupe.training.run_folder import _wipe, check_out_dir, record_written
+
+    out = tmp_path / "run"
+    out.mkdir()
+    record_written(out, "tupe_run.json")
+    (out / "tupe_run.json").write_text("{}")
+    (out / "NOTES.md").write_text("mine")
+    _wipe(out)  # then killed before the new run wrote anything
+    assert check_out_dir(out, {}, resume=False, overwrite=False) == "fresh"
+    (out / "tupe_files.json").unlink()  # without a record the same folder is a foreign one
+    from tupe.errors import TupeError
+
+    with pytest.raises(TupeError, match="is not a tupe run folder"):
+        check_out_dir(out, {}, resume=False, overwrite=True)

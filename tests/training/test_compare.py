@@ -27,9 +27,24 @@ def test_compare_writes_plot_tables_and_fractions(
     out = tmp_path / "cmp"
     args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "4"]
     assert main(["compare", "--schemes", "bert-a,tupe-a", "--out", str(out), *args]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "| bert-a | 1 |" in printed and "| tupe-a | 1 |" in printed and "valid_loss.png" in printed
     assert "Unigram baseline" in printed
+    # one seed: a paired bootstrap interval on the shared validation blocks, and a warning that they are few
+    paired = json.loads((out / "compare_summary.json").read_text())["paired"]
+    d = paired["tupe-a - bert-a"]
+    assert d["low"] <= d["value"] <= d["high"]
+    assert d["value"] == pytest.approx(paired["tupe-a"]["value"] - paired["bert-a"]["value"])
+    n, tokens = paired["validation"]["blocks"], paired["validation"]["masked_tokens"]
+    assert 0 < n < 100 and tokens > 0
+    assert f"95% bootstrap CI over the {n:,} shared validation blocks ({tokens:,} masked tokens" in printed
+    assert f"tupe-a - bert-a  {d['value']:+8.3f}   [{d['low']:+.3f}, {d['high']:+.3f}]  paired" in printed
+    warning = captured.err.strip().splitlines()[-1]
+    assert warning.startswith(
+        f"warning: small validation set ({n:,} validation blocks, {tokens:,} masked tokens)"
+    )
+    assert "under 100 blocks the intervals are unreliable" in warning and "--valid-every" in warning
     for name in ("valid_loss.png", "valid_loss.md", "valid_loss.csv", "compare_summary.json"):
         assert (out / name).stat().st_size > 0
     rows = list(csv.reader((out / "valid_loss.csv").open()))
@@ -99,9 +114,15 @@ def test_compare_several_seeds_in_parallel(
     args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "4"]
     cmd = ["compare", "--schemes", "bert-a,tupe-a", "--seeds", "0,1", "--parallel", "2", "--out", str(out)]
     assert main([*cmd, *args]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "| bert-a | 2 |" in printed and "| tupe-a | 2 |" in printed
+    assert "minus bert-a (mean [95% CI])" in printed  # the Student-t interval over seeds
     summary = json.loads((out / "compare_summary.json").read_text())
+    lo, hi = summary["stats"]["schemes"]["tupe-a"]["diff_ci95"]
+    assert lo <= summary["stats"]["schemes"]["tupe-a"]["diff_mean"] <= hi
+    assert "paired" not in summary and summary["warning"] in captured.err
+    assert "under 100 blocks the intervals are unreliable" in summary["warning"]
     assert summary["seeds"] == [0, 1]
     for scheme in ("bert-a", "tupe-a"):
         finals = [read_metrics(out / scheme / f"seed-{k}")[1][-1]["eval_loss"] for k in (0, 1)]
@@ -131,3 +152,87 @@ def test_parse_seeds() -> None:
     for bad in ("a", "1,1", ""):
         with pytest.raises(TupeError, match="--seeds"):
             parse_seeds(bad)
+
+
+def test_validation_warning_wording() -> None:
+    from tupe.training.paired import MIN_VALID_BLOCKS, validation_warning
+
+    assert MIN_VALID_BLOCKS == 100
+    clear = {
+        "b - a": {"value": -0.2, "low": -0.3, "high": -0.1},
+        "b": {"value": 5.0, "low": 4.9, "high": 5.1},
+    }
+    assert validation_warning(425, 8000, clear) is None
+    assert validation_warning(99) == (
+        "warning: small validation set (99 validation blocks): under 100 blocks the intervals are unreliable; "
+        "use more text or a lower --valid-every (1 block in N is held out)"
+    )
+    unclear = {"b - a": {"value": 0.01, "low": -0.02, "high": 0.04}}
+    line = validation_warning(425, 8000, unclear)
+    assert line == (
+        "warning: small validation set (425 validation blocks, 8,000 masked tokens): too few to resolve "
+        "b - a = +0.010 [95% CI -0.020, +0.040]; use more text or a lower --valid-every (1 block in N is held out)"
+    )
+
+
+def test_a_second_compare_on_one_out_is_refused_at_once(
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path, capsys
+) -> None:  # noqa: ANN001
+    from tests.helpers import hold_lock
+
+    out = tmp_path / "cmp"
+    holder = hold_lock("folder_lock", out, "tupe compare", ["compare", "--out", out])
+    try:
+        args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "2"]
+        assert main(["compare", "--schemes", "bert-a,tupe-a", "--out", str(out), *args]) == 2
+        err = capsys.readouterr().err
+        assert f"{out}: another `tupe compare` is writing here (pid {holder.pid} " in err
+        assert {p.name for p in out.iterdir()} == {".lock", ".lock.info"}  # no run started
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_parallel_compare_stops_and_checkpoints_its_runs(
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """A SIGTERM reaches only the parent (a scheduler, `kill PID`): it must pass it on so that every run
+    checkpoints and stops, not leave the runs going on as orphans."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.reliability.conftest import subprocess_env
+
+    out = tmp_path / "cmp"
+    args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + [
+        "--max-steps",
+        "100000",
+        "--threads",
+        "1",
+    ]
+    cmd = ["compare", "--schemes", "bert-a,tupe-a", "--parallel", "2", "--out", str(out), *args]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tupe", *cmd],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not all(
+            list((out / s).glob("checkpoint-*")) for s in ("bert-a", "tupe-a")
+        ):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "tupe compare: stopped by SIGTERM" in err and "--resume" in err
+    for scheme in ("bert-a", "tupe-a"):
+        log = (out / "logs" / f"{scheme}.log").read_text()
+        assert "stopped by SIGTERM after step" in log, log[-2000:]

@@ -1,4 +1,5 @@
-"""Data-parallel pre-training with 2 CPU processes (torchrun, gloo) equals the 1-process run (same global batch)."""
+"""Data-parallel pre-training with 2 CPU processes (torchrun, gloo) equals the 1-process run (same global batch):
+every logged loss, every validation loss, and the final train-loss summary."""
 
 from __future__ import annotations
 
@@ -29,7 +30,20 @@ def test_two_processes_match_one(
     tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
     args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir)
-    args += ["--dropout", "0", "--max-steps", "4", "--save-steps", "2", "--scheme", "tupe-r"]
+    # logging every 3 steps of 4: the last step is not a logging step, so the summary's mean train loss includes
+    # losses logged by no record (the Trainer adds them from each process's own tally unless the last step logs)
+    args += [
+        "--dropout",
+        "0",
+        "--max-steps",
+        "4",
+        "--save-steps",
+        "2",
+        "--scheme",
+        "tupe-r",
+        "--logging-steps",
+        "3",
+    ]
     root = Path(__file__).resolve().parents[2]
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, "-m", "tupe", "pretrain", "--out", str(one), *args], root)
@@ -48,4 +62,10 @@ def test_two_processes_match_one(
     names = sorted(p.name for p in (two / "checkpoint-4").iterdir())
     assert names.count("model.safetensors") == 1 and {"rng_state_0.pth", "rng_state_1.pth"} <= set(names)
     assert not list(two.glob(".tmp-checkpoint-*"))
-    assert json.loads((two / "pretrain_summary.json").read_text())["steps"] == 4
+    sa, sb = (json.loads((run / "pretrain_summary.json").read_text()) for run in (one, two))
+    assert sb["steps"] == sa["steps"] == 4
+    assert sb["train_loss"] == pytest.approx(sa["train_loss"], rel=2e-4, abs=2e-4)
+    assert [r["step"] for r in b if "loss" in r] == [3, 4]  # the last step logged, as in the 1-process run
+    # and the summary is the mean of the 4 steps' losses: record 3 averages steps 1-3, record 4 is step 4 alone
+    logged = {r["step"]: r["loss"] for r in a if "loss" in r}
+    assert sa["train_loss"] == pytest.approx((3 * logged[3] + logged[4]) / 4, abs=2e-4)

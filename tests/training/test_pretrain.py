@@ -202,3 +202,34 @@ def test_hf_bert_control_trains_on_the_same_blocks_and_resumes(tiny_run, tmp_pat
     (cut / "pretrain_summary.json").unlink()
     pretrain(tiny_run(cut, scheme="hf-bert", max_steps=4, save_steps=2, eval_steps=2, resume=True))
     assert _metrics(cut) == _metrics(full)
+
+
+def test_cli_parquet_and_jsonl_corpus_pack_like_the_same_text(
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:  # noqa: ANN001
+    """Rows of a parquet or JSON-lines file are documents: the same documents as text files (one per file) give
+    the same packed blocks; a missing --text-column stops before any work with the columns listed."""
+    import datasets
+
+    from tupe.cli import main
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")
+    docs = [p.read_text() for p in sorted(tiny_corpus.glob("*.txt"))]
+    datasets.Dataset.from_dict({"body": docs}).to_parquet(str(tmp_path / "docs.parquet"))
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+    common = ["--tokenizer", str(tiny_tokenizer_dir), "--max-length", "32", "--cache-dir", str(tmp_path / "c"),
+              "--prepare-only", "--no-progress", "--quiet"]  # fmt: skip
+    tokens = {}
+    for name, corpus in (("text", [str(tiny_corpus)]), ("parquet", [str(tmp_path / "docs.parquet")]),
+                         ("jsonl", [str(tmp_path / "docs.jsonl")])):  # fmt: skip
+        extra = [] if name == "text" else ["--text-column", "body"]
+        assert main(["pretrain", "--out", str(tmp_path / name), "--corpus", *corpus, *extra, *common]) == 0
+        tokens[name] = json.loads(capsys.readouterr().out)["tokens"]
+    assert tokens["parquet"] == tokens["jsonl"] == tokens["text"] > 0
+    code = main(
+        ["pretrain", "--out", str(tmp_path / "x"), "--corpus", str(tmp_path / "docs.parquet"), *common]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.endswith(
+        "docs.parquet has no column 'text' (columns: body); pick one with --text-column"
+    )

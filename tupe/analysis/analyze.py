@@ -25,25 +25,40 @@ if TYPE_CHECKING:  # torch and the analysis modules are imported where used: `tu
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", required=True, help="model directory (TUPE checkpoint or transformers BERT)"
+        "--model",
+        required=True,
+        metavar="DIR",
+        type=V.nonempty_path,
+        help="model directory (TUPE checkpoint or transformers BERT)",
     )
     parser.add_argument(
         "--text",
+        metavar="PATH",
+        type=V.nonempty_path,
         help="text file (or directory of .txt files) to draw blocks from; needed for "
         "the word/position split, optional for TUPE's content-free patterns",
     )
-    parser.add_argument("--out", required=True, type=V.nonempty_path, help="output directory (created)")
-    parser.add_argument("--tokenizer", help="tokenizer directory, if the model directory has none")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", type=V.nonempty_path, help="output directory (created)"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        type=V.nonempty_path,
+        help="tokenizer directory, if the model directory has none",
+    )
     parser.add_argument(
         "--max-length",
-        type=V.int_range(2),
+        type=V.int_range(4),
         default=128,
         help="block length in tokens (default 128, capped at the model's max_position_embeddings)",
     )
     parser.add_argument(
         "--num-blocks", type=V.positive_int, default=32, help="blocks of text to average over (default 32)"
     )
-    parser.add_argument("--batch-size", type=V.positive_int, default=8)
+    parser.add_argument(
+        "--batch-size", type=V.positive_int, default=8, help="blocks per forward pass (default 8)"
+    )
     parser.add_argument(
         "--zoom", type=V.positive_int, default=32, help="positions shown in the zoomed pattern grid"
     )
@@ -56,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="leave the n x n maps out of analysis.json (keeps only the numbers; much smaller)",
     )
     parser.add_argument("--title", help="name used in figure titles (default: the model directory's name)")
+    V.add_threads_progress(parser, "progress bars (loading a model)")
     V.annotate_ranges(parser)
 
 
@@ -83,6 +99,7 @@ def analyze(
     import torch
 
     from tupe.io.checkpoints import load_tokenizer
+    from tupe.io.files import atomic_write_bytes, atomic_write_text
     from tupe.modeling.positional import scheme_class
 
     from .decomposition import TERMS, decompose
@@ -168,10 +185,10 @@ def analyze(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, png in figures.items():
-        (out / f"{name}.png").write_bytes(png)
-    (out / "analysis.json").write_text(json.dumps(result, indent=1))
-    (out / "analysis.html").write_text(render_html(result, figures), encoding="utf-8")
+    for name, png in figures.items():  # atomic: a kill or a full disk never leaves half a figure
+        atomic_write_bytes(out / f"{name}.png", png)
+    atomic_write_text(out / "analysis.json", json.dumps(result, indent=1))
+    atomic_write_text(out / "analysis.html", render_html(result, figures))
     result["files"] = sorted([f"{name}.png" for name in figures] + ["analysis.json", "analysis.html"])
     return result
 
@@ -179,10 +196,16 @@ def analyze(
 def run(args: argparse.Namespace) -> int:
     from tupe.io.files import folder_lock, is_write_failure, write_error
 
+    V.check_path_kind("--model", args.model, "folder")
     V.check_out_folder("--out", args.out)
     if args.text is not None:
         V.check_path_kind("--text", args.text, "any")
-    with folder_lock(args.out, "tupe analyze"):
+    from tupe.training.reporting import hushed_libraries
+
+    if args.tokenizer is not None:
+        V.check_path_kind("--tokenizer", args.tokenizer, "folder")
+    V.apply_threads(args.threads)
+    with folder_lock(args.out, "tupe analyze"), hushed_libraries(progress=args.progress):
         try:
             result = _analyze_from_args(args)
         except Exception as err:

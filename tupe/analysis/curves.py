@@ -1,18 +1,23 @@
-"""Validation-loss curves of pre-training runs on one figure (`tupe plot RUN_DIR... [--out PNG]`).
+"""Validation-loss curves of pre-training runs on one figure (`tupe plot RUN_DIR|COMPARE_DIR... [--out PNG]`).
 
 Reads each run's `metrics.jsonl` (written by `tupe pretrain`): records with `eval_loss` are validation points,
-records with `loss` training points. The legend names each run by its positional scheme (from `tupe_run.json`)
-or, failing that, by its folder name. `tupe compare` and `tupe demo` draw their figure with this module.
+records with `loss` training points. A `tupe compare` folder stands for all its runs (`DIR/<scheme>/` or, with
+several seeds, `DIR/<scheme>/seed-<k>/`), seeds of a scheme in one colour and one legend entry. The legend names
+each run by its positional scheme (from `tupe_run.json`) or, failing that, by its folder name, with the folder
+added where two runs from different places would otherwise share a name; it sits outside the axes so it never
+hides a curve. `tupe compare` and `tupe demo` draw their figure with this module.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from tupe import validators as V
 from tupe.errors import TupeError
 
 
@@ -51,6 +56,68 @@ def run_label(run_dir: str | Path) -> str:
         return Path(run_dir).name
 
 
+def _seed_key(path: Path) -> tuple[int, str]:
+    tail = path.name.rpartition("-")[2]
+    return (int(tail), path.name) if tail.isdigit() else (1 << 62, path.name)
+
+
+def find_runs(path: str | Path) -> list[tuple[Path, str]]:
+    """(run folder, legend group) of every run that `path` stands for: a `tupe pretrain` folder is one run; a
+    `tupe compare` folder is all its runs, `DIR/<scheme>/` or `DIR/<scheme>/seed-<k>/`, in the comparison's
+    scheme order (reference first) with seeds in numeric order, grouped by scheme."""
+    path = Path(path)
+    if (path / "metrics.jsonl").is_file():
+        return [(path, run_label(path))]
+    if not path.is_dir():
+        raise TupeError(
+            f"{path}: no such folder (expected a `tupe pretrain` or `tupe compare` output folder)"
+        )
+    order: list[str] = []
+    try:
+        order = list(json.loads((path / "compare_summary.json").read_text())["schemes"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        pass
+    children = sorted(
+        (c for c in path.iterdir() if c.is_dir() and not c.name.startswith(".")),
+        key=lambda c: (order.index(c.name) if c.name in order else len(order), c.name),
+    )
+    runs: list[tuple[Path, str]] = []
+    for child in children:
+        if (child / "metrics.jsonl").is_file():
+            runs.append((child, run_label(child)))
+            continue
+        seeds = sorted((g for g in child.glob("seed-*") if (g / "metrics.jsonl").is_file()), key=_seed_key)
+        runs.extend((g, run_label(g)) for g in seeds)
+    if not runs:
+        raise TupeError(
+            f"{path}: no metrics.jsonl (not a `tupe pretrain` output folder?), and no run folders in it "
+            "(not a `tupe compare` output folder either)"
+        )
+    return runs
+
+
+def legend_labels(sources: list[str | Path], groups: list[list[tuple[Path, str]]]) -> list[str]:
+    """One label per run, from `find_runs` of each source (a command-line argument): runs of one source (the
+    seeds of a comparison) keep their shared name; a name that two sources would share gets the source's path
+    (relative to what the sources have in common) in brackets, so two distinct experiments never merge into one
+    legend entry or print the same text: `bert-a [cmp-1]`, `bert-a [cmp-2]`."""
+    resolved = [Path(src).resolve() for src in sources]
+    common = Path(os.path.commonpath(resolved)) if len(resolved) > 1 else None
+    names = [
+        str(r.relative_to(common)) if common is not None and r != common else r.name or str(r)
+        for r in resolved
+    ]
+    shared: dict[str, set[int]] = {}
+    for i, runs in enumerate(groups):
+        for _, label in runs:
+            shared.setdefault(label, set()).add(i)
+    return [
+        f"{label} [{names[i]}]" if len(shared[label]) > 1 else label
+        for i, runs in enumerate(groups)
+        for _, label in runs
+    ]
+
+
 def steps_to_reach(valid: list[dict[str, Any]], target: float) -> int | None:
     """First evaluated step whose validation loss is at or below `target` (None if never)."""
     for rec in valid:
@@ -80,15 +147,23 @@ def plot_curves(
     if not run_dirs:
         raise TupeError("no run folder given")
     labels = labels or [run_label(d) for d in run_dirs]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=130)
+    fig, ax = plt.subplots(figsize=(8.5, 4.8), dpi=130)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", "-.", (0, (1, 1))]  # beyond the colour cycle, the line style tells groups apart
     drawn = 0
-    color_of: dict[str, str] = {}
+    trained = False
+    color_of: dict[str, tuple[str, Any]] = {}
     for run, label in zip(run_dirs, labels):
         train, valid = read_metrics(run)
         first = label not in color_of
-        color = color_of.setdefault(label, colors[len(color_of) % len(colors)])
-        several = labels.count(label) > 1
+        k = len(color_of)
+        color, style = color_of.setdefault(
+            label, (colors[k % len(colors)], styles[(k // len(colors)) % len(styles)])
+        )
+        same = [Path(d) for d, lab in zip(run_dirs, labels) if lab == label]
+        several = len(same) > 1
+        kind = "seeds" if all(d.name.startswith("seed-") for d in same) else "runs"
+        entry = f"{label} ({len(same)} {kind})" if several else label
         if valid:
             ax.plot(
                 [r["step"] for r in valid],
@@ -98,7 +173,8 @@ def plot_curves(
                 linewidth=1.2 if several else 1.8,
                 alpha=0.85 if several else 1.0,
                 color=color,
-                label=label if first else None,
+                linestyle=style,
+                label=entry if first else None,
             )
             drawn += 1
         if show_train and train:
@@ -109,8 +185,8 @@ def plot_curves(
                 linewidth=1.0,
                 alpha=0.7,
                 color=color,
-                label=f"{label} (training)" if first else None,
             )
+            trained = True
     if drawn == 0:
         plt.close(fig)
         raise TupeError("none of the runs has a validation record yet (eval_loss in metrics.jsonl)")
@@ -118,31 +194,81 @@ def plot_curves(
         ax.axhline(
             baseline, color="0.4", linestyle="--", linewidth=1.0, label=f"unigram baseline ({baseline:.2f})"
         )
+    if trained:  # one entry for every dotted line: the colour already names the run
+        ax.plot([], [], linestyle=":", color="0.3", label="training loss (dotted, same colour)")
     ax.set_xlabel("training step")
     ax.set_ylabel("validation masked-LM loss (nats / masked token)")
     ax.set_title(title or "Pre-training validation loss")
     ax.grid(True, alpha=0.3)
-    ax.legend(title="scheme", frameon=False)
-    fig.tight_layout()
+    # beside the axes, not on them: with many runs an inside legend covers the curves it names
+    ax.legend(title="scheme", frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    import io
+
+    from tupe.io.files import atomic_write_bytes
+
     out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
+    atomic_write_bytes(out_png, buf.getvalue())  # never half a figure; a full disk is one line naming it
     return out_png
 
 
+def compare_baseline(path: str | Path) -> float | None:
+    """The unigram baseline a `tupe compare` folder recorded (compare_summary.json), else None."""
+    try:
+        value = json.loads((Path(path) / "compare_summary.json").read_text())["stats"]["unigram_loss"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="output folders of `tupe pretrain`")
-    p.add_argument("--out", default="valid_loss.png", help="PNG to write (default: valid_loss.png)")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="output folders of `tupe pretrain`, or of `tupe compare` (all its runs, seeds included)",
+    )
+    p.add_argument(
+        "--out",
+        default="valid_loss.png",
+        metavar="PNG",
+        type=V.nonempty_path,
+        help="PNG to write (default: valid_loss.png)",
+    )
     p.add_argument("--title", help="figure title")
-    p.add_argument("--labels", help="comma-separated legend labels (default: each run's scheme)")
+    p.add_argument(
+        "--labels",
+        help="comma-separated legend entries, one per scheme group in legend order (default: each run's "
+        "scheme, with its folder added where two folders share one)",
+    )
     p.add_argument("--train", action="store_true", help="also draw the training loss (dotted)")
 
 
 def run(args: argparse.Namespace) -> int:
-    labels = args.labels.split(",") if args.labels else None
-    if labels and len(labels) != len(args.runs):
-        raise TupeError(f"--labels has {len(labels)} names for {len(args.runs)} runs")
-    path = plot_curves(args.runs, args.out, labels=labels, title=args.title, show_train=args.train)
-    print(path)
+    V.check_out_file("--out", args.out)
+    groups = [find_runs(src) for src in args.runs]
+    run_dirs = [d for runs in groups for d, _ in runs]
+    labels = legend_labels(args.runs, groups)
+    if args.labels:
+        names = [x.strip() for x in args.labels.split(",")]
+        entries = list(dict.fromkeys(labels))
+        if len(names) != len(entries):
+            raise TupeError(
+                f"--labels has {len(names)} names for {len(entries)} legend entries ({', '.join(entries)})"
+            )
+        rename = dict(zip(entries, names))
+        labels = [rename[lab] for lab in labels]
+    # the unigram baseline only when every source is a comparison that measured the same one (the same data)
+    baselines = {compare_baseline(src) for src in args.runs}
+    path = plot_curves(
+        run_dirs,
+        args.out,
+        labels=labels,
+        title=args.title,
+        show_train=args.train,
+        baseline=baselines.pop() if len(baselines) == 1 else None,
+    )
+    print(f"{path} ({len(run_dirs)} runs)")
     return 0

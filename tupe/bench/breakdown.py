@@ -116,7 +116,9 @@ def categorize(events) -> dict[str, float]:  # noqa: ANN001
 
 def breakdown(candidate, steps: int = 3, warmup: int = 1) -> dict:  # noqa: ANN001
     """Profile `steps` training steps of a bench `Candidate`; returns per-step milliseconds per category."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from .profiling import quiet_profile
 
     model, optimizer, batch = candidate.model, candidate.optimizer, candidate.batch
 
@@ -136,7 +138,7 @@ def breakdown(candidate, steps: int = 3, warmup: int = 1) -> dict:  # noqa: ANN0
     unprofiled = (time.perf_counter() - t0) / steps
     handles = _install_hooks(model)
     try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with quiet_profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
             for _ in range(steps):
                 step()

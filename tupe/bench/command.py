@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tupe import validators as V
 from tupe.errors import TupeError
 
 from .flops import Shape
@@ -63,14 +64,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(L layers, width H, H/64 heads, FFN 4H), e.g. mini,4x256 (default: the preset's)",
     )
     parser.add_argument(
-        "--seq-len", type=int, default=None, help="default: the preset's block length (128 mini, 512 base)"
+        "--seq-len",
+        type=V.int_range(2),
+        default=None,
+        help="default: the preset's block length (128 mini, 512 base)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="default: 32 for mini (the preset's), else 1"
+        "--batch-size", type=V.positive_int, default=None, help="default: 32 for mini (the preset's), else 1"
     )
-    parser.add_argument("--layers", type=int, default=None, help="override the preset's number of layers")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (one step of every model each)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument(
+        "--layers", type=V.positive_int, default=None, help="override the preset's number of layers"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=V.positive_int,
+        default=5,
+        help="timed rounds (one step of every model each; default 5)",
+    )
+    parser.add_argument("--warmup", type=V.nonneg_int, default=1, help="untimed rounds first (default 1)")
     parser.add_argument("--device", default="auto", help="cpu, cuda (default: cuda when available)")
     parser.add_argument(
         "--autocast",
@@ -78,12 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="none",
         help="mixed precision for every model (default: none, float32)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     parser.add_argument("--no-hf-bert", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--peak-flops",
-        type=float,
+        type=V.positive_float,
         default=None,
         help="matrix-multiply peak (FLOP/s) for MFU, instead of measuring it (for repeatable runs and tests)",
     )
@@ -96,7 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also profile each model's step: time in embeddings + positional term, attention, feed-forward, "
         "LM head + loss, optimizer",
     )
-    parser.add_argument("--breakdown-steps", type=int, default=3, help="profiled steps (default 3)")
+    parser.add_argument(
+        "--breakdown-steps", type=V.positive_int, default=3, help="profiled steps (default 3)"
+    )
     parser.add_argument(
         "--end-to-end",
         action="store_true",
@@ -107,7 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--e2e-schemes", default="tupe-a", help="schemes run end to end (default: %(default)s)"
     )
     parser.add_argument(
-        "--e2e-steps", type=int, default=100, help="timed steps of the end-to-end run (default 100)"
+        "--e2e-steps",
+        type=V.positive_int,
+        default=100,
+        help="timed steps of the end-to-end run (default 100)",
     )
     parser.add_argument(
         "--e2e-arg",
@@ -116,8 +131,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ARG",
         help="extra argument for the end-to-end `tupe pretrain` (repeatable), e.g. --e2e-arg=--batch-size=4",
     )
-    parser.add_argument("--json", type=Path, default=None, help="write all results to this JSON file")
-    parser.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    parser.add_argument(
+        "--json",
+        type=V.nonempty_path,
+        default=None,
+        metavar="PATH",
+        help="write all results to this JSON file (atomically)",
+    )
+    V.add_threads_progress(parser, "per-round progress lines")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no log lines on stderr (progress, matmul peaks); the tables only",
+    )
+    V.annotate_ranges(parser)
 
 
 def preset_shape(name: str, layers: int | None = None) -> Shape:
@@ -300,7 +327,8 @@ def _time_shape(name: str, shape: Shape, args: argparse.Namespace, schemes, back
     peak_before, by_size = (fixed, {}) if fixed else matmul_peak(device, peak_dtype)
     log(f"matmul peak before: {peak_before / 1e9:.1f} GFLOP/s {by_size}")
     load_before = _loadavg()
-    time_interleaved(cands, device, args.rounds, args.warmup, autocast, log)
+    step_log = log if args.progress else None  # --no-progress: no line per round
+    time_interleaved(cands, device, args.rounds, args.warmup, autocast, step_log)
     load_after = _loadavg()
     peak_after, by_size_after = (fixed, {}) if fixed else matmul_peak(device, peak_dtype)
     log(f"matmul peak after: {peak_after / 1e9:.1f} GFLOP/s")
@@ -351,8 +379,9 @@ def run(args: argparse.Namespace) -> int:
 
     from .runner import BACKENDS
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.json:  # checked before the minutes of timing, not after
+        args.json = V.check_out_file("--json", args.json)
+    V.apply_threads(args.threads)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
@@ -384,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
             for s in schemes
             for b in backends
         ]
-        rows = time_attention(cands, device, args.rounds, args.warmup, log)
+        rows = time_attention(cands, device, args.rounds, args.warmup, log if args.progress else None)
         result["attention"] = rows
         print(
             f"attention core, {shape.num_hidden_layers} layers, batch {args.batch_size} x {args.seq_len}, "
@@ -428,7 +457,8 @@ def run(args: argparse.Namespace) -> int:
     result["machine"]["loadavg_end"] = _loadavg()
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        from tupe.io.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(result, indent=2))
         print(f"wrote {args.json}")
     return 0

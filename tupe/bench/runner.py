@@ -258,10 +258,12 @@ def measure_peak_memory(
         candidate.peak_memory = int(torch.cuda.max_memory_allocated(device))
         candidate.memory_method = "cuda max_memory_allocated"
         return
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from .profiling import quiet_profile
 
     base = state_bytes(candidate)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, ctx:
+    with quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof, ctx:
         candidate.step()
     current = peak = 0
     for event in sorted(prof.events(), key=lambda e: e.time_range.start):

@@ -1,17 +1,20 @@
 """Finding and reading a pre-training corpus.
 
 A corpus is a list of *sources*: plain-text files (`.gz` allowed), folders of them (read recursively), glob patterns,
-or a `datasets` dataset saved with `save_to_disk`. Text is read as a stream of lines in bounded chunks so a corpus
-larger than memory works, and every problem (missing, empty, not UTF-8) is a one-line `TupeError` naming the file.
+parquet and JSON / JSON-lines files (rows of `--text-column`), a `datasets` dataset saved with `save_to_disk`, or a
+`datasets` name (`NAME[:CONFIG]`) from the local cache (tupe/data/tables.py reads the last four with `datasets`).
+Text is read as a stream of lines in bounded chunks so a corpus larger than memory works, and every problem
+(missing, empty, not UTF-8, no such column) is a one-line `TupeError` naming the file or dataset.
 
-Document boundaries (where the packer puts a [SEP]): a blank line or the end of a file; for a `datasets` dataset
-each row is one document. The built-in default corpus stores one paragraph per line and one book per file, so there
+Document boundaries (where the packer puts a [SEP]): a blank line or the end of a file; for rows (a dataset,
+parquet, JSON) each row is one document. The built-in default corpus stores one paragraph per line and one book per file, so there
 one book is one document, as in RoBERTa's input format (one sentence or paragraph per line, blank line between
 documents).
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import hashlib
@@ -23,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tupe.data import tables
 from tupe.errors import TupeError
 
 DEFAULT_CORPUS_DIR = Path(__file__).parent / "default_corpus"
@@ -34,7 +38,7 @@ _TEXT_SUFFIXES_SKIPPED = {".md"}  # PROVENANCE.md and similar notes next to a co
 MAX_LINE_CHARS = 16384
 MAX_WORD_CHARS = 256
 _BATCH_CHARS = 4 << 20  # characters per batch of lines handed to the tokenizer
-_LONG_WORD = re.compile(r"(?<!\S)\S{" + str(MAX_WORD_CHARS) + "}")
+TEXT_RULE_VERSION = "lines-v1"  # bump when the way text becomes lines changes in a way the bounds do not show
 _BINARY_MAGIC = {
     b"\x7fELF": "an ELF executable",
     b"MZ\x90\x00": "a Windows executable",
@@ -51,10 +55,13 @@ _BINARY_MAGIC = {
 
 @dataclass
 class Corpus:
-    """Resolved corpus: text files and/or on-disk `datasets` datasets, in a fixed (sorted) order."""
+    """Resolved corpus: text files, saved `datasets` folders, parquet/JSON files and cached dataset names, each in
+    a fixed (sorted) order."""
 
     files: list[Path] = field(default_factory=list)
     datasets: list[Path] = field(default_factory=list)
+    tables: list[Path] = field(default_factory=list)  # parquet / JSON / JSON-lines files
+    names: list[str] = field(default_factory=list)  # NAME[:CONFIG] in the local `datasets` cache
     text_column: str = "text"
     name: str = ""
     skip_bad_text: bool = False  # drop lines that are not UTF-8 (with a warning) instead of stopping
@@ -76,34 +83,41 @@ class Corpus:
                     fh.update(chunk)
             h.update(b"file:" + fh.digest())
         for path in self.datasets:
-            ds = _load_dataset(path)
+            ds = tables.open_saved(path)
             h.update(f"dataset:{ds._fingerprint}:{self.text_column}".encode())
+        for path in self.tables:
+            fh = hashlib.sha256()
+            with _open_raw(path) as f:
+                while chunk := f.read(1 << 22):
+                    fh.update(chunk)
+            h.update(b"table:" + fh.digest() + f":{path.suffix.lower()}:{self.text_column}".encode())
+        for spec in self.names:
+            ds = tables.open_cached(spec)
+            h.update(f"cached:{ds._fingerprint}:{self.text_column}".encode())  # content, not the name
         return h.hexdigest()[:20]
 
     def describe(self) -> str:
         parts = []
         if self.files:
             parts.append(f"{len(self.files)} text file(s), {self.total_bytes / 1e6:.1f} MB")
+        if self.tables:
+            size = sum(p.stat().st_size for p in self.tables) / 1e6
+            parts.append(f"{len(self.tables)} parquet/JSON file(s), {size:.1f} MB")
         if self.datasets:
-            parts.append(f"{len(self.datasets)} dataset(s)")
-        return (self.name + ": " if self.name else "") + ", ".join(parts)
+            parts.append(f"{len(self.datasets)} saved dataset(s)")
+        if self.names:
+            parts.append("dataset " + ", ".join(self.names))
+        column = f" (column {self.text_column!r})" if self.tables or self.datasets or self.names else ""
+        return (self.name + ": " if self.name else "") + ", ".join(parts) + column
 
-
-def _is_dataset_dir(path: Path) -> bool:
-    return path.is_dir() and any((path / n).exists() for n in ("state.json", "dataset_dict.json"))
-
-
-def _load_dataset(path: Path):  # noqa: ANN202 - datasets.Dataset, imported lazily
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as err:  # noqa: BLE001 - any failure here is a bad user path
-        raise TupeError(f"{path}: cannot load as a `datasets` dataset ({err})") from err
-    if isinstance(ds, datasets.DatasetDict):
-        split = "train" if "train" in ds else next(iter(ds))
-        ds = ds[split]
-    return ds
+    def row_sources(self) -> Iterator[tuple[str, object]]:
+        """(description, `datasets` dataset) of every source held in rows, in corpus order."""
+        for path in self.datasets:
+            yield f"dataset {path}", tables.open_saved(path)
+        for path in self.tables:
+            yield f"corpus file {path}", tables.open_file(path)
+        for spec in self.names:
+            yield f"dataset {spec}", tables.open_cached(spec)
 
 
 def _files_in(folder: Path) -> list[Path]:
@@ -158,6 +172,12 @@ def resolve_corpus(
         sources = [str(sources)]
     corpus = Corpus(text_column=text_column, skip_bad_text=skip_bad_text)
     seen: set[Path] = set()
+
+    def add_file(f: Path) -> None:
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            (corpus.tables if tables.is_table_file(f) else corpus.files).append(f)
+
     for src in sources:
         src = os.path.expanduser(str(src))
         if any(ch in src for ch in "*?["):
@@ -166,27 +186,30 @@ def resolve_corpus(
                 raise TupeError(f"corpus pattern {src!r} matches no file")
         else:
             path = Path(src)
+            if not path.exists() and not path.is_symlink() and tables.looks_like_dataset_name(src):
+                if src not in corpus.names:
+                    tables.open_cached(src)  # not in the local cache: the one-line error now
+                    corpus.names.append(src)
+                continue
             if not path.exists():
                 raise TupeError(f"corpus path not found: {src}")
             matches = [path]
         for m in matches:
-            if _is_dataset_dir(m):
+            if tables.is_saved_dataset(m):
                 corpus.datasets.append(m)
             elif m.is_dir():
                 files = _files_in(m)
                 if not files:
                     raise TupeError(f"corpus folder {m} holds no text file")
                 for f in files:
-                    if f.resolve() not in seen:
-                        seen.add(f.resolve())
-                        corpus.files.append(f)
+                    add_file(f)
             else:
                 _check_regular(m)
-                if m.resolve() not in seen:
-                    seen.add(m.resolve())
-                    corpus.files.append(m)
-    if not corpus.files and not corpus.datasets:
+                add_file(m)
+    if not corpus.files and not corpus.datasets and not corpus.tables and not corpus.names:
         raise TupeError(f"corpus {sources!r} holds no text")
+    for what, ds in corpus.row_sources():  # a missing --text-column: before any work starts
+        tables.check_text_column(ds, corpus.text_column, what)
     return corpus
 
 
@@ -232,17 +255,32 @@ def _sniff_binary(head: bytes) -> str | None:
     return None
 
 
+def text_rule() -> str:
+    """How text becomes the lines the tokenizer sees (universal line ends, stripped lines, blank line = end of
+    document, the read chunk and the line and word bounds). Part of every cache key made from a corpus (trained
+    BPE, packed stream): the same bytes cut by another rule are other tokens, so a changed bound never reuses a
+    cache entry made under the old one."""
+    return f"{TEXT_RULE_VERSION}:chunk={_READ_CHUNK}:line={MAX_LINE_CHARS}:word={MAX_WORD_CHARS}"
+
+
+@functools.lru_cache(maxsize=4)
+def _long_word(n: int) -> re.Pattern[str]:
+    """A run of `n` characters without whitespace, starting a word."""
+    return re.compile(r"(?<!\S)\S{" + str(n) + "}")
+
+
 def split_long_line(line: str) -> list[str]:
     """Cut a line into pieces of at most MAX_LINE_CHARS (at a space when one is in the second half), and a run
     of MAX_WORD_CHARS characters without whitespace into pieces of that length: tokenizer memory and time then do
     not depend on how long a line or a "word" is. Lines within the bounds are returned as they are."""
-    if len(line) <= MAX_WORD_CHARS or (len(line) <= MAX_LINE_CHARS and not _LONG_WORD.search(line)):
+    long_word = _long_word(MAX_WORD_CHARS)
+    if len(line) <= MAX_WORD_CHARS or (len(line) <= MAX_LINE_CHARS and not long_word.search(line)):
         return [line]
     out: list[str] = []
     i, n = 0, len(line)
     while i < n:
         j = min(i + MAX_LINE_CHARS, n)
-        m = _LONG_WORD.search(line[i:j])
+        m = long_word.search(line[i:j])
         if m is not None:
             if m.start() > 0:
                 j = i + m.start()
@@ -402,16 +440,10 @@ def iter_line_batches(
         if len(lines_out) >= batch_lines or n_chars > _BATCH_CHARS:
             yield lines_out, ends, done
             lines_out, ends, n_chars = [], [], 0
-    for path in corpus.datasets:
-        ds = _load_dataset(path)
-        if corpus.text_column not in ds.column_names:
-            raise TupeError(
-                f"dataset {path} has no column {corpus.text_column!r} (columns: {', '.join(ds.column_names)}); "
-                "pick one with --text-column"
-            )
+    for what, ds in corpus.row_sources():
         n_rows = 0
-        for batch in ds.iter(batch_size=2000):
-            for row in batch[corpus.text_column]:
+        for texts in tables.iter_texts(ds, corpus.text_column, what):
+            for row in texts:
                 if not isinstance(row, str):
                     continue
                 row_lines = [
@@ -425,6 +457,6 @@ def iter_line_batches(
                 yield lines_out, ends, done
                 lines_out, ends = [], []
         if n_rows == 0:
-            raise TupeError(f"dataset {path} is empty (no text in column {corpus.text_column!r})")
+            raise TupeError(f"{what} is empty (no text in column {corpus.text_column!r})")
     if lines_out:
         yield lines_out, ends, done

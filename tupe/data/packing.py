@@ -7,7 +7,7 @@ shorter (it is padded by the collator). The train/valid split is by block: every
 (index % valid_every == valid_every - 1) is validation, i.e. 199:1 by default; deterministic and independent of
 seeds, so every scheme of a comparison is trained and evaluated on identical data.
 
-The stream is cached in `CACHE/packed/KEY/` (KEY = hash of corpus content + tokenizer definition) and written
+The stream is cached in `CACHE/packed/KEY/` (KEY = hash of corpus content + line rule + tokenizer definition) and written
 atomically (temp folder, then rename), so concurrent runs and later runs reuse it. The block length only changes
 the view, not the stream, so it is applied at load time.
 """
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tupe.data.corpus import text_rule
 from tupe.data.tokenizer import CLS_ID, SEP_ID, tokenizer_fingerprint
 from tupe.errors import TupeError
 from tupe.io.files import is_write_failure, write_error
@@ -171,7 +172,9 @@ def encode_to_stream(corpus, tokenizer, out_file: Path, progress: bool = True, s
 
 
 def packed_cache_key(corpus, tokenizer, sep_id: int = SEP_ID) -> str:  # noqa: ANN001
-    parts = [PACK_VERSION, corpus.fingerprint(), tokenizer_fingerprint(tokenizer)]
+    """The cache entry of a token stream: corpus content, the rule cutting it into lines (which changes the
+    tokens when a bound changes), the tokenizer's full definition and the separator."""
+    parts = [PACK_VERSION, corpus.fingerprint(), text_rule(), tokenizer_fingerprint(tokenizer)]
     src = json.dumps(parts if sep_id == SEP_ID else [*parts, sep_id])
     return hashlib.sha256(src.encode()).hexdigest()[:20]
 
@@ -201,6 +204,7 @@ def load_or_build_packed(
                 corpus=corpus.describe(),
                 corpus_fingerprint=corpus.fingerprint(),
                 tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+                text_rule=text_rule(),
                 version=PACK_VERSION,
             )
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

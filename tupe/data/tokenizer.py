@@ -160,7 +160,12 @@ def get_or_train_tokenizer(
     """Train the BPE once per (corpus, settings) and keep it in `cache_dir/tokenizers/KEY`; reuse it later."""
     from transformers import AutoTokenizer
 
-    key_src = json.dumps([TOKENIZER_VERSION, corpus.fingerprint(), vocab_size, min_frequency, max_bytes])
+    from tupe.data.corpus import text_rule
+
+    # the line rule too: BPE trained on text cut another way is another tokenizer
+    key_src = json.dumps(
+        [TOKENIZER_VERSION, corpus.fingerprint(), text_rule(), vocab_size, min_frequency, max_bytes]
+    )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     target = Path(cache_dir) / "tokenizers" / key
     if (target / "tokenizer.json").exists():

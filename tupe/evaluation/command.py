@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tupe import validators as V
 from tupe.errors import TupeError
 
 
@@ -24,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--model",
         nargs="+",
         required=True,
+        type=V.nonempty_path,
         metavar="PATH",
         help="checkpoint folder(s): written by `tupe pretrain`, or a transformers BERT folder (BertForMaskedLM)",
     )
@@ -31,58 +33,75 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--text",
         nargs="+",
         required=True,
+        type=V.nonempty_path,
         metavar="PATH",
-        help="text file(s), folders of them (recursive), globs; .gz allowed; all together are one text",
+        help="text file(s), folders of them (recursive), globs, .gz, parquet/JSON/JSONL files, a saved `datasets` "
+        "folder or a cached `datasets` name NAME[:CONFIG], as `tupe pretrain --corpus`; all together are one text",
     )
-    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer for model folders that hold none")
+    p.add_argument(
+        "--text-column", default="text", help="column of parquet/JSON/`datasets` text (default: text)"
+    )
+    p.add_argument(
+        "--tokenizer", type=V.nonempty_path, metavar="DIR", help="tokenizer for model folders that hold none"
+    )
     p.add_argument(
         "--max-blocks",
-        type=int,
+        type=V.positive_int,
         metavar="N",
         help="evaluate at most N blocks, evenly spaced over the text (default: every full block)",
     )
     p.add_argument(
         "--max-length",
-        type=int,
+        type=V.int_range(2),
         metavar="L",
         help="block length (default: the smallest max length of the models sharing a tokenizer)",
     )
-    p.add_argument("--batch-size", type=int, default=16, help="blocks per forward pass (default 16)")
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of masks, shuffles, samples, resamples (default 0)"
+        "--batch-size", type=V.positive_int, default=16, help="blocks per forward pass (default 16)"
+    )
+    p.add_argument(
+        "--seed", type=V.seed_int, default=0, help="seed of masks, shuffles, samples, resamples (default 0)"
     )
     p.add_argument(
         "--mlm-probability",
-        type=float,
+        type=V.open_prob,
         default=0.15,
         help="share of tokens masked (default 0.15, as pre-training)",
     )
     p.add_argument(
         "--pppl-tokens",
-        type=int,
+        type=V.nonneg_int,
         default=2000,
         metavar="N",
         help="pseudo-perplexity on a random sample of N tokens (one forward pass each; default 2000, 0 = off)",
     )
     p.add_argument(
         "--bootstrap",
-        type=int,
+        type=V.nonneg_int,
         default=1000,
         metavar="R",
         help="bootstrap resamples of blocks for the 95%% intervals (default 1000, 0 = no intervals)",
     )
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument(
-        "--cache-dir", help="where tokenised text is cached (default $TUPE_CACHE or ~/.cache/tupe)"
+        "--cache-dir",
+        type=V.nonempty_path,
+        help="where tokenised text is cached (default $TUPE_CACHE or ~/.cache/tupe)",
     )
     p.add_argument(
         "--skip-bad-text", action="store_true", help="drop lines that are not UTF-8 instead of stopping"
     )
-    p.add_argument("--json", metavar="PATH", help="write every number, the command and versions to this file")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--json",
+        type=V.nonempty_path,
+        metavar="PATH",
+        help="write every number, the command and versions to this file (one `tupe evaluate` writes it at a "
+        "time: a second one is refused)",
+    )
+    V.add_threads_progress(p)
     p.add_argument(
         "--quiet", action="store_true", help="print the table only (no log lines, no progress bars)"
     )
+    V.annotate_ranges(p)
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -104,9 +123,13 @@ def command_line(args: argparse.Namespace) -> str:
         value = getattr(args, opt, None)
         if value is not None:
             parts += [f"--{opt.replace('_', '-')}", str(value)]
-    for flag in ("skip_bad_text", "no_progress", "quiet"):
+    if getattr(args, "text_column", "text") != "text":
+        parts += ["--text-column", args.text_column]
+    for flag in ("skip_bad_text", "quiet"):
         if getattr(args, flag, False):
             parts.append(f"--{flag.replace('_', '-')}")
+    if not getattr(args, "progress", True):
+        parts.append("--no-progress")
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -129,9 +152,38 @@ def versions() -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    """Check every path flag, then hold the `--json` file's lock (one writer per output file) while evaluating."""
+    import contextlib
 
+    from tupe.io.files import file_lock
+
+    check_paths(args)
+    lock = file_lock(Path(args.json).expanduser(), "tupe evaluate") if args.json else contextlib.nullcontext()
+    with lock:
+        return _run(args)
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Path flags checked for their kind before any work: models are folders, each given once; the tokenizer
+    exists; the cache is a folder; the JSON output is a file that can be written."""
+    seen: set[Path] = set()
+    for m in args.model:
+        V.check_path_kind("--model", m, "folder")
+        resolved = Path(m).expanduser().resolve()
+        if resolved in seen:
+            raise TupeError(f"--model {m} is given twice")
+        seen.add(resolved)
+    if args.tokenizer is not None:
+        V.check_path_kind("--tokenizer", args.tokenizer, "folder")
+    if args.cache_dir is not None:
+        V.check_out_folder("--cache-dir", args.cache_dir)
+    if args.json is not None:
+        V.check_out_file("--json", args.json)
+
+
+def _run(args: argparse.Namespace) -> int:
     from tupe.data.corpus import resolve_corpus
+    from tupe.training.reporting import hushed_libraries
 
     from .evaluate import Settings, evaluate, format_report, load_model
 
@@ -139,21 +191,15 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise TupeError(f"--threads must be positive, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    seen: set[Path] = set()
-    for m in args.model:
-        resolved = Path(m).expanduser().resolve()
-        if resolved in seen:
-            raise TupeError(f"--model {m} is given twice")
-        seen.add(resolved)
-    corpus = resolve_corpus(list(args.text), skip_bad_text=args.skip_bad_text)
+    V.apply_threads(args.threads)
+    corpus = resolve_corpus(list(args.text), args.text_column, skip_bad_text=args.skip_bad_text)
     models = []
-    for path in args.model:
-        models.append(load_model(path, args.tokenizer))
-        log(f"model: {path}: {models[-1].description}, {models[-1].num_parameters / 1e6:.2f} M parameters")
+    with hushed_libraries(args.progress and not args.quiet, args.quiet):
+        for path in args.model:
+            models.append(load_model(path, args.tokenizer))
+            log(
+                f"model: {path}: {models[-1].description}, {models[-1].num_parameters / 1e6:.2f} M parameters"
+            )
     settings = Settings(
         seed=args.seed,
         mlm_probability=args.mlm_probability,
@@ -163,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         pppl_tokens=args.pppl_tokens,
         bootstrap=args.bootstrap,
         cache_dir=args.cache_dir,
-        progress=not (args.no_progress or args.quiet),
+        progress=args.progress and not args.quiet,
     )
     result = evaluate(models, corpus, settings, log=log)
     result = {"command": command_line(args), "versions": versions(), **result}

@@ -33,7 +33,11 @@ from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules impo
     PAPER_LRS,
     PAPER_SEEDS,
     RESULTS_FORMAT,
+    SMALL_MODEL_EPOCHS,
+    SMALL_MODEL_LRS,
+    SMALL_MODEL_WIDTH,
     GlueSettings,
+    is_small_model,
     lr_key,
     run_name,
     summarize,
@@ -54,7 +58,8 @@ class GridResult:
 def run_grid(model_dir: str | Path, settings: GlueSettings, out_dir: str | Path, **kwargs: Any) -> GridResult:
     """Fine-tune every (lr, seed) of the grid that has not finished yet in `out_dir`, then summarise.
 
-    Keyword arguments: data_dir, train_file, dev_files, scheme, tokenizer_dir, save_models, overwrite, log.
+    Keyword arguments: data_dir, train_file, dev_files, scheme, tokenizer_dir, save_models, overwrite, log,
+    report_to, progress, push_to_hub, hub_model_id.
     """
     with folder_lock(out_dir, "tupe glue"):
         return _run_grid(model_dir, settings, out_dir, **kwargs)
@@ -74,15 +79,27 @@ def _run_grid(
     log: Callable[[str], None] = print,
     report_to: list[str] | None = None,
     progress: bool = True,
+    push_to_hub: bool = False,
+    hub_model_id: str | None = None,
 ) -> GridResult:
     from tqdm.auto import tqdm
 
     task = get_task(settings.task)
     model_dir = Path(model_dir)
     out_dir = Path(out_dir)
+    if push_to_hub and not save_models:
+        raise TupeError("--push-to-hub pushes the fine-tuned models, which only --save-models keeps: add it")
     model_dir = _converted_if_bert(model_dir, out_dir, tokenizer_dir, log)
     info, config = inspect_checkpoint(model_dir, scheme)
-    settings = settings.resolved(task, config.max_position_embeddings)
+    lrs_default, epochs_default = settings.lrs is None, settings.epochs is None
+    settings = settings.resolved(task, config.max_position_embeddings, config.hidden_size)
+    if is_small_model(config.hidden_size) and (lrs_default or epochs_default):
+        log(
+            f"small model (width {config.hidden_size} < {SMALL_MODEL_WIDTH}): the small-model defaults"
+            + (f", learning rates {','.join(f'{x:g}' for x in settings.lrs)}" if lrs_default else "")
+            + (f", {settings.epochs:g} epochs" if epochs_default else "")
+            + " (the paper's 2e-5..5e-5 leave such a model at the majority class; --lrs/--epochs to change)"
+        )
     if not settings.lrs or not settings.seeds:
         raise TupeError("the grid is empty: give at least one learning rate and one seed")
     tokenizer = load_tokenizer(tokenizer_dir or model_dir, config, explicit=tokenizer_dir is not None)
@@ -226,6 +243,8 @@ def _run_grid(
                     save_model=save_models,
                     report_to=report_to,
                     logging_dir=out_dir / "tensorboard" / run_name(lr, seed),
+                    push_to_hub=push_to_hub,
+                    hub_model_id=hub_run_id(hub_model_id, out_dir, lr, seed) if push_to_hub else None,
                 )
                 bar.n = start + steps_per_run  # keep the ETA right if the Trainer's step count differed
                 bar.refresh()
@@ -259,6 +278,13 @@ def _run_grid(
             f"over {best['n_seeds']} seeds -> {out_dir / 'results.json'}"
         )
     return GridResult(out_dir, results)
+
+
+def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) -> str:
+    """The Hub repository of one run's model: `--hub-model-id` (default: the --out folder's name) with the run's
+    name appended, so the grid's runs do not overwrite one another: `me/tupe-a-rte-lr2e-05_seed1`."""
+    base = hub_model_id or Path(out_dir).resolve().name
+    return f"{base}-{run_name(lr, seed)}"
 
 
 def _converted_if_bert(model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable) -> Path:
@@ -382,16 +408,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", required=True, help=f"GLUE task: {', '.join(TASKS)}")
     p.add_argument(
         "--data-dir",
-        help="GLUE root (TASK/train.tsv, TASK/dev.tsv), a task directory, a `datasets` copy saved with "
+        help="GLUE root (TASK/train.tsv, TASK/dev.tsv), a task directory, the `datasets` GLUE files "
+        "(TASK/train-*.parquet, validation-*.parquet, or .json/.jsonl), a `datasets` copy saved with "
         "save_to_disk, or hub[:REPO] to load nyu-mll/glue from the hub",
     )
     p.add_argument(
-        "--train-file", help="instead of --data-dir: a train file (task's TSV layout, or .json/.jsonl)"
+        "--train-file",
+        help="instead of --data-dir: a train file (task's TSV layout, `datasets` GLUE .parquet, or .json/.jsonl)",
     )
     p.add_argument(
         "--dev-file",
         action="append",
-        help="with --train-file: a dev file (task's TSV layout, or .json/.jsonl); MNLI: matched, then mismatched",
+        help="with --train-file: a dev file (same formats); MNLI: give it twice, matched then mismatched",
     )
     p.add_argument(
         "--out", required=True, type=V.nonempty_path, help="output directory (results.json, runs/)"
@@ -399,12 +427,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lrs",
         type=V.float_list(0.0),
-        default=list(PAPER_LRS),
-        help="learning rates (default 2e-5,3e-5,4e-5,5e-5)",
+        help="learning rates (default: the paper's 2e-5,3e-5,4e-5,5e-5; for a model narrower than "
+        f"{SMALL_MODEL_WIDTH}, {','.join(f'{x:g}' for x in SMALL_MODEL_LRS)})",
     )
     p.add_argument("--seeds", type=V.int_list(0), default=list(PAPER_SEEDS), help="seeds (default 1,2,3,4,5)")
     p.add_argument(
-        "--epochs", type=V.positive_float, help="epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI)"
+        "--epochs",
+        type=V.positive_float,
+        help=f"epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI; {SMALL_MODEL_EPOCHS:g} for a model "
+        f"narrower than {SMALL_MODEL_WIDTH})",
     )
     p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
     p.add_argument(
@@ -443,10 +474,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--save-models", action="store_true", help="keep every run's fine-tuned model (runs/*/model)"
     )
     p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
-    p.add_argument("--threads", type=int, help="CPU threads for torch (default: all cores)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    V.add_threads_progress(p, "progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    add_report_arguments(p, hub=False)
+    add_report_arguments(p)
+    h = p.add_argument_group("Hugging Face Hub")
+    h.add_argument(
+        "--push-to-hub",
+        action="store_true",
+        help="push every run's fine-tuned model (needs --save-models and a login; the Trainer's push_to_hub)",
+    )
+    h.add_argument(
+        "--hub-model-id",
+        help="Hub repository prefix for --push-to-hub; each run adds its name, e.g. me/tupe-a-rte-lr2e-05_seed1 "
+        "(default prefix: the --out folder's name)",
+    )
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
     prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
@@ -477,7 +518,7 @@ def run(args: argparse.Namespace) -> int:
         raise TupeError("--epochs must be positive")
     if not (args.dropout < 0 or 0 <= args.dropout < 1):
         raise TupeError(f"--dropout must be in [0, 1) (or -1 for the checkpoint's), got {args.dropout}")
-    if any(lr <= 0 for lr in args.lrs):
+    if args.lrs is not None and any(lr <= 0 for lr in args.lrs):
         raise TupeError(f"learning rates must be positive, got {args.lrs}")
     settings = GlueSettings(
         task=get_task(args.task).name,
@@ -499,12 +540,7 @@ def run(args: argparse.Namespace) -> int:
         fp16=args.fp16,
         bf16=args.bf16,
     )
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise TupeError(f"--threads must be positive, got {args.threads}")
-        import torch
-
-        torch.set_num_threads(args.threads)
+    V.apply_threads(args.threads)
     quiet = args.quiet
 
     def log(msg: str) -> None:
@@ -531,6 +567,8 @@ def _run_cli_grid(args: argparse.Namespace, settings: GlueSettings, log: Callabl
         log=log,
         report_to=parse_report_to(args.report_to),
         progress=args.progress and not args.quiet,
+        push_to_hub=args.push_to_hub,
+        hub_model_id=args.hub_model_id,
     )
 
 

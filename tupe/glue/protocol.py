@@ -1,7 +1,8 @@
 """The paper's GLUE protocol as data: the grid, the settings of one run, and how a grid's scores are summarised.
 
 Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds; a learning rate's score is the median of its seeds' dev
-scores, and the best learning rate is reported (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md). `tupe report` reads this module too.
+scores, and the best learning rate is reported (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md). A model narrower than
+512 gets `SMALL_MODEL_LRS` and 3 epochs by default instead (docs/glue.md, "Small models"). `tupe report` reads this module too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from tupe.glue.tasks import GlueTask
 
 PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 PAPER_SEEDS = (1, 2, 3, 4, 5)
+# Models narrower than BERT-Base's 768 (the CPU presets: 128, 256) fine-tuned at the paper's 2e-5..5e-5 predict
+# the majority class on every task: their updates are far too small. The small-model grid and epochs come from
+# the sweep in docs/RESULTS.md (A.6); a model is "small" below SMALL_MODEL_WIDTH.
+SMALL_MODEL_WIDTH = 512
+SMALL_MODEL_LRS = (5e-5, 1e-4, 3e-4)
+SMALL_MODEL_EPOCHS = 3.0
 RESULTS_FORMAT = 1
 _RUN_SUMMARY_KEYS = (
     "lr",
@@ -32,14 +39,19 @@ _RUN_SUMMARY_KEYS = (
 )
 
 
+def is_small_model(hidden_size: int | None) -> bool:
+    """Whether the small-model grid applies (unknown width: no, the paper's grid)."""
+    return hidden_size is not None and hidden_size < SMALL_MODEL_WIDTH
+
+
 @dataclass
 class GlueSettings:
     """Everything that determines a run's score, apart from the learning rate and the seed."""
 
     task: str
-    lrs: list[float] = field(default_factory=lambda: list(PAPER_LRS))
+    lrs: list[float] | None = None  # None: the paper's grid, or SMALL_MODEL_LRS for a model narrower than 512
     seeds: list[int] = field(default_factory=lambda: list(PAPER_SEEDS))
-    epochs: float | None = None  # None: the paper's (10, or 5 for MNLI/QQP/QNLI)
+    epochs: float | None = None  # None: the paper's (10, or 5 for MNLI/QQP/QNLI); SMALL_MODEL_EPOCHS if small
     batch_size: int = 32
     eval_batch_size: int = 64
     max_seq_len: int | None = None  # None: min(512, the model's max_position_embeddings)
@@ -56,12 +68,16 @@ class GlueSettings:
     fp16: bool = False
     bf16: bool = False
 
-    def resolved(self, task: GlueTask, max_positions: int) -> GlueSettings:
+    def resolved(self, task: GlueTask, max_positions: int, hidden_size: int | None = None) -> GlueSettings:
+        """Defaults filled in for this task and model: the paper's grid and epochs, or the small-model ones."""
         out = GlueSettings(**asdict(self))
+        small = is_small_model(hidden_size)
         out.task = task.name
-        out.lrs = list(dict.fromkeys(float(x) for x in self.lrs))  # "2e-5,2e-5" is one learning rate
+        lrs = self.lrs if self.lrs is not None else (SMALL_MODEL_LRS if small else PAPER_LRS)
+        out.lrs = list(dict.fromkeys(float(x) for x in lrs))  # "2e-5,2e-5" is one learning rate
         out.seeds = list(dict.fromkeys(int(x) for x in self.seeds))
-        out.epochs = float(task.epochs if self.epochs is None else self.epochs)
+        default_epochs = SMALL_MODEL_EPOCHS if small else task.epochs
+        out.epochs = float(default_epochs if self.epochs is None else self.epochs)
         limit = max_positions
         if self.max_seq_len is None:
             out.max_seq_len = min(512, limit)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tupe import validators as V
 from tupe.errors import TupeError
 
 # (column, task, dev split, metric): the paper's Table 1 order; WNLI is extra (the paper leaves it out).
@@ -367,19 +368,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "run_dirs", nargs="+", metavar="RUN_DIR", help="`tupe glue --out` folders (searched recursively)"
     )
-    p.add_argument("--out", help="write the Markdown table here and the CSV next to it (.csv)")
+    p.add_argument(
+        "--out", type=V.nonempty_path, help="write the Markdown table here and the CSV next to it (.csv)"
+    )
     p.add_argument("--paper", action="store_true", help="add the paper's BERT-Base rows for comparison")
 
 
 def run(args: argparse.Namespace) -> int:
-    md, csv_text = make_report(args.run_dirs, include_paper=args.paper)
-    print(md, end="")
+    from tupe.io.files import atomic_write_text
+
     if args.out:
         out = Path(args.out)
         md_path = out.with_suffix(".md") if out.suffix.lower() == ".csv" else out
         csv_path = out.with_suffix(".csv")
-        md_path.parent.mkdir(parents=True, exist_ok=True)
-        md_path.write_text(md)
-        csv_path.write_text(csv_text)
+        for path in (md_path, csv_path):  # before any work
+            V.check_out_file("--out", path)
+    md, csv_text = make_report(args.run_dirs, include_paper=args.paper)
+    print(md, end="")
+    if args.out:
+        atomic_write_text(md_path, md)
+        atomic_write_text(csv_path, csv_text)
         print(f"wrote {md_path} and {csv_path}")
     return 0

@@ -334,34 +334,37 @@ def _from_datasets(task: GlueTask, dsd, source: str) -> TaskData:  # noqa: ANN00
     for ours, theirs in splits.items():
         if theirs not in dsd:
             raise TupeError(f"{source}: no {theirs!r} split for {task.name} (has: {', '.join(dsd)})")
-        ds = dsd[theirs]
-        where = f"{source} [{theirs}]"
-        for col in (*task.hf_text_columns, "label"):
-            if col not in ds.column_names:
-                raise TupeError(
-                    f"{where}: missing column {col!r} for {task.name} (has: {', '.join(ds.column_names)})"
-                )
-        labels = list(ds["label"])
-        if task.is_regression:
-            labels = [float(x) for x in labels]
-            bad = [i for i, x in enumerate(labels) if not (math.isfinite(x) and 0.0 <= x <= 5.0)]
-            if bad:
-                raise TupeError(
-                    f"{where} row {bad[0]}: score {labels[bad[0]]!r} is outside the STS-B range 0-5"
-                )
-        else:
-            bad = [i for i, x in enumerate(labels) if not 0 <= int(x) < task.num_labels]
-            if bad:
-                raise TupeError(
-                    f"{where} row {bad[0]}: unknown label {labels[bad[0]]!r} for {task.name} "
-                    f"(expected 0..{task.num_labels - 1}; test splits have no labels)"
-                )
-            labels = [int(x) for x in labels]
-        text_a = [str(x) for x in ds[task.hf_text_columns[0]]]
-        text_b = [str(x) for x in ds[task.hf_text_columns[1]]] if task.is_pair else None
-        index = list(ds["idx"]) if "idx" in ds.column_names else list(range(len(labels)))
-        out[ours] = Split(where, text_a, text_b, labels, index)
+        out[ours] = _split_from_dataset(task, dsd[theirs], f"{source} [{theirs}]")
     return TaskData(task, out.pop("train"), out, source)
+
+
+def _split_from_dataset(task: GlueTask, ds, where: str) -> Split:  # noqa: ANN001 (a datasets.Dataset)
+    """One split in the `datasets` GLUE columns (`sentence1`/`premise`/..., `label` ids, `idx`)."""
+    for col in (*task.hf_text_columns, "label"):
+        if col not in ds.column_names:
+            raise TupeError(
+                f"{where}: missing column {col!r} for {task.name} (has: {', '.join(ds.column_names)})"
+            )
+    labels = list(ds["label"])
+    if task.is_regression:
+        labels = [float(x) for x in labels]
+        bad = [i for i, x in enumerate(labels) if not (math.isfinite(x) and 0.0 <= x <= 5.0)]
+        if bad:
+            raise TupeError(f"{where} row {bad[0]}: score {labels[bad[0]]!r} is outside the STS-B range 0-5")
+    else:
+        bad = [i for i, x in enumerate(labels) if not 0 <= int(x) < task.num_labels]
+        if bad:
+            raise TupeError(
+                f"{where} row {bad[0]}: unknown label {labels[bad[0]]!r} for {task.name} "
+                f"(expected 0..{task.num_labels - 1}; test splits have no labels)"
+            )
+        labels = [int(x) for x in labels]
+    text_a = [str(x) for x in ds[task.hf_text_columns[0]]]
+    text_b = [str(x) for x in ds[task.hf_text_columns[1]]] if task.is_pair else None
+    index = list(ds["idx"]) if "idx" in ds.column_names else list(range(len(labels)))
+    if not labels:
+        raise TupeError(f"{where}: no examples")
+    return Split(where, text_a, text_b, labels, index)
 
 
 _DATA_EXTENSIONS = (("parquet", "parquet"), ("jsonl", "json"), ("json", "json"))
@@ -507,7 +510,24 @@ def split_from_json(task: GlueTask, path: str | Path) -> Split:
     return Split(str(path), text_a, text_b if task.is_pair else None, labels, index)  # type: ignore[arg-type]
 
 
+def split_from_parquet(task: GlueTask, path: str | Path) -> Split:
+    """A split from one parquet file in the `datasets` GLUE columns (a file of the Hub's `TASK/*.parquet`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TupeError(f"{path}: no such file")
+    import datasets
+
+    try:
+        ds = datasets.load_dataset("parquet", data_files=[str(path)], split="train")
+    except Exception as err:  # noqa: BLE001 - not parquet: one line for the user
+        raise TupeError(f"{path}: cannot read it as parquet: {one_line(err)}") from None
+    return _split_from_dataset(task, ds, str(path))
+
+
 def read_split_file(task: GlueTask, path: str | Path) -> Split:
-    """A split from one file: `.json`/`.jsonl` records, anything else as the task's GLUE TSV layout."""
+    """A split from one file: `.json`/`.jsonl` records, `.parquet` in the `datasets` GLUE columns, anything else
+    as the task's GLUE TSV layout."""
     suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        return split_from_parquet(task, path)
     return split_from_json(task, path) if suffix in {".json", ".jsonl"} else read_tsv(task, path)

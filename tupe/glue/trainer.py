@@ -12,7 +12,7 @@ import numpy as np
 from tupe.glue.metrics import compute_metrics, predictions_from_logits
 from tupe.glue.protocol import GlueSettings, main_score
 from tupe.glue.tasks import GlueTask, Split
-from tupe.io.files import atomic_write_text
+from tupe.io.files import WriteError, atomic_write_text, is_write_failure, write_error
 
 
 def _progress_callback(bar: Any, label: str) -> Any:
@@ -59,6 +59,53 @@ def read_predictions(path: str | Path) -> tuple[list, list]:
     return labels, preds
 
 
+def training_arguments(
+    settings: GlueSettings,
+    lr: float,
+    seed: int,
+    work: Path,
+    n_train: int,
+    report_to: list[str] | None = None,
+    push_to_hub: bool = False,
+    hub_model_id: str | None = None,
+) -> Any:  # noqa: ANN401 - transformers.TrainingArguments
+    """The Trainer's arguments of one run: the paper's recipe, --report-to, and --push-to-hub / --hub-model-id
+    (the Trainer then pushes the run's model when it saves it, `--save-models`)."""
+    import torch
+    from transformers import TrainingArguments
+
+    from tupe.training.reporting import trainer_reporting
+
+    return TrainingArguments(
+        output_dir=str(work),
+        per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=settings.eval_batch_size,
+        learning_rate=lr,
+        num_train_epochs=settings.epochs,
+        warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps
+        lr_scheduler_type=settings.lr_scheduler,
+        weight_decay=settings.weight_decay,
+        adam_beta1=settings.adam_beta1,
+        adam_beta2=settings.adam_beta2,
+        adam_epsilon=settings.adam_epsilon,
+        max_grad_norm=settings.max_grad_norm,
+        optim="adamw_torch",
+        seed=seed,
+        data_seed=seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="steps",
+        logging_steps=max(1, min(50, n_train // settings.batch_size)),
+        # the Trainer's integrations (--report-to) and the Hub (--push-to-hub, --hub-model-id)
+        **trainer_reporting(report_to or [], push_to_hub, hub_model_id),
+        disable_tqdm=True,
+        fp16=settings.fp16,
+        bf16=settings.bf16,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=torch.cuda.is_available(),
+    )
+
+
 def train_one(
     model_dir: str,
     task: GlueTask,
@@ -73,11 +120,12 @@ def train_one(
     save_model: bool = False,
     report_to: list[str] | None = None,
     logging_dir: Path | None = None,
+    push_to_hub: bool = False,
+    hub_model_id: str | None = None,
 ) -> dict[str, Any]:
     """One (lr, seed) run: fresh classification head on the checkpoint, train, predict every dev split."""
-    import torch
     import transformers
-    from transformers import DataCollatorWithPadding, PrinterCallback, Trainer, TrainingArguments
+    from transformers import DataCollatorWithPadding, PrinterCallback, Trainer
 
     from tupe import TupeForSequenceClassification
 
@@ -106,32 +154,8 @@ def train_one(
 
     align_special_tokens(model, tokenizer)
     work = run_dir / "trainer"
-    args = TrainingArguments(
-        output_dir=str(work),
-        per_device_train_batch_size=settings.batch_size,
-        per_device_eval_batch_size=settings.eval_batch_size,
-        learning_rate=lr,
-        num_train_epochs=settings.epochs,
-        warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps
-        lr_scheduler_type=settings.lr_scheduler,
-        weight_decay=settings.weight_decay,
-        adam_beta1=settings.adam_beta1,
-        adam_beta2=settings.adam_beta2,
-        adam_epsilon=settings.adam_epsilon,
-        max_grad_norm=settings.max_grad_norm,
-        optim="adamw_torch",
-        seed=seed,
-        data_seed=seed,
-        save_strategy="no",
-        eval_strategy="no",
-        logging_strategy="steps",
-        logging_steps=max(1, min(50, len(train_ds) // settings.batch_size)),
-        report_to=list(report_to) if report_to else "none",  # the Trainer's integrations (--report-to)
-        disable_tqdm=True,
-        fp16=settings.fp16,
-        bf16=settings.bf16,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=torch.cuda.is_available(),
+    args = training_arguments(
+        settings, lr, seed, work, len(train_ds), report_to, push_to_hub=push_to_hub, hub_model_id=hub_model_id
     )
     trainer = Trainer(
         model=model,
@@ -143,7 +167,15 @@ def train_one(
     )
     trainer.remove_callback(PrinterCallback)
     if logging_dir is not None:
-        point_tensorboard(trainer, logging_dir)  # one TensorBoard run per (lr, seed): the loss curves
+        # one TensorBoard run per (lr, seed): the loss curves; a failed write stops the grid in one line
+        point_tensorboard(
+            trainer,
+            logging_dir,
+            lambda: (
+                f"run lr={lr:g} seed={seed} stopped; the finished runs (their result.json) are kept: free "
+                "space and rerun the same command"
+            ),
+        )
     t0 = time.time()
     train_out = trainer.train()
     train_seconds = time.time() - t0
@@ -158,7 +190,17 @@ def train_one(
         _write_predictions(run_dir / fname, split, preds, task.is_regression)
         pred_files[split_name] = fname
     if save_model:
-        trainer.save_model(str(run_dir / "model"))
+        try:
+            trainer.save_model(str(run_dir / "model"))
+        except Exception as err:  # disk full: torch/safetensors report it in their own exception types
+            if isinstance(err, WriteError) or not is_write_failure(err):
+                raise
+            raise write_error(
+                run_dir / "model",
+                err,
+                f"run lr={lr:g} seed={seed} has no result.json and is redone next time; the finished runs are "
+                "kept: free space and rerun the same command",
+            ) from None
     losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
     a = trainer.args
     # what the Trainer actually used (not just what was asked), so results.json can be audited

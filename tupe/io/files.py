@@ -47,7 +47,12 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to a temporary file next to `path`, fsync it, rename it over `path`, fsync the folder."""
+    """Write `text` (UTF-8) to a temporary file next to `path`, fsync it, rename it over `path`, fsync the folder."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """`atomic_write_text` for bytes (figures): a reader sees the old file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -55,8 +60,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except OSError as err:
         raise write_error(path, err, "nothing was written") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; what we publish is an ordinary file
@@ -107,12 +112,45 @@ LOCK_NAME = ".lock"
 LOCK_INFO_NAME = ".lock.info"  # who holds the lock: pid, host, command, start time (JSON)
 
 
-def _lock_holder(folder: Path) -> str:
+def _lock_holder(info_path: Path) -> str:
     try:
-        info = json.loads((folder / LOCK_INFO_NAME).read_text())
+        info = json.loads(info_path.read_text())
         return f"pid {info['pid']} on {info['host']}, started {info['started']}: {info['command']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown"
+
+
+@contextlib.contextmanager
+def _held(lock_path: Path, info_path: Path, command: str, refusal: str) -> Iterator[None]:
+    """Hold the OS (flock) lock `lock_path` and describe the holder in `info_path`, or refuse at once with
+    `refusal` followed by the holder's description."""
+    import socket
+    import sys
+    import time
+
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(lock_path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise TupeError(f"{refusal} ({_lock_holder(info_path)}); wait for it or stop it") from None
+    except OSError as err:  # the lock file cannot be made (permissions, disk full)
+        raise write_error(lock_path, err, "nothing was written") from None
+    try:
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join(["tupe", *sys.argv[1:]]) if sys.argv[1:] else command,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        try:
+            atomic_write_text(info_path, json.dumps(info) + "\n")
+        except OSError:
+            pass  # the lock itself holds; only the description of its holder is missing
+        yield
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager
@@ -123,38 +161,34 @@ def folder_lock(folder: str | os.PathLike, command: str) -> Iterator[None]:
 
     Two commands writing one folder would train the same runs and overwrite each other's files.
     """
-    import socket
-    import sys
-    import time
-
-    from filelock import FileLock, Timeout
-
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         raise TupeError(f"{folder} is a file, not a folder") from None
-    lock = FileLock(str(folder / LOCK_NAME), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise TupeError(
-            f"{folder}: another `{command}` is writing here ({_lock_holder(folder)}); wait for it or stop it"
-        ) from None
-    try:
-        info = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "command": " ".join(["tupe", *sys.argv[1:]]) if sys.argv[1:] else command,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        try:
-            atomic_write_text(folder / LOCK_INFO_NAME, json.dumps(info) + "\n")
-        except OSError:
-            pass  # the lock itself holds; only the description of its holder is missing
+    refusal = f"{folder}: another `{command}` is writing here"
+    with _held(folder / LOCK_NAME, folder / LOCK_INFO_NAME, command, refusal):
         yield
-    finally:
-        lock.release()
+
+
+def file_lock_names(path: str | os.PathLike) -> tuple[Path, Path]:
+    """The lock and holder-info files of a single output file: hidden `.NAME.lock` and `.NAME.lock.info` beside it."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.lock"), path.with_name(f".{path.name}.lock.info")
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike, command: str) -> Iterator[None]:
+    """One writer per output file (`tupe evaluate --json`), as `folder_lock` is per folder: locking the file's
+    folder instead would refuse two evaluations writing different files of one results folder."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise TupeError(f"{path}: {path.parent} is a file, not a folder") from None
+    lock_path, info_path = file_lock_names(path)
+    with _held(lock_path, info_path, command, f"{path}: another `{command}` is writing it"):
+        yield
 
 
 class WriteError(TupeError, OSError):

@@ -141,16 +141,23 @@ def training_arguments(config: PretrainConfig, v: dict[str, Any], out: Path, per
     )
 
 
-def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
+def add_model_data_arguments(
+    p: argparse.ArgumentParser, quiet_help: str = "print nothing but errors"
+) -> None:
     """Arguments shared by `pretrain` and `compare` (everything except --scheme/--out)."""
     g = p.add_argument_group("data")
     g.add_argument(
         "--corpus",
         nargs="+",
         metavar="PATH",
-        help="text files, folders, globs (.gz too) or a `datasets` folder; default: the built-in corpus",
+        help="text files, folders, globs (.gz too), parquet/JSON/JSONL files, a folder saved by `datasets`, or a "
+        "`datasets` name NAME[:CONFIG] from the local cache (never downloaded); default: the built-in corpus",
     )
-    g.add_argument("--text-column", default="text", help="column of a `datasets` corpus (default: text)")
+    g.add_argument(
+        "--text-column",
+        default="text",
+        help="column holding the text in parquet/JSON files and `datasets` corpora (default: text)",
+    )
     g.add_argument(
         "--skip-bad-text",
         action="store_true",
@@ -240,14 +247,9 @@ def add_model_data_arguments(p: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--save-total-limit", type=V.positive_int, help="keep only the N newest checkpoints")
     r.add_argument("--logging-steps", type=V.positive_int)
-    r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    r.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    r.add_argument(
-        "--threads",
-        type=V.positive_int,
-        help="CPU threads for torch (default: all cores; 1 is faster on a busy machine)",
-    )
-    add_report_arguments(r, hub=False)
+    V.add_threads_progress(r)
+    r.add_argument("--quiet", action="store_true", help=quiet_help)
+    add_report_arguments(r)
     V.annotate_ranges(p)
 
 
@@ -281,9 +283,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_data_arguments(p)
     h = p.add_argument_group("Hugging Face Hub")
     h.add_argument(
-        "--push-to-hub", action="store_true", help="push the saved model (the Trainer's push_to_hub)"
+        "--push-to-hub",
+        action="store_true",
+        help="push the final model to the Hugging Face Hub (needs a login; the Trainer's push_to_hub)",
     )
-    h.add_argument("--hub-model-id", help="Hub repository for --push-to-hub (the Trainer's hub_model_id)")
+    h.add_argument(
+        "--hub-model-id",
+        help="Hub repository for --push-to-hub (the Trainer's hub_model_id; default: the --out folder's name)",
+    )
 
 
 def config_from_args(args: argparse.Namespace, **over: Any) -> PretrainConfig:
@@ -320,10 +327,17 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resume", action="store_true", help="keep finished runs, continue interrupted ones")
     p.add_argument("--overwrite", action="store_true", help="start every run again")
-    add_model_data_arguments(p)  # also annotates the ranges in --help
+    # also annotates the ranges in --help
+    add_model_data_arguments(p, quiet_help="print the result tables only (no log lines, no progress bars)")
+    p.epilog = (
+        "Intervals: with one seed, each final loss and paired difference from the first scheme gets a 95% "
+        "bootstrap interval over the shared validation blocks and masks; with several seeds, a Student-t interval "
+        "over seeds. A warning says when the validation set is too small for the differences: fewer than 100 "
+        "validation blocks, or (one seed) a difference whose interval includes 0; --valid-every sets its size."
+    )
 
 
-DEMO_STEPS = 1200  # fits 15 minutes on a quiet 2-core machine with two runs side by side (README)
+DEMO_STEPS = 1400  # fits 15 minutes on a quiet 2-core machine with two runs side by side (README)
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -333,9 +347,21 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--schemes", default="bert-a,tupe-a", help="schemes to compare (default: bert-a,tupe-a)")
     p.add_argument("--max-steps", type=V.positive_int, help=f"steps per scheme (default {DEMO_STEPS})")
-    p.add_argument("--corpus", nargs="+", metavar="PATH", help="another corpus (default: the built-in one)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache-dir", help="tokenizer/data cache (default $TUPE_CACHE or ~/.cache/tupe)")
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        metavar="PATH",
+        help="another corpus, as `tupe pretrain --corpus` takes it (default: the built-in one)",
+    )
+    p.add_argument(
+        "--text-column", default="text", help="column of a parquet/JSON/`datasets` corpus (default: text)"
+    )
+    p.add_argument("--seed", type=V.seed_int, default=0, help="seed of both runs (default 0)")
+    p.add_argument(
+        "--cache-dir",
+        type=V.nonempty_path,
+        help="tokenizer/data cache (default $TUPE_CACHE or ~/.cache/tupe)",
+    )
     p.add_argument("--overwrite", action="store_true", help="start again instead of reusing runs in --out")
     p.add_argument(
         "--parallel",

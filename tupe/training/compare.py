@@ -13,7 +13,12 @@ Outputs in DIR:
 - `compare_summary.json`: per scheme the final loss (mean ± std over seeds), the step each run left the plateau
   (validation loss 1 nat below the unigram baseline), the steps it needed to reach the first scheme's final loss
   of the same seed (the paper's "TUPE needs 30% of the steps", Fig. 5a), and the paired difference from the first
-  scheme with a Student-t interval over seeds.
+  scheme with a Student-t interval over seeds; with one seed, `paired`: each final loss and paired difference
+  with a 95% bootstrap interval over the shared validation blocks and masks (printed too).
+
+A one-line warning (stderr, and `warning` in the summary) says when the validation set is too small for what is
+reported: fewer than 100 validation blocks (`tupe.training.paired.MIN_VALID_BLOCKS`), or, with one seed, a
+paired difference whose 95% interval includes 0.
 
 With `--resume`, finished runs are kept and interrupted ones continue from their latest checkpoint.
 """
@@ -26,7 +31,9 @@ import dataclasses
 import io
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -105,11 +112,22 @@ def _child(cfg: PretrainConfig, log_path: str) -> None:  # pragma: no cover - ru
     os.dup2(fd, 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    from tupe.training.reporting import hushed_libraries
+
     try:
-        pretrain(cfg)
+        with hushed_libraries(cfg.progress, cfg.quiet):
+            pretrain(cfg)
     except TupeError as e:
         print(f"error: {e}", flush=True)
         sys.exit(2)
+
+
+class _Terminated(Exception):
+    """SIGTERM received by the parent of parallel runs."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
 
 
 def _train_parallel(
@@ -132,6 +150,11 @@ def _train_parallel(
     total = sum(int(c.resolved()["max_steps"]) for _, c in jobs)
     bar = tqdm(total=total, desc="pre-training", unit="step", disable=not progress, dynamic_ncols=True)
     done_steps: dict[str, int] = {}
+    # A SIGTERM (a scheduler, `kill`) must stop the runs too: without this the parent dies and its runs go on
+    # as orphans, holding the cores, with nobody to collect them.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while pending or active:
             while pending and len(active) < parallel:
@@ -156,12 +179,26 @@ def _train_parallel(
             bar.n = sum(done_steps.values())
             bar.set_postfix_str(", ".join(f"{n} {done_steps.get(n, 0)}" for n in active), refresh=False)
             bar.refresh()
-    except KeyboardInterrupt:
-        for proc, *_ in active.values():  # they got the SIGINT too: let them checkpoint and stop
-            proc.join(timeout=120)
+    except (KeyboardInterrupt, _Terminated) as err:
+        for proc, *_ in active.values():
+            if isinstance(err, _Terminated):  # Ctrl-C reaches the whole group, a SIGTERM only this process
+                proc.terminate()  # each run checkpoints at the end of its step and stops
+        for proc, *_ in active.values():
+            proc.join(timeout=300)
+        what = "stopped by SIGTERM" if isinstance(err, _Terminated) else "interrupted"
+        print(
+            f"tupe compare: {what}; finished runs are kept, the ones in progress ({', '.join(active)}) saved a "
+            f"checkpoint (see {log_dir}): run the same command with --resume to continue",
+            file=sys.stderr,
+            flush=True,
+        )
+        if isinstance(err, _Terminated):
+            raise SystemExit(143) from None
         raise
     finally:
         bar.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if failed:
         raise TupeError("runs failed: " + "; ".join(failed) + " (rerun with --resume to continue them)")
 
@@ -173,9 +210,24 @@ def compare(
     parallel: int = 1,
     log=print,  # noqa: ANN001
 ) -> dict[str, Any]:
-    """Pre-train every (scheme, seed) with `base`'s settings under `base.out` and summarise."""
-    out = Path(base.out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    """Pre-train every (scheme, seed) with `base`'s settings under `base.out` and summarise; one comparison
+    writes `base.out` at a time (its lock; each run's folder has its own)."""
+    from tupe.io.files import folder_lock
+    from tupe.validators import check_out_folder
+
+    out = check_out_folder("--out", base.out)
+    with folder_lock(out, "tupe compare"):
+        return _compare(base, out, schemes, seeds, parallel, log)
+
+
+def _compare(
+    base: PretrainConfig,
+    out: Path,
+    schemes: list[str],
+    seeds: list[int] | None,
+    parallel: int,
+    log,  # noqa: ANN001
+) -> dict[str, Any]:
     seeds = seeds or [base.seed]
     max_steps = int(base.resolved()["max_steps"])
     dirs = run_dirs(out, schemes, seeds)
@@ -262,9 +314,45 @@ def summarize(out: Path, schemes: list[str], seeds: list[int] | None = None) -> 
         "stats": stats,
         "plot": str(png),
         "table": table,
+        **_paired_or_size(dirs, schemes, seeds),
     }
     atomic_write_text(out / "compare_summary.json", json.dumps(summary, indent=1))
     return summary
+
+
+def _paired_or_size(
+    dirs: dict[tuple[str, int], Path], schemes: list[str], seeds: list[int]
+) -> dict[str, Any]:
+    """One seed: each scheme's final loss and its paired difference from the first, with 95% bootstrap
+    intervals over the shared validation blocks and masks (`paired`, and `paired_table` to print). Several
+    seeds: the Student-t interval over seeds is in the table already. Either way `warning`: a line when the
+    validation set is too small for the differences reported (tupe.training.paired.MIN_VALID_BLOCKS)."""
+    from tupe.training.paired import paired_comparison, validation_warning
+
+    if len(seeds) > 1:
+        try:
+            blocks = json.loads((dirs[(schemes[0], seeds[0])] / SUMMARY_FILE).read_text())["valid_blocks"]
+        except (OSError, json.JSONDecodeError, KeyError):
+            return {"warning": None}
+        return {"warning": validation_warning(int(blocks))}
+    seed = seeds[0]
+    paired = paired_comparison({s: dirs[(s, seed)] for s in schemes}, reference=schemes[0], seed=seed)
+    size = paired["validation"]
+    lines = [
+        f"Final validation loss, 95% bootstrap CI over the {size['blocks']:,} shared validation blocks "
+        f"({size['masked_tokens']:,} masked tokens, same masks):"
+    ]
+    width = max(len(f"{s} - {schemes[0]}") for s in schemes) + 2
+    for name in [*schemes, *(f"{s} - {schemes[0]}" for s in schemes[1:])]:
+        d = paired[name]
+        sign = "+" if " - " in name else ""
+        ci = "" if d["low"] is None else f"   [{d['low']:{sign}.3f}, {d['high']:{sign}.3f}]"
+        lines.append(f"  {name:<{width}}{d['value']:{sign}8.3f}{ci}" + ("  paired" if " - " in name else ""))
+    return {
+        "paired": paired,
+        "paired_table": "\n".join(lines),
+        "warning": validation_warning(size["blocks"], size["masked_tokens"], paired),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -272,8 +360,22 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds) if args.seeds else None
     if args.parallel < 1:
         raise TupeError(f"--parallel must be at least 1, got {args.parallel}")
-    summary = compare(config_from_args(args, scheme=schemes[0]), schemes, seeds=seeds, parallel=args.parallel)
+    from tupe.training.reporting import hushed_libraries
+
+    def log(msg: str) -> None:
+        if not args.quiet:
+            print(msg, flush=True)
+
+    with hushed_libraries(args.progress, args.quiet):  # no "Writing model shards" bars with --quiet
+        summary = compare(
+            config_from_args(args, scheme=schemes[0]), schemes, seeds=seeds, parallel=args.parallel, log=log
+        )
     print()
     print(summary["table"])
+    if summary.get("paired_table"):
+        print(summary["paired_table"])
+        print()
     print(f"plot: {summary['plot']}")
+    if summary.get("warning"):
+        print(summary["warning"], file=sys.stderr)
     return 0

@@ -16,6 +16,7 @@ Running it again reuses finished runs and continues interrupted ones (`--overwri
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -83,7 +84,6 @@ def verdict(stats: dict[str, Any], paired: dict[str, dict[str, float | None]], s
 
 def run(args: argparse.Namespace) -> int:
     from tupe.training.compare import compare, parse_schemes
-    from tupe.training.paired import paired_comparison
     from tupe.training.pretrain import PretrainConfig
 
     schemes = parse_schemes(args.schemes)
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         scheme=schemes[0],
         corpus=args.corpus,
+        text_column=args.text_column,
         preset="mini",
         max_steps=steps,
         seed=args.seed,
@@ -102,9 +103,12 @@ def run(args: argparse.Namespace) -> int:
         progress=args.progress,
         threads=1,
     )
-    summary = compare(base, schemes, parallel=max(1, args.parallel))
+    from tupe.training.reporting import hushed_libraries
+
+    with hushed_libraries(args.progress):  # --no-progress: no library bars either
+        summary = compare(base, schemes, parallel=max(1, args.parallel))
     stats = summary["stats"]
-    paired = paired_comparison(dict(summary["runs"]), reference=schemes[0], seed=args.seed)
+    paired = summary["paired"]  # one seed: compare measured the paired intervals
     uni = stats["unigram_loss"]
     print()
     print(f"Validation masked-LM loss after {steps:,} steps (nats per masked token, 95% bootstrap CI):")
@@ -126,5 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     minutes = (time.perf_counter() - t0) / 60
     print(f"\nplot: {summary['plot']}")
+    if summary.get("warning"):
+        print(summary["warning"], file=sys.stderr)
     print(f"demo finished in {minutes:.1f} min; outputs in {args.out}")
     return 0

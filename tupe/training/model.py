@@ -24,24 +24,7 @@ def check_scheme(scheme: str) -> None:
 def model_config(config: Any, values: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
     """The model's config values for a run (`config`: a `PretrainConfig`, `values`: its resolved preset values);
     recorded in `tupe_run.json` as part of the run's identity."""
-    if config.scheme == HF_BERT:
-        # transformers' stock BERT at the same shape: learned absolute positions added to the input, token-type
-        # embeddings (one type used), LayerNorm eps 1e-12, the MLM head on every position (its own code path)
-        return dict(
-            model_type="bert",
-            vocab_size=len(tokenizer),
-            hidden_size=int(values["hidden_size"]),
-            num_hidden_layers=int(values["num_hidden_layers"]),
-            num_attention_heads=int(values["num_attention_heads"]),
-            intermediate_size=int(values["intermediate_size"]),
-            max_position_embeddings=int(values["max_length"]),
-            position_scheme=HF_BERT,
-            hidden_dropout_prob=float(values["dropout"]),
-            attention_probs_dropout_prob=float(values["dropout"]),
-            sparse_prediction=False,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    return dict(
+    shape = dict(
         vocab_size=len(tokenizer),
         hidden_size=int(values["hidden_size"]),
         num_hidden_layers=int(values["num_hidden_layers"]),
@@ -51,8 +34,15 @@ def model_config(config: Any, values: dict[str, Any], tokenizer: Any) -> dict[st
         position_scheme=config.scheme,
         hidden_dropout_prob=float(values["dropout"]),
         attention_probs_dropout_prob=float(values["dropout"]),
-        sparse_prediction=not config.dense_prediction,
         pad_token_id=tokenizer.pad_token_id,
+    )
+    if config.scheme == HF_BERT:
+        # transformers' stock BERT at the same shape: learned absolute positions added to the input, token-type
+        # embeddings (one type used), LayerNorm eps 1e-12, the MLM head on every position (its own code path)
+        return dict(model_type="bert", **shape, sparse_prediction=False)
+    return dict(
+        **shape,
+        sparse_prediction=not config.dense_prediction,
         cls_token_id=tokenizer.cls_token_id,
         sep_token_id=tokenizer.sep_token_id,
         mask_token_id=tokenizer.mask_token_id,

@@ -10,7 +10,7 @@ from typing import Any
 from tupe.errors import TupeError
 
 # The CPU recipe: 1,800 steps of 32 x 128 tokens, about 10 minutes on one core of a quiet 2-core machine
-# (`tupe demo` runs it for 1,200 steps, two schemes side by side). Warm-up 100 and peak lr 1e-3 (3e-3 kept BERT-A at the unigram loss; see
+# (`tupe demo` runs it for 1,400 steps, two schemes side by side). Warm-up 100 and peak lr 1e-3 (3e-3 kept BERT-A at the unigram loss; see
 # docs/RESULTS.md for the exploration); dropout 0 because a few thousand steps underfit; 1 block in 50 held out
 # (425 validation blocks of the built-in corpus, ~8,000 masked tokens per evaluation).
 _MINI: dict[str, Any] = dict(

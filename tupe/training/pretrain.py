@@ -6,7 +6,8 @@ linear decay, weight decay, clipping, accumulation, bf16/fp16 on GPUs, checkpoin
 `metrics.jsonl` and TensorBoard logs. Multi-process with `torchrun --nproc_per_node N -m tupe pretrain ...`.
 
 The output directory ends up holding the model and tokenizer (load with `AutoModelForMaskedLM.from_pretrained`
-after `import tupe`), `metrics.jsonl`, `tensorboard/`, `checkpoint-N/` folders and `tupe_run.json`.
+after `import tupe`), `metrics.jsonl`, `tensorboard/`, `checkpoint-N/` folders, `tupe_run.json` and
+`tupe_files.json` (what tupe wrote there: all that --overwrite removes).
 
 This module is the orchestration only; the parts: `arguments` (options, presets), `tupe.data.prepare_data`
 (data), `run_folder` (the output folder), `model` (`build_model`), `trainer` (the Trainer customisation).
@@ -55,6 +56,7 @@ from tupe.training.run_folder import (  # noqa: F401  (re-exported)
     _truncate_metrics,
     _wipe,
     check_out_dir,
+    record_written,
 )
 from tupe.training.trainer import (
     LogLastStepCallback,
@@ -221,6 +223,7 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
                         f"--overwrite: kept {len(kept)} file(s) tupe did not write in {out}: {', '.join(kept[:5])}"
                     )
             out.mkdir(parents=True, exist_ok=True)
+            record_written(out, RUN_FILE, METRICS_FILE)  # before writing them: see run_folder
             for stale in out.glob(".tmp-checkpoint-*"):  # a save cut by a kill
                 shutil.rmtree(stale, ignore_errors=True)
             atomic_write_text(
@@ -300,9 +303,18 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
         passes_per_step=int(v["batch_size"]) / len(train_idx),
     )
     trainer.nonfinite_skipped = nonfinite_skipped
-    point_tensorboard(
-        trainer, out / "tensorboard"
-    )  # --report-to tensorboard: the Trainer's callback, our folder
+
+    # --report-to tensorboard: the Trainer's callback, our folder
+    def kept() -> str:  # what a failed TensorBoard write leaves (it stops the run)
+        last = list_checkpoints(out)
+        where = f"the latest checkpoint {last[0]}" if last else "no checkpoint yet"
+        return (
+            f"the run stopped at step {trainer.state.global_step}; {where} and {METRICS_FILE} are kept: free "
+            "space and rerun with --resume"
+        )
+
+    if point_tensorboard(trainer, out / "tensorboard", kept) and main:
+        record_written(out, "tensorboard")
     if config.quiet or not main:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -349,6 +361,7 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
         "nonfinite_skipped": trainer.nonfinite_skipped,
     }
     if main:
+        record_written(out, "README.md", SUMMARY_FILE)
         _write_card(out, config, v, corpus, len(train_idx), summary)
         atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))  # last: marks the run finished
         log(f"done: {summary['steps']} steps, validation loss {final_eval:.4f}; model saved to {out}")

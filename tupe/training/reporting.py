@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +30,15 @@ def parse_report_to(text: str | list[str] | None) -> list[str]:
     return items
 
 
-def add_report_arguments(p: argparse.ArgumentParser | Any, hub: bool = True) -> None:
-    """--report-to (and, for commands that save one model, --push-to-hub and --hub-model-id)."""
+def add_report_arguments(p: argparse.ArgumentParser | Any) -> None:
+    """--report-to, worded alike in `pretrain`, `compare` and `glue` (each adds its own Hub flags: what is pushed
+    differs)."""
     p.add_argument(
         "--report-to",
         metavar="NAME[,NAME]",
         help="where the Trainer sends metrics, as its report_to: tensorboard, wandb, mlflow, all, none... "
         "(default: tensorboard where installed, else none)",
     )
-    if hub:
-        p.add_argument(
-            "--push-to-hub",
-            action="store_true",
-            help="push the saved model to the Hugging Face Hub (the Trainer's push_to_hub; needs a login)",
-        )
-        p.add_argument(
-            "--hub-model-id", help="Hub repository name for --push-to-hub (the Trainer's hub_model_id)"
-        )
 
 
 def trainer_reporting(
@@ -59,16 +51,40 @@ def trainer_reporting(
     return kw
 
 
-def point_tensorboard(trainer: Any, logging_dir: str | Path) -> bool:
-    """Make the Trainer's own `TensorBoardCallback` (added by report_to) write to `logging_dir`; False if none."""
+def point_tensorboard(trainer: Any, logging_dir: str | Path, kept: Callable[[], str] | None = None) -> bool:
+    """Make the Trainer's own `TensorBoardCallback` (added by report_to) write to `logging_dir`; False if none.
+
+    A failed TensorBoard write (disk full, I/O error; the event writer raises it on the next event) ends the
+    command with one line naming `logging_dir` and `kept()`, what was kept, instead of a bare OSError."""
     from transformers.integrations import TensorBoardCallback
 
     found = False
     for cb in trainer.callback_handler.callbacks:
         if isinstance(cb, TensorBoardCallback):
             cb.logging_dir = str(logging_dir)
+            _guard_writes(cb, Path(logging_dir), kept or (lambda: "the files written before are kept"))
             found = True
     return found
+
+
+def _guard_writes(callback: Any, folder: Path, kept: Callable[[], str]) -> None:
+    """Wrap the callback's event methods (the CallbackHandler looks them up on the instance) so that a write
+    failure becomes a `WriteError` naming `folder`."""
+    from tupe.io.files import WriteError, is_write_failure, write_error
+
+    def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except Exception as err:
+                if isinstance(err, WriteError) or not is_write_failure(err):
+                    raise
+                raise write_error(folder, err, f"TensorBoard logging failed; {kept()}") from None
+
+        return call
+
+    for event in ("on_train_begin", "on_log", "on_train_end"):
+        setattr(callback, event, guarded(getattr(callback, event)))
 
 
 @contextlib.contextmanager

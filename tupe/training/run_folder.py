@@ -3,6 +3,11 @@
 `tupe_run.json` records the run's identity (scheme, model, data, optimiser); a folder holding another run is
 refused unless --overwrite, one holding this run unless --resume or --overwrite, and a folder that is not a tupe
 run is never wiped.
+
+`tupe_files.json` records every name tupe wrote at the top of the folder, each added *before* it is written, so a
+kill never leaves an unrecorded file of tupe's; --overwrite removes exactly those and keeps anything else (a
+user's notes, `tupe analyze` or `tupe glue` outputs), naming what it kept. Folders written before the record
+existed fall back to tupe's known output names.
 """
 
 from __future__ import annotations
@@ -13,34 +18,18 @@ import shutil
 from pathlib import Path
 
 from tupe.errors import TupeError
-from tupe.io.files import atomic_write_text
+from tupe.io.files import atomic_write_json, atomic_write_text
 
 RUN_FILE = "tupe_run.json"
+WRITTEN_FILE = "tupe_files.json"  # the names tupe wrote at the top of the run folder
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "pretrain_summary.json"
 RUN_FORMAT = 1
-# files a tupe run writes at the top of its folder (anything else makes --overwrite refuse to wipe the folder)
-_RUN_ARTIFACTS_PREFIXES = (
-    "checkpoint-",
-    ".tmp-checkpoint-",
-    "tensorboard",
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer",
-    "special_tokens_map.json",
-    "training_args.bin",
-    "modeling_tupe.py",
-    "configuration_tupe.py",
-    "positional.py",
-    "kernels.py",
-    "conversion.py",
-    METRICS_FILE,
-    SUMMARY_FILE,
-    RUN_FILE,
-)
+WRITTEN_FORMAT = 1
+LOCK_FILES = (".lock", ".lock.info")
 
-
+# Known names: only for folders without a record (written by an older tupe), and to adopt such a folder's files
+# into the record the first time a newer tupe writes there.
 _RUN_ARTIFACT_NAMES = {
     "tensorboard",
     "config.json",
@@ -60,21 +49,60 @@ _RUN_ARTIFACT_NAMES = {
     "kernels.py",
     "conversion.py",
     ".tmp-final",
-    ".lock",
-    ".lock.info",
     METRICS_FILE,
     SUMMARY_FILE,
     RUN_FILE,
 }
+_CHECKPOINT_NAME = re.compile(r"^(\.tmp-)?checkpoint-\d+(-old)?$")  # checkpoints and their staging folders
 # checkpoints, their staging folders, and atomic_write_text's temporary files (".NAME.XXXX.tmp")
-_RUN_ARTIFACT_PATTERN = re.compile(r"^(\.tmp-)?checkpoint-\d+(-old)?$|^\.[^/]+\.tmp$")
-LOCK_FILES = (".lock", ".lock.info")
+_RUN_ARTIFACT_PATTERN = re.compile(_CHECKPOINT_NAME.pattern + r"|^\.[^/]+\.tmp$")
+_TEMP_OF = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")  # atomic_write_*'s temporary file of NAME
 
 
 def is_run_artifact(name: str) -> bool:
-    """Whether `name` (an entry at the top of a run folder) is one `tupe pretrain` writes; only those are ever
-    deleted by --overwrite (a user's notes, `tupe analyze` or `tupe glue` outputs kept in the folder are not)."""
+    """Whether `name` (an entry at the top of a run folder) is one of the names `tupe pretrain` writes: the rule
+    for folders without a `tupe_files.json` record (written by an older tupe)."""
     return name in _RUN_ARTIFACT_NAMES or bool(_RUN_ARTIFACT_PATTERN.match(name))
+
+
+def read_written(out: Path) -> set[str] | None:
+    """The names recorded in `out/tupe_files.json`; None without a readable record (an older tupe's folder)."""
+    try:
+        record = json.loads((out / WRITTEN_FILE).read_text())
+        names = record["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return set(names)
+
+
+def record_written(out: Path, *names: str) -> None:
+    """Add `names` (entries at the top of `out`) to the record, before they are written: a kill between the two
+    leaves a recorded name that does not exist (harmless), never a file of tupe's that --overwrite would keep.
+
+    The first record made in a folder of an older tupe adopts the entries its known-names rule claims."""
+    recorded = read_written(out)
+    if recorded is None:
+        recorded = {p.name for p in out.iterdir() if is_run_artifact(p.name)} if out.is_dir() else set()
+    if set(names) <= recorded and (out / WRITTEN_FILE).is_file():
+        return
+    _write_record(out, recorded | set(names))
+
+
+def _write_record(out: Path, names: set[str]) -> None:
+    atomic_write_json(out / WRITTEN_FILE, {"format": WRITTEN_FORMAT, "files": sorted(names)})
+
+
+def is_owned(name: str, recorded: set[str] | None) -> bool:
+    """Whether the entry `name` at the top of a run folder is tupe's: recorded (or the temporary file of a
+    recorded name), or, without a record, one of tupe's known names."""
+    if recorded is None:
+        return is_run_artifact(name)
+    if name in recorded:
+        return True
+    m = _TEMP_OF.match(name)
+    return m is not None and (m["name"] in recorded or m["name"] == WRITTEN_FILE)
 
 
 def _identity_diff(old: dict, new: dict) -> list[str]:
@@ -98,13 +126,17 @@ def check_out_dir(out: Path, identity: dict, resume: bool, overwrite: bool) -> s
     """
     if out.exists() and not out.is_dir():
         raise TupeError(f"--out {out} is a file, not a folder")
-    entries = [p for p in out.iterdir() if p.name not in LOCK_FILES] if out.exists() else []
+    entries = [p for p in out.iterdir() if p.name not in (*LOCK_FILES, WRITTEN_FILE)] if out.exists() else []
     if not entries:
         return "fresh"
     run_file = out / RUN_FILE
+    recorded = read_written(out)
+    _refuse_clobbering(out, recorded, entries)
     if not run_file.exists():
-        foreign = [p.name for p in entries if not is_run_artifact(p.name)]
-        if foreign:
+        foreign = [p.name for p in entries if not is_owned(p.name, recorded)]
+        if recorded is not None and not [p for p in entries if is_owned(p.name, recorded)]:
+            return "fresh"  # only files tupe did not write, left by an earlier --overwrite: they are kept
+        if foreign and recorded is None:
             raise TupeError(
                 f"--out {out} is not empty and is not a tupe run folder (it holds {foreign[0]!r}); choose a new --out"
             )
@@ -124,24 +156,42 @@ def check_out_dir(out: Path, identity: dict, resume: bool, overwrite: bool) -> s
     return _refuse(out, "already holds this run")
 
 
+def _refuse_clobbering(out: Path, recorded: set[str] | None, entries: list[Path]) -> None:
+    """A file tupe did not write but would write over (a user's README.md where the model card goes) stops the run
+    before any work, not hours later when the card or final model is saved."""
+    clash = [
+        p.name
+        for p in entries
+        if not is_owned(p.name, recorded)
+        and (p.name in _RUN_ARTIFACT_NAMES or _CHECKPOINT_NAME.match(p.name))
+    ]
+    if clash:
+        raise TupeError(
+            f"--out {out} holds {clash[0]!r}, which tupe did not write there but would overwrite; move it away"
+        )
+
+
 def _refuse(out: Path, why: str) -> str:
     raise TupeError(f"--out {out} {why}; pass --resume to continue it or --overwrite to start again")
 
 
 def _wipe(out: Path) -> list[str]:
-    """--overwrite: delete what `tupe pretrain` wrote in `out` (never its lock), keep everything else; returns the
-    names kept (foreign files: a user's notes, `tupe analyze` / `tupe glue` outputs)."""
+    """--overwrite: delete what tupe wrote in `out` (from its record, else by tupe's known names; never the lock),
+    keep everything else; returns the names kept (foreign files: a user's notes, `tupe analyze` / `tupe glue`
+    outputs). The record is emptied last, so an --overwrite killed half-way is finished by the next one."""
+    recorded = read_written(out)
     kept = []
     for p in sorted(out.iterdir()):
-        if p.name in LOCK_FILES:
+        if p.name in LOCK_FILES or p.name == WRITTEN_FILE:
             continue
-        if not is_run_artifact(p.name):
+        if not is_owned(p.name, recorded):
             kept.append(p.name + ("/" if p.is_dir() else ""))
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink()
+    _write_record(out, set())
     return kept
 
 

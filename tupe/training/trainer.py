@@ -25,6 +25,7 @@ from transformers import Trainer, TrainerCallback
 from tupe.errors import TupeError
 from tupe.io.files import fsync_dir, fsync_tree, is_write_failure, write_error
 from tupe.training.checkpointing import find_latest_checkpoint, first_nonfinite_parameter, write_manifest
+from tupe.training.run_folder import record_written
 
 
 class MetricsCallback(TrainerCallback):
@@ -339,8 +340,10 @@ class PretrainTrainer(Trainer):
                 f"parameter {bad} is not finite after step {self.state.global_step}; the run stopped without "
                 f"saving {name} (earlier checkpoints are kept): lower --lr or raise --warmup-steps"
             )
-        if self.args.should_save and os.path.exists(staging):
-            shutil.rmtree(staging)
+        if self.args.should_save:
+            record_written(Path(run_dir), f".tmp-{name}", name, f".tmp-{name}-old")  # before writing them
+            if os.path.exists(staging):
+                shutil.rmtree(staging)
         self.accelerator.wait_for_everyone()
         self._staging_root = staging
         try:
@@ -398,6 +401,7 @@ def save_final_model(trainer: Trainer, out: Path) -> None:
     model.safetensors (or tokenizer file) under its final name."""
     staging = out / ".tmp-final"
     if trainer.args.should_save:
+        record_written(out, staging.name)
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
     try:
@@ -414,6 +418,7 @@ def save_final_model(trainer: Trainer, out: Path) -> None:
             f"the final model was not saved; the checkpoints in {out} are kept: free space and rerun with --resume",
         ) from None
     if trainer.args.should_save:
+        record_written(out, *(p.name for p in staging.iterdir()))
         for p in sorted(staging.iterdir()):
             os.replace(p, out / p.name)
         fsync_dir(str(out))
