@@ -144,6 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tupe {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _end_process_group()
+
+
+def _end_process_group() -> None:
+    """Destroy the process group a torchrun launch created (the Trainer opens it, nobody closes it): left to
+    interpreter teardown, gloo's worker threads can abort the process ("terminate called without an active
+    exception", exit -6) after a run that finished correctly."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
