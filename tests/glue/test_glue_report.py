@@ -179,3 +179,33 @@ def test_report_majority_baseline_and_subsets(tmp_path):
     assert "| majority class | - | 35.40/35.20 | 0.00 | 23.53 |" in md  # no steps: not a model
     assert "‡ trained or scored on a subset of the task" in md
     assert "majority class: always predicting the most frequent dev label" in md
+
+
+def test_report_says_whether_each_model_beats_the_majority_on_every_seed(tmp_path):
+    def with_seeds(d, scores, majority):
+        data = json.loads((d / "results.json").read_text())
+        data["main_split"], data["main_metric"] = (
+            ("dev", "mcc") if data["task"] == "CoLA" else ("dev", "accuracy")
+        )
+        data["per_lr"] = {
+            "2e-05": {"lr": 2e-5, "main_scores": scores},
+            "1e-04": {"lr": 1e-4, "main_scores": [0.99]},
+        }
+        data["data"] = {"dev_majority_accuracy": {"dev": majority}}
+        (d / "results.json").write_text(json.dumps(data))
+
+    a = _results(tmp_path, "a", "MRPC", "tupe-a", 100, "aa", {"dev": {"accuracy": 0.70}})
+    with_seeds(a, [0.69, 0.70, 0.71], 0.684)
+    b = _results(tmp_path, "b", "MRPC", "bert-a", 100, "bb", {"dev": {"accuracy": 0.684}})
+    with_seeds(b, [0.684, 0.70, 0.684], 0.684)
+    c = _results(tmp_path, "c", "CoLA", "bert-a", 100, "bb", {"dev": {"mcc": 0.0}})
+    with_seeds(c, [None, 0.0, 0.0], 0.69)
+    md, _ = make_report([str(tmp_path)])
+    # the lowest seed of the best lr (2e-5, not the other lr's 0.99) is compared with the majority class
+    assert (
+        "- TUPE-A 100, MRPC: beats it on every seed (lowest 69.00); seeds 69.00, 70.00, 71.00 vs 68.40" in md
+    )
+    assert (
+        "- BERT-A 100, MRPC: not beyond the seed spread (some seeds at or below it); seeds 68.40, 70.00" in md
+    )
+    assert "- BERT-A 100, CoLA: no seed above it; seeds undefined, 0.00, 0.00 vs 0.00" in md

@@ -80,6 +80,9 @@ class Row:
     incomplete: set[str] = field(default_factory=set)  # columns whose grid is not finished
     details: dict[str, str] = field(default_factory=dict)  # task -> "best lr 2e-05, 5 seeds, f1 90.1"
     off_protocol: set[str] = field(default_factory=set)  # tasks run with settings other than the paper's
+    seed_scores: dict[str, list[float | None]] = field(
+        default_factory=dict
+    )  # column -> best lr's seeds x 100
 
 
 def protocol_differences(data: dict[str, Any]) -> list[str]:
@@ -184,6 +187,14 @@ def build_rows(paths: list[Path]) -> list[Row]:
                         row.incomplete.add(col)
                     if subset:  # an MNLI subset is not MNLI-m: the cell says so
                         row.incomplete.add(col + "#subset")
+        main_col = next(
+            (c for c, task, split, metric in COLUMNS
+             if task == data["task"] and split == data.get("main_split") and metric == data.get("main_metric")),
+            None,
+        )  # fmt: skip
+        best_lr = next((e for e in (data.get("per_lr") or {}).values() if e.get("lr") == best["lr"]), None)
+        if main_col is not None and best_lr and best_lr.get("main_scores"):
+            row.seed_scores[main_col] = [None if v is None else 100.0 * v for v in best_lr["main_scores"]]
         others = [
             f"{split.replace('dev_', '')} {m} {100 * v:.2f}"
             if len(best["median"]) > 1
@@ -332,7 +343,11 @@ def render(rows: list[Row]) -> tuple[str, str]:
     for r in rows:
         for task, text in r.details.items():
             details.append(f"- {r.name} {format_steps(r.steps)}, {task}: {text}")
-    md = "\n".join(lines + notes + ([""] + details if details else [])) + "\n"
+    baseline = next((r for r in rows if r.source == "baseline"), None)
+    versus = majority_verdicts(rows, baseline) if baseline is not None else []
+    if versus:
+        versus = ["", "Against the majority class (every seed of the best learning rate):", *versus]
+    md = "\n".join(lines + notes + ([""] + details if details else []) + versus) + "\n"
 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -351,6 +366,29 @@ def render(rows: list[Row]) -> tuple[str, str]:
             ]
         )
     return md, buf.getvalue()
+
+
+def majority_verdicts(rows: list[Row], baseline: Row) -> list[str]:
+    """Whether each model beats the majority class beyond the seed spread: a median above it can be one lucky
+    seed, so the lowest seed decides (an undefined score, a constant prediction, counts as no better)."""
+    out = []
+    for r in rows:
+        for col, scores in r.seed_scores.items():
+            if col not in baseline.cells or not scores:
+                continue
+            base = baseline.cells[col]
+            known = [v for v in scores if v is not None]
+            low = min(known) if len(known) == len(scores) else None
+            high = max(known) if known else None
+            spread = ", ".join("undefined" if v is None else f"{v:.2f}" for v in scores)
+            if low is not None and low > base:
+                how = f"beats it on every seed (lowest {low:.2f})"
+            elif high is not None and high > base:
+                how = "not beyond the seed spread (some seeds at or below it)"
+            else:
+                how = "no seed above it"
+            out.append(f"- {r.name} {format_steps(r.steps)}, {col}: {how}; seeds {spread} vs {base:.2f}")
+    return out
 
 
 def make_report(paths: list[str], include_paper: bool = False) -> tuple[str, str]:
