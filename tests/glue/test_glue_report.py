@@ -209,3 +209,13 @@ def test_report_says_whether_each_model_beats_the_majority_on_every_seed(tmp_pat
         "- BERT-A 100, MRPC: not beyond the seed spread (some seeds at or below it); seeds 68.40, 70.00" in md
     )
     assert "- BERT-A 100, CoLA: no seed above it; seeds undefined, 0.00, 0.00 vs 0.00" in md
+
+
+def test_a_subset_cell_is_not_called_unfinished(tmp_path):
+    d = _results(tmp_path, "sst", "SST-2", "tupe-a", 100, "aa", {"dev": {"accuracy": 0.7}})
+    data = json.loads((d / "results.json").read_text())
+    data["settings"] = {"max_train_samples": 8000}
+    (d / "results.json").write_text(json.dumps(data))
+    md, _ = make_report([str(tmp_path)])
+    assert "70.00‡" in md and "‡ trained or scored on a subset" in md
+    assert "not finished" not in md and "†" not in md

@@ -335,7 +335,7 @@ def render(rows: list[Row]) -> tuple[str, str]:
         notes.append(
             "Paper rows: Ke et al. (ICLR 2021), Table 1, BERT-Base; their Avg recomputed over these columns."
         )
-    if any(r.incomplete for r in rows):
+    if any(not k.endswith("#subset") for r in rows for k in r.incomplete):
         notes.append("† the lr x seed grid of this cell is not finished.")
     if any(r.off_protocol for r in rows):
         notes.append("Some cells come from settings other than the paper's protocol: see the list below.")
