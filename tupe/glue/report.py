@@ -2,7 +2,8 @@
 
 One row per fine-tuned checkpoint (named by its position scheme and pre-training steps), the paper's columns
 (MNLI-m/mm, QNLI, QQP, SST, CoLA, MRPC, RTE, STS) with each task's best-learning-rate median x 100, and the
-average over the columns present. `--paper` adds the paper's BERT-Base rows (Ke et al., ICLR 2021, Table 1), averaged
+average over the columns every row has; a majority-class row, and per model and task whether every seed of the
+best learning rate beats it. `--paper` adds the paper's BERT-Base rows (Ke et al., ICLR 2021, Table 1), averaged
 over the same columns so the numbers compare.
 """
 
