@@ -81,9 +81,8 @@ class Row:
     incomplete: set[str] = field(default_factory=set)  # columns whose grid is not finished
     details: dict[str, str] = field(default_factory=dict)  # task -> "best lr 2e-05, 5 seeds, f1 90.1"
     off_protocol: set[str] = field(default_factory=set)  # tasks run with settings other than the paper's
-    seed_scores: dict[str, list[float | None]] = field(
-        default_factory=dict
-    )  # column -> best lr's seeds x 100
+    # column -> the best learning rate's per-seed main scores x 100 (None: undefined)
+    seed_scores: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 def protocol_differences(data: dict[str, Any]) -> list[str]:
