@@ -46,7 +46,12 @@ from tupe.glue.tasks import TASKS, Split, get_task
 from tupe.glue.trainer import _progress_callback, read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
 from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
-from tupe.training.reporting import add_report_arguments, hushed_libraries, parse_report_to
+from tupe.training.reporting import (
+    add_hub_arguments,
+    add_report_arguments,
+    hushed_libraries,
+    parse_report_to,
+)
 
 
 @dataclass
@@ -477,16 +482,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     V.add_threads_progress(p, "progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     add_report_arguments(p)
-    h = p.add_argument_group("Hugging Face Hub")
-    h.add_argument(
-        "--push-to-hub",
-        action="store_true",
-        help="push every run's fine-tuned model (needs --save-models and a login; the Trainer's push_to_hub)",
-    )
-    h.add_argument(
-        "--hub-model-id",
-        help="Hub repository prefix for --push-to-hub; each run adds its name, e.g. me/tupe-a-rte-lr2e-05_seed1 "
-        "(default prefix: the --out folder's name)",
+    add_hub_arguments(
+        p,
+        push_help="push every run's fine-tuned model (needs --save-models and a login; the Trainer's push_to_hub)",
+        id_help="Hub repository prefix for --push-to-hub; each run adds its name, e.g. "
+        "me/tupe-a-rte-lr2e-05_seed1 (default prefix: the --out folder's name)",
     )
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")

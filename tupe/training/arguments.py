@@ -16,7 +16,12 @@ from typing import Any
 from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.training.presets import PRESETS, get_preset
-from tupe.training.reporting import add_report_arguments, parse_report_to, trainer_reporting
+from tupe.training.reporting import (
+    add_hub_arguments,
+    add_report_arguments,
+    parse_report_to,
+    trainer_reporting,
+)
 
 
 @dataclass
@@ -281,15 +286,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip (and count) batches whose loss is NaN/inf instead of stopping the run",
     )
     add_model_data_arguments(p)
-    h = p.add_argument_group("Hugging Face Hub")
-    h.add_argument(
-        "--push-to-hub",
-        action="store_true",
-        help="push the final model to the Hugging Face Hub (needs a login; the Trainer's push_to_hub)",
-    )
-    h.add_argument(
-        "--hub-model-id",
-        help="Hub repository for --push-to-hub (the Trainer's hub_model_id; default: the --out folder's name)",
+    add_hub_arguments(
+        p,
+        push_help="push the final model to the Hugging Face Hub (needs a login; the Trainer's push_to_hub)",
+        id_help="Hub repository for --push-to-hub (the Trainer's hub_model_id; default: the --out folder's name)",
     )
 
 

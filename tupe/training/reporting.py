@@ -31,14 +31,21 @@ def parse_report_to(text: str | list[str] | None) -> list[str]:
 
 
 def add_report_arguments(p: argparse.ArgumentParser | Any) -> None:
-    """--report-to, worded alike in `pretrain`, `compare` and `glue` (each adds its own Hub flags: what is pushed
-    differs)."""
+    """--report-to, worded alike in `pretrain`, `compare` and `glue` (the Hub flags: `add_hub_arguments`)."""
     p.add_argument(
         "--report-to",
         metavar="NAME[,NAME]",
         help="where the Trainer sends metrics, as its report_to: tensorboard, wandb, mlflow, all, none... "
         "(default: tensorboard where installed, else none)",
     )
+
+
+def add_hub_arguments(p: argparse.ArgumentParser, push_help: str, id_help: str) -> None:
+    """The "Hugging Face Hub" group of `pretrain` and `glue`: the same two flags, read by `trainer_reporting`;
+    each command words what it pushes and where."""
+    h = p.add_argument_group("Hugging Face Hub")
+    h.add_argument("--push-to-hub", action="store_true", help=push_help)
+    h.add_argument("--hub-model-id", help=id_help)
 
 
 def trainer_reporting(
