@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     except _UsageError as err:
         print(err, file=sys.stderr)
         return 2
+    from tupe.runtime import tune_cpu_allocator
+
+    tune_cpu_allocator()  # before the command allocates anything: see tupe/runtime.py
     try:
         return int(importlib.import_module(args._module_name).run(args) or 0)
     except (TupeError, ValueError, OSError) as err:

@@ -99,6 +99,12 @@ def test_auto_kernel_choice_on_cpu():
     with torch.no_grad():
         model.train()
         assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "sdpa"
+    # no dropout: a content-free term still sends SDPA to its math kernel (its mask needs a gradient), so "fused";
+    # without a term SDPA's flash kernel applies
+    for scheme, expected in (("tupe-a", "fused"), ("tupe-r", "fused"), ("bert-a", "sdpa"), ("rope", "sdpa")):
+        model = TupeForMaskedLM(tiny_config(scheme, attention_probs_dropout_prob=0.0))
+        assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == expected, scheme
+        assert model.tupe._attention_inputs(8, None, torch.bfloat16, eager=False).kernel == "sdpa", scheme
 
 
 def test_kernel_validated_against_scheme():

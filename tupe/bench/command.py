@@ -217,6 +217,8 @@ def _parse_list(value: str, valid, what: str) -> list[str]:
 def machine_description(device: torch.device) -> dict:
     import torch
 
+    from tupe.runtime import cpu_allocator_tuned
+
     info = {
         "platform": platform.platform(),
         "python": sys.version.split()[0],
@@ -224,6 +226,7 @@ def machine_description(device: torch.device) -> dict:
         "device": str(device),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
+        "malloc_tuned": cpu_allocator_tuned(),  # tupe.runtime: the `tupe` command keeps freed blocks for reuse
     }
     try:
         import transformers
@@ -270,11 +273,14 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
 
 
 def _print_steps(result: dict, rows: list[dict], shape: Shape, args: argparse.Namespace, peak: float) -> None:
+    from tupe.runtime import cpu_allocator_tuned
+
     print(
         f"training step, batch {args.batch_size} x {args.seq_len}, {shape.num_hidden_layers} x "
         f"{shape.hidden_size} ({shape.num_attention_heads} heads, FFN {shape.intermediate_size}), vocab "
         f"{shape.vocab_size}, {args.autocast if args.autocast != 'none' else 'float32'}, "
-        f"median of {args.rounds} interleaved rounds; matmul peak {peak / 1e9:.1f} GFLOP/s"
+        f"median of {args.rounds} interleaved rounds; matmul peak {peak / 1e9:.1f} GFLOP/s; malloc tuning "
+        f"{'on' if cpu_allocator_tuned() else 'off'}"
     )
     print(
         f"{'model':26s} {'kernel':7s} {'step s':>8s} {'q1-q3':>13s} {'tok/s':>8s} {'MFU':>6s} "

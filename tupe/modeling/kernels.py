@@ -76,49 +76,62 @@ class FastDropout(nn.Dropout):
 
 
 class _BiasedAttention(torch.autograd.Function):
-    """softmax(q k^T * scale + bias + padding) with dropout, times v; see `biased_attention`."""
+    """softmax(q k^T * scale + bias + padding) with dropout, times v; see `biased_attention`.
+
+    Every product is an explicit `bmm` on contiguous (b*h, n, d) operands: `matmul` on the strided 4-D views that
+    the fused QKV projection gives copies them inside each call, and (measured at the mini shape) ran the q k^T
+    products at half speed. The scaled queries are kept for backward, so dk needs no rescaling.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, bias, padding, scale: float, dropout_p: float):
-        # k straight from the fused QKV projection is strided; q k^T then runs at half speed, so copy it (n x d)
-        s = torch.matmul(q * scale, k.contiguous().transpose(-1, -2))  # (b, h, n, n)
+        b, h, n, d = q.shape
+        q3 = (q * scale).reshape(b * h, n, d)  # a new, contiguous tensor
+        k3 = k.reshape(b * h, n, d).contiguous()
+        v3 = v.reshape(b * h, n, d).contiguous()
+        s = torch.bmm(q3, k3.transpose(1, 2))  # (b*h, n, n)
+        s4 = s.view(b, h, n, n)
         if bias is not None:
-            s.add_(bias)  # (h, n, n) broadcast over the batch, never expanded
+            s4.add_(bias)  # (h, n, n) broadcast over the batch, never expanded
         if padding is not None:
-            s.add_(padding)
+            s4.add_(padding)
         torch.softmax(s, dim=-1, out=s)  # in place: the only n x n float buffer kept for backward
         keep = None
         if dropout_p > 0.0:
             keep = keep_scale_mask(s.shape, dropout_p, s)  # 0 or 1 / (1 - p)
-            out = torch.matmul(s * keep, v)
+            out = torch.bmm(s * keep, v3)
         else:
-            out = torch.matmul(s, v)
-        ctx.save_for_backward(q, k, v, s, keep)
+            out = torch.bmm(s, v3)
+        ctx.save_for_backward(q3, k3, v3, s, keep)
         ctx.scale = scale
         ctx.bias_shape = None if bias is None else bias.shape
-        return out
+        return out.view(b, h, n, d)
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, probs, keep = ctx.saved_tensors
+        q3, k3, v3, probs, keep = ctx.saved_tensors
+        b, h, n, d = dout.shape
+        dout = dout.reshape(b * h, n, d)
         if keep is not None:
             buf = probs * keep  # the dropped, rescaled probabilities the forward multiplied v by
-            dv = torch.matmul(buf.transpose(-1, -2), dout) if ctx.needs_input_grad[2] else None
-            torch.matmul(dout, v.transpose(-1, -2), out=buf)
+            dv = torch.bmm(buf.transpose(1, 2), dout) if ctx.needs_input_grad[2] else None
+            torch.bmm(dout, v3.transpose(1, 2), out=buf)
             buf.mul_(keep)
         else:
-            dv = torch.matmul(probs.transpose(-1, -2), dout) if ctx.needs_input_grad[2] else None
-            buf = torch.matmul(dout, v.transpose(-1, -2))
+            dv = torch.bmm(probs.transpose(1, 2), dout) if ctx.needs_input_grad[2] else None
+            buf = torch.bmm(dout, v3.transpose(1, 2))
         # P * (dP - rowsum(dP * P)), written over dP (row by row: each row is read before it is written)
         ds = torch.ops.aten._softmax_backward_data.out(buf, probs, -1, probs.dtype, grad_input=buf)
-        dq = torch.matmul(ds, k).mul_(ctx.scale) if ctx.needs_input_grad[0] else None
-        dk = torch.matmul(ds.transpose(-1, -2), q).mul_(ctx.scale) if ctx.needs_input_grad[1] else None
+        dq = torch.bmm(ds, k3).mul_(ctx.scale).view(b, h, n, d) if ctx.needs_input_grad[0] else None
+        dk = torch.bmm(ds.transpose(1, 2), q3).view(b, h, n, d) if ctx.needs_input_grad[1] else None
+        dv = None if dv is None else dv.view(b, h, n, d)
         dbias = None
         if ctx.bias_shape is not None and ctx.needs_input_grad[3]:
-            if ds.shape[0] == 1 and ds.dim() == len(ctx.bias_shape) + 1:
-                dbias = ds[0]  # batch of one: a view, no reduction pass
+            ds4 = ds.view(b, h, n, n)
+            if b == 1 and ds4.dim() == len(ctx.bias_shape) + 1:
+                dbias = ds4[0]  # batch of one: a view, no reduction pass
             else:
-                dbias = ds.sum_to_size(ctx.bias_shape)
+                dbias = ds4.sum_to_size(ctx.bias_shape)
         return dq, dk, dv, dbias, None, None, None
 
 

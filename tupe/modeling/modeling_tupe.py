@@ -204,8 +204,8 @@ class TupeModel(TupePreTrainedModel):
 
     `config.attention_kernel` picks the attention path (saved in config.json); every choice is exact against
     the eager reference (tests/modeling/test_fast_paths.py):
-    - "auto" (default): "fused" for float32/64 training with attention dropout on CPU (SDPA would fall back to
-      its unfused math kernel there), "fold" on CUDA where the content-free term is low-rank, "flex" on CUDA for
+    - "auto" (default): "fused" for float32/64 training on CPU with attention dropout or a content-free term
+      (SDPA would fall back to its unfused math kernel there; without either it runs its flash kernel), "fold" on CUDA where the content-free term is low-rank, "flex" on CUDA for
       other (h, n, n) terms without dropout, else "sdpa";
     - "eager": the reference, logits materialised as written in docs/model.md (also used whenever
       `output_attentions` is asked for, or transformers' `config._attn_implementation` is "eager");
@@ -286,7 +286,9 @@ class TupeModel(TupePreTrainedModel):
             return kernel
         device = self.embeddings.word_embeddings.weight.device
         if device.type == "cpu":
-            if dropout and torch.is_grad_enabled() and dtype in (torch.float32, torch.float64):
+            # Training: SDPA runs its unfused math kernel with dropout or with a mask that needs a gradient.
+            trains = self.training and torch.is_grad_enabled() and dtype in (torch.float32, torch.float64)
+            if trains and (dropout or ctx.has_bias):
                 return "fused"
             return "sdpa"
         if ctx.fold is not None:
