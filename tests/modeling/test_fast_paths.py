@@ -291,3 +291,45 @@ def test_content_free_term_computed_once_per_forward():
     ids, mask, labels = _batch()
     model(ids, attention_mask=mask, labels=labels).loss.backward()
     assert len(calls) == 1
+
+
+def test_masked_lm_loss_equals_linear_plus_cross_entropy():
+    """The fused head: loss, logits and the gradients of hidden, weight and bias, through either output."""
+    from tupe.modeling.kernels import masked_lm_loss
+
+    torch.manual_seed(0)
+    m, d, vocab = 9, 6, 17
+    hidden = torch.randn(m, d, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(vocab, d, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(vocab, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, vocab, (m,))
+    inputs = (hidden, weight, bias)
+    check = torch.randn(m, vocab, dtype=torch.float64)  # a downstream use of the logits as well
+
+    def reference(h, w, b):
+        logits = torch.nn.functional.linear(h, w) + b
+        return torch.nn.functional.cross_entropy(logits, targets), logits
+
+    for use_logits in (False, True):
+        loss, logits = masked_lm_loss(*inputs, targets)
+        ref_loss, ref_logits = reference(*inputs)
+        torch.testing.assert_close(loss, ref_loss)
+        torch.testing.assert_close(logits, ref_logits)
+        extra = (lambda lg: (lg * check).sum()) if use_logits else (lambda lg: 0.0)
+        grads = torch.autograd.grad(loss * 3 + extra(logits), inputs)
+        ref_grads = torch.autograd.grad(ref_loss * 3 + extra(ref_logits), inputs)
+        for g, r in zip(grads, ref_grads):
+            torch.testing.assert_close(g, r)
+    # only the logits used (the loss ignored)
+    _, logits = masked_lm_loss(*inputs, targets)
+    g = torch.autograd.grad((logits * check).sum(), hidden)[0]
+    torch.testing.assert_close(g, check @ weight)
+    # no rows: loss 0, not NaN
+    loss, logits = masked_lm_loss(hidden[:0], weight, bias, targets[:0])
+    assert loss.item() == 0.0 and logits.shape == (0, vocab)
+    loss.backward()
+    # a second backward through the reused softmax buffer is refused by autograd, not silently wrong
+    loss, _ = masked_lm_loss(*inputs, targets)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="inplace"):
+        loss.backward()

@@ -133,7 +133,7 @@ def test_non_finite_loss_stops_and_names_the_step(tiny_run, tmp_path: Path, monk
         if self.training:
             calls["n"] += 1
             if calls["n"] == 3:
-                out.logits = out.logits * float("nan")
+                out.loss = out.loss * float("nan")  # what the trainer trains on
         return out
 
     monkeypatch.setattr(TupeForMaskedLM, "forward", poisoned)

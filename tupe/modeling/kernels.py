@@ -155,6 +155,56 @@ def biased_attention(
     return _BiasedAttention.apply(q, k, v, bias, padding, scale, dropout_p)
 
 
+class _MaskedLMLoss(torch.autograd.Function):
+    """Cross-entropy of `hidden @ weight^T + bias` (mean over rows), returning the logits too; see `masked_lm_loss`."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets):
+        logits = torch.addmm(bias, hidden, weight.t())  # (m, vocab), the bias added inside the GEMM
+        picked = logits.gather(1, targets[:, None])
+        top = logits.amax(1, keepdim=True)
+        probs = torch.sub(logits, top).exp_()
+        total = probs.sum(1, keepdim=True)
+        count = max(targets.shape[0], 1)
+        loss = (total.log() + top - picked).sum() / count
+        probs.div_(total)  # softmax, kept for backward: its gradient is probs - one_hot
+        ctx.save_for_backward(hidden, weight, probs, targets)
+        ctx.count = count
+        ctx.set_materialize_grads(False)
+        return loss, logits
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_logits):
+        # a second backward through the graph (retain_graph) fails here: autograd sees that `probs` was modified
+        hidden, weight, probs, targets = ctx.saved_tensors
+        grad = probs  # overwritten in place
+        if grad_loss is None:
+            grad.zero_()
+        else:
+            grad[torch.arange(grad.shape[0], device=grad.device), targets] -= 1.0
+            grad.mul_(grad_loss / ctx.count)
+        if grad_logits is not None:
+            grad.add_(grad_logits)
+        d_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+        d_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
+        d_bias = grad.sum(0) if ctx.needs_input_grad[2] else None
+        return d_hidden, d_weight, d_bias, None
+
+
+def masked_lm_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy, logits) of the masked-LM decoder on the predicted rows, in one pass.
+
+    hidden (m, d), weight (vocab, d), bias (vocab,), targets (m,) -> (scalar, (m, vocab)); the loss of no rows
+    is 0. Equal to `F.cross_entropy(F.linear(hidden, weight) + bias, targets)`, and both outputs are
+    differentiable, but it skips that path's separate bias pass, log-softmax backward and one-hot fill: the
+    softmax computed for the loss is kept and becomes the gradient in place (so a second backward through the
+    same graph, `retain_graph=True`, is refused by autograd). Float32/64 without autocast.
+    """
+    return _MaskedLMLoss.apply(hidden, weight, bias, targets)
+
+
 def fold_queries_keys(
     q: torch.Tensor,
     k: torch.Tensor,

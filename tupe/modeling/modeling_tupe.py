@@ -24,7 +24,13 @@ except ImportError:  # pragma: no cover
     init = nn.init
 
 from .configuration_tupe import ATTENTION_KERNELS, TupeConfig
-from .kernels import FastDropout, biased_attention, flex_bias_attention, fold_queries_keys
+from .kernels import (
+    FastDropout,
+    biased_attention,
+    flex_bias_attention,
+    fold_queries_keys,
+    masked_lm_loss,
+)
 from .positional import PositionalContext, RelativeBias, UntiedPositions, apply_rotary, build_scheme
 
 
@@ -350,8 +356,12 @@ class TupeLMHead(nn.Module):
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """The head before the vocabulary projection: dense -> activation -> LayerNorm."""
+        return self.LayerNorm(self.act(self.dense(x)))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.LayerNorm(self.act(self.dense(x)))) + self.bias
+        return self.decoder(self.transform(x)) + self.bias
 
 
 class TupeForMaskedLM(TupePreTrainedModel):
@@ -393,10 +403,19 @@ class TupeForMaskedLM(TupePreTrainedModel):
         loss = None
         if labels is not None and self.config.sparse_prediction:
             selected = labels != -100
-            logits = self.lm_head(hidden[selected])  # (num_masked, vocab)
             targets = labels[selected]
-            # sum / count rather than mean, so a batch without masked tokens gives 0 instead of NaN
-            loss = F.cross_entropy(logits.float(), targets, reduction="sum") / selected.sum().clamp(min=1)
+            transformed = self.lm_head.transform(hidden[selected])  # (num_masked, hidden)
+            if transformed.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(
+                transformed.device.type
+            ):
+                # one pass for the projection, its bias and the loss (kernels.masked_lm_loss); exact
+                loss, logits = masked_lm_loss(
+                    transformed, self.lm_head.decoder.weight, self.lm_head.bias, targets
+                )
+            else:
+                logits = self.lm_head.decoder(transformed) + self.lm_head.bias  # (num_masked, vocab)
+                # sum / count rather than mean, so a batch without masked tokens gives 0 instead of NaN
+                loss = F.cross_entropy(logits.float(), targets, reduction="sum") / selected.sum().clamp(min=1)
         else:
             logits = self.lm_head(hidden)  # (b, n, vocab)
             if labels is not None:

@@ -234,15 +234,17 @@ class PretrainTrainer(Trainer):
         labels = inputs["labels"]
         selected = labels != -100
         sparse = getattr(self.accelerator.unwrap_model(model).config, "sparse_prediction", True)
+        count = selected.sum()
         if sparse:
             outputs = model(
                 input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels
             )
-            logits = outputs.logits  # (num_masked, vocab)
-        else:
-            outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
-            logits = outputs.logits[selected]
-        return F.cross_entropy(logits.float(), labels[selected], reduction="sum"), selected.sum(), outputs
+            # the model's loss is the mean over these masked tokens (0 when there are none): reuse it rather
+            # than a second cross-entropy over the (num_masked, vocab) logits
+            return outputs.loss.float() * count, count, outputs
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        logits = outputs.logits[selected]
+        return F.cross_entropy(logits.float(), labels[selected], reduction="sum"), count, outputs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
         loss_sum, count, outputs = self._masked_lm_sum(model, inputs)
