@@ -34,6 +34,7 @@ __all__ = [
     "TupeModel",
     "TupePreTrainedModel",
     "__version__",
+    "tune_cpu_allocator",
 ]
 
 _registered = False
@@ -115,6 +116,8 @@ class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
 def __getattr__(name: str) -> Any:
     if name == "__version__":
         value = _version()
+    elif name == "tune_cpu_allocator":
+        from .runtime import tune_cpu_allocator as value
     elif name in _MODEL_ATTRIBUTES:
         _register()
         module = importlib.import_module(f".modeling.{_MODEL_ATTRIBUTES[name]}", __name__)

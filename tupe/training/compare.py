@@ -112,8 +112,10 @@ def _child(cfg: PretrainConfig, log_path: str) -> None:  # pragma: no cover - ru
     os.dup2(fd, 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    from tupe.runtime import tune_cpu_allocator
     from tupe.training.reporting import hushed_libraries
 
+    tune_cpu_allocator()  # a spawned interpreter: the parent's setting is not inherited
     try:
         with hushed_libraries(cfg.progress, cfg.quiet):
             pretrain(cfg)
