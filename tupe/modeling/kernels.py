@@ -1,12 +1,14 @@
-"""Fast attention and dropout kernels behind `TupeSelfAttention`, each exact against the eager reference.
+"""Fast attention, dropout and masked-LM loss kernels behind the model, each exact against the plain formula.
 
-Why these exist (measured on the project's 2-core AVX-512 CPU, see `docs/benchmarks.md`):
+Why these exist (measured on the project's 2-core CPUs, see `docs/benchmarks.md`):
 - `torch.nn.functional.dropout` on CPU draws its mask with `bernoulli_`, several times slower than 16 random
-  bits per element and a comparison (`keep_scale_mask`); with attention dropout, SDPA on CPU also falls back to its unfused "math" kernel, which
-  materialises scores, scaled scores, biased scores, probabilities and dropped probabilities as separate n x n
-  tensors. `biased_attention` keeps one n x n buffer in the forward pass (probabilities, softmax in place) plus the
+  bits per element and a comparison (`keep_scale_mask`); with attention dropout, or with a content-free term as
+  a mask that needs a gradient, SDPA on CPU falls back to its unfused "math" kernel, which materialises scores,
+  scaled scores, biased scores, probabilities and dropped probabilities as separate n x n tensors.
+  `biased_attention` keeps one n x n buffer in the forward pass (probabilities, softmax in place) plus the
   scaled keep mask, takes the content-free term (computed once per forward pass) as a broadcast (h, n, n)
   tensor, never a (b x h, n, n) copy, and returns its gradient summed over the batch.
+- `masked_lm_loss`: the decoder, its bias and the cross-entropy in one function whose softmax becomes the gradient.
 - `fold_queries_keys` turns a low-rank content-free term (TUPE-A) and the key padding into extra query/key
   columns, padded to a multiple of 8, so SDPA runs without any n x n tensor (long sequences). The query/key
   heads become wider than the value heads, which rules out SDPA's flash kernel; CUDA runs the memory-efficient one.
