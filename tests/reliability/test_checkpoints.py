@@ -150,7 +150,7 @@ def _poison(monkeypatch, at: set[int]) -> None:  # noqa: ANN001
         if self.training:
             calls["n"] += 1
             if calls["n"] in at:
-                out.logits = out.logits * float("nan")
+                out.loss = out.loss * float("nan")  # what the trainer trains on
         return out
 
     monkeypatch.setattr(TupeForMaskedLM, "forward", forward)
