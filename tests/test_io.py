@@ -47,3 +47,35 @@ def test_missing_tokenizer_is_one_line(tmp_path, tokenizer):
     TupeForMaskedLM(tiny_config("bert-a", vocab_size=len(tokenizer))).save_pretrained(tmp_path)
     with pytest.raises(TupeError, match="no tokenizer files .*--tokenizer DIR"):
         load_model_and_tokenizer(tmp_path)
+
+
+def test_failed_writes_reported_names_the_file_and_what_was_kept(tmp_path) -> None:  # noqa: ANN001
+    """The one place that turns a failed write into a one-line `WriteError`; other errors pass untouched."""
+    import errno
+
+    from tupe.io.files import WriteError, failed_writes_reported
+
+    cleaned = []
+    state = {"kept": "nothing yet"}
+    with pytest.raises(WriteError) as info:
+        with failed_writes_reported(
+            tmp_path / "out", lambda: state["kept"], cleanup=lambda: cleaned.append(1)
+        ):
+            state["kept"] = "checkpoint-4 is kept"  # the message is worded after the failure
+            raise OSError(
+                errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "model.safetensors")
+            )
+    assert str(info.value) == (
+        f"cannot write {tmp_path / 'out' / 'model.safetensors'}: No space left on device; checkpoint-4 is kept"
+    )
+    assert cleaned == [1]
+    # torch and safetensors report a full disk in their own exception types: the path given is named
+    with pytest.raises(WriteError, match=r"cannot write .*out: .*file write failed.*; kept"):
+        with failed_writes_reported(tmp_path / "out", "kept"):
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+    for err in (ValueError("not a write"), TupeError("already one line")):
+        with pytest.raises(type(err)) as info:
+            with failed_writes_reported(tmp_path, "kept", cleanup=lambda: cleaned.append(2)):
+                raise err
+        assert info.value is err
+    assert cleaned == [1]

@@ -7,6 +7,7 @@ training step (forward, backward, clipping, fused AdamW). Usage (docs/benchmarks
     python docs/benchmarks/harness_mini.py untuned|tuned [DROPOUT]
 """
 
+import dataclasses
 import statistics
 import sys
 
@@ -17,18 +18,11 @@ if sys.argv[1] == "tuned":
 
     tupe.tune_cpu_allocator()
 from tupe.bench import runner  # noqa: E402
-from tupe.bench.flops import Shape  # noqa: E402
+from tupe.bench.command import preset_shape  # noqa: E402
 
 torch.set_num_threads(2)
 dropout = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
-shape = Shape(
-    vocab_size=8192,
-    hidden_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=512,
-    dropout=dropout,
-)
+shape = dataclasses.replace(preset_shape("mini"), dropout=dropout)  # 2 x 128, 4 heads, FFN 512, vocab 8192
 device = torch.device("cpu")
 batch = runner.make_batch(32, 128, 8192, device)
 candidates = [runner.build_hf_bert(shape, 128, batch, device, torch.float32)] + [

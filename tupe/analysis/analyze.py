@@ -194,7 +194,7 @@ def analyze(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe.io.files import folder_lock, is_write_failure, write_error
+    from tupe.io.files import failed_writes_reported, folder_lock
 
     V.check_path_kind("--model", args.model, "folder")
     V.check_out_folder("--out", args.out)
@@ -206,14 +206,8 @@ def run(args: argparse.Namespace) -> int:
         V.check_path_kind("--tokenizer", args.tokenizer, "folder")
     V.apply_threads(args.threads)
     with folder_lock(args.out, "tupe analyze"), hushed_libraries(progress=args.progress):
-        try:
+        with failed_writes_reported(args.out, "rerun after freeing space (the figures are rewritten)"):
             result = _analyze_from_args(args)
-        except Exception as err:
-            if not is_write_failure(err) or isinstance(err, TupeError):
-                raise
-            raise write_error(
-                args.out, err, "rerun after freeing space (the figures are rewritten)"
-            ) from None
     _print_result(result, args.out)
     return 0
 

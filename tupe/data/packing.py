@@ -29,7 +29,7 @@ import numpy as np
 from tupe.data.corpus import text_rule
 from tupe.data.tokenizer import CLS_ID, SEP_ID, tokenizer_fingerprint
 from tupe.errors import TupeError
-from tupe.io.files import is_write_failure, write_error
+from tupe.io.files import failed_writes_reported
 
 PACK_VERSION = "stream-v1"
 _GROUP_CHARS = 4096  # lines of one document are joined (with " ") into encoder inputs of about this size
@@ -197,30 +197,30 @@ def load_or_build_packed(
     if not (target / "meta.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+        kept = (
+            f"the data cache entry {target} was not made (partial files removed): free space or use another "
+            "--cache-dir"
+        )
         try:
-            log(f"data: tokenizing {corpus.describe()}")
-            meta = encode_to_stream(corpus, tokenizer, tmp / "stream.bin", progress=progress, sep_id=sep_id)
-            meta.update(
-                corpus=corpus.describe(),
-                corpus_fingerprint=corpus.fingerprint(),
-                tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-                text_rule=text_rule(),
-                version=PACK_VERSION,
-            )
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-            try:
-                os.replace(tmp, target)
-            except OSError:  # another process finished first; theirs is identical
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException as err:
+            with failed_writes_reported(tmp, kept):
+                log(f"data: tokenizing {corpus.describe()}")
+                meta = encode_to_stream(
+                    corpus, tokenizer, tmp / "stream.bin", progress=progress, sep_id=sep_id
+                )
+                meta.update(
+                    corpus=corpus.describe(),
+                    corpus_fingerprint=corpus.fingerprint(),
+                    tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+                    text_rule=text_rule(),
+                    version=PACK_VERSION,
+                )
+                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+                try:
+                    os.replace(tmp, target)
+                except OSError:  # another process finished first; theirs is identical
+                    shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(err, Exception) and not isinstance(err, TupeError) and is_write_failure(err):
-                raise write_error(
-                    getattr(err, "filename", None) or tmp,
-                    err,
-                    f"the data cache entry {target} was not made (partial files removed): free space or use "
-                    "another --cache-dir",
-                ) from None
             raise
         log(
             f"data: {meta['num_tokens']:,} tokens from {meta['num_documents']:,} documents in {meta['seconds']:.1f} s "

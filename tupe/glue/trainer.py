@@ -12,7 +12,7 @@ import numpy as np
 from tupe.glue.metrics import compute_metrics, predictions_from_logits
 from tupe.glue.protocol import GlueSettings, main_score
 from tupe.glue.tasks import GlueTask, Split
-from tupe.io.files import WriteError, atomic_write_text, is_write_failure, write_error
+from tupe.io.files import atomic_write_text, failed_writes_reported
 
 
 def _progress_callback(bar: Any, label: str) -> Any:
@@ -190,17 +190,12 @@ def train_one(
         _write_predictions(run_dir / fname, split, preds, task.is_regression)
         pred_files[split_name] = fname
     if save_model:
-        try:
+        with failed_writes_reported(  # disk full: torch/safetensors report it in their own exception types
+            run_dir / "model",
+            f"run lr={lr:g} seed={seed} has no result.json and is redone next time; the finished runs are "
+            "kept: free space and rerun the same command",
+        ):
             trainer.save_model(str(run_dir / "model"))
-        except Exception as err:  # disk full: torch/safetensors report it in their own exception types
-            if isinstance(err, WriteError) or not is_write_failure(err):
-                raise
-            raise write_error(
-                run_dir / "model",
-                err,
-                f"run lr={lr:g} seed={seed} has no result.json and is redone next time; the finished runs are "
-                "kept: free space and rerun the same command",
-            ) from None
     losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
     a = trainer.args
     # what the Trainer actually used (not just what was asked), so results.json can be audited

@@ -11,7 +11,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +219,27 @@ def write_error(
         return err
     reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
     return WriteError(f"cannot write {path}: {reason}; {kept}")
+
+
+@contextlib.contextmanager
+def failed_writes_reported(
+    path: str | os.PathLike,
+    kept: str | Callable[[], str],
+    cleanup: Callable[[], None] | None = None,
+) -> Iterator[None]:
+    """Turn a failed write inside the block (`is_write_failure`; `TupeError`s pass unchanged) into one
+    `WriteError` naming the file (the exception's own `filename` where it has one, else `path`) and what was kept
+    (`kept` may be a function, for a message that depends on the state after the failure). `cleanup` (removing
+    partial files) runs first; other exceptions pass through untouched."""
+    try:
+        yield
+    except Exception as err:
+        if isinstance(err, TupeError) or not is_write_failure(err):
+            raise
+        if cleanup is not None:
+            cleanup()
+        where = getattr(err, "filename", None) or path
+        raise write_error(where, err, kept() if callable(kept) else kept) from None
 
 
 def fsync_tree(path: str | os.PathLike) -> None:

@@ -77,16 +77,12 @@ def point_tensorboard(trainer: Any, logging_dir: str | Path, kept: Callable[[], 
 def _guard_writes(callback: Any, folder: Path, kept: Callable[[], str]) -> None:
     """Wrap the callback's event methods (the CallbackHandler looks them up on the instance) so that a write
     failure becomes a `WriteError` naming `folder`."""
-    from tupe.io.files import WriteError, is_write_failure, write_error
+    from tupe.io.files import failed_writes_reported
 
     def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            try:
+            with failed_writes_reported(folder, lambda: f"TensorBoard logging failed; {kept()}"):
                 return method(*args, **kwargs)
-            except Exception as err:
-                if isinstance(err, WriteError) or not is_write_failure(err):
-                    raise
-                raise write_error(folder, err, f"TensorBoard logging failed; {kept()}") from None
 
         return call
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback
 
 from tupe.errors import TupeError
-from tupe.io.files import fsync_dir, fsync_tree, is_write_failure, write_error
+from tupe.io.files import failed_writes_reported, fsync_dir, fsync_tree
 from tupe.training.checkpointing import find_latest_checkpoint, first_nonfinite_parameter, write_manifest
 from tupe.training.run_folder import record_written
 
@@ -347,34 +347,32 @@ class PretrainTrainer(Trainer):
             if os.path.exists(staging):
                 shutil.rmtree(staging)
         self.accelerator.wait_for_everyone()
-        self._staging_root = staging
-        try:
-            super()._save_checkpoint(model, trial)
-            self.accelerator.wait_for_everyone()
-            if self.args.should_save:
-                # last file of the checkpoint: sizes + SHA-256 of all others, so a later truncation is detected
-                write_manifest(
-                    os.path.join(staging, name),
-                    self.state.global_step,
-                    {"nonfinite_skipped": self.nonfinite_skipped},
-                )
-                fsync_tree(os.path.join(staging, name))
-        except Exception as err:  # disk full, I/O error: drop the partial checkpoint, keep the earlier ones
-            if not is_write_failure(err):
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
+
+        def kept() -> str:  # after a failed write: what is left to resume from
             from tupe.io.checkpoints import list_checkpoints
 
             earlier = list_checkpoints(run_dir)
-            kept = (
+            left = (
                 f"the latest complete checkpoint {earlier[0]} is kept" if earlier else "no earlier checkpoint"
             )
-            where = getattr(err, "filename", None) or os.path.join(run_dir, name)
-            raise write_error(
-                where,
-                err,
-                f"{name} was not saved (partial files removed); {kept}: free space and rerun with --resume",
-            ) from None
+            return f"{name} was not saved (partial files removed); {left}: free space and rerun with --resume"
+
+        self._staging_root = staging
+        try:
+            # disk full, I/O error: drop the partial checkpoint, keep the earlier ones
+            with failed_writes_reported(
+                os.path.join(run_dir, name), kept, cleanup=lambda: shutil.rmtree(staging, ignore_errors=True)
+            ):
+                super()._save_checkpoint(model, trial)
+                self.accelerator.wait_for_everyone()
+                if self.args.should_save:
+                    # last file of the checkpoint: sizes + SHA-256 of all others, so a later truncation is detected
+                    write_manifest(
+                        os.path.join(staging, name),
+                        self.state.global_step,
+                        {"nonfinite_skipped": self.nonfinite_skipped},
+                    )
+                    fsync_tree(os.path.join(staging, name))
         finally:
             self._staging_root = None
         if self.args.should_save:
@@ -406,19 +404,14 @@ def save_final_model(trainer: Trainer, out: Path) -> None:
         record_written(out, staging.name)
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
-    try:
+    with failed_writes_reported(  # disk full: the checkpoints (which hold the same weights) are untouched
+        staging,
+        f"the final model was not saved; the checkpoints in {out} are kept: free space and rerun with --resume",
+        cleanup=lambda: shutil.rmtree(staging, ignore_errors=True),
+    ):
         trainer.save_model(str(staging))
         if trainer.args.should_save:
             fsync_tree(str(staging))
-    except Exception as err:  # disk full: the checkpoints (which hold the same weights) are untouched
-        if not is_write_failure(err):
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-        raise write_error(
-            getattr(err, "filename", None) or staging,
-            err,
-            f"the final model was not saved; the checkpoints in {out} are kept: free space and rerun with --resume",
-        ) from None
     if trainer.args.should_save:
         record_written(out, *(p.name for p in staging.iterdir()))
         for p in sorted(staging.iterdir()):
