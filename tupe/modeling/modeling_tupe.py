@@ -211,8 +211,9 @@ class TupeModel(TupePreTrainedModel):
     `config.attention_kernel` picks the attention path (saved in config.json); every choice is exact against
     the eager reference (tests/modeling/test_fast_paths.py):
     - "auto" (default): "fused" for float32/64 training on CPU with attention dropout or a content-free term
-      (SDPA would fall back to its unfused math kernel there; without either it runs its flash kernel), "fold" on CUDA where the content-free term is low-rank, "flex" on CUDA for
-      other (h, n, n) terms without dropout, else "sdpa";
+      (SDPA would fall back to its unfused math kernel there; without either it runs its flash kernel), "fold"
+      on CUDA where the content-free term is low-rank, "flex" on CUDA for other (h, n, n) terms without
+      dropout, else "sdpa";
     - "eager": the reference, logits materialised as written in docs/model.md (also used whenever
       `output_attentions` is asked for, or transformers' `config._attn_implementation` is "eager");
     - "sdpa": SDPA with the content-free term (+ padding) as one additive (1 or b, h, n, n) mask;
