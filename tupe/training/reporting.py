@@ -76,7 +76,7 @@ def point_tensorboard(trainer: Any, logging_dir: str | Path, kept: Callable[[], 
 
 def _guard_writes(callback: Any, folder: Path, kept: Callable[[], str]) -> None:
     """Wrap the callback's event methods (the CallbackHandler looks them up on the instance) so that a write
-    failure becomes a `WriteError` naming `folder`."""
+    failure becomes a `WriteError` naming the file (or `folder`) and what was kept."""
     from tupe.io.files import failed_writes_reported
 
     def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
