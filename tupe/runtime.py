@@ -14,7 +14,6 @@ users may call it themselves. `TUPE_MALLOC_TUNING=0` in the environment turns it
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -42,7 +41,7 @@ def tune_cpu_allocator() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")  # glibc's soname; find_library would run ldconfig in a subprocess
         libc.gnu_get_libc_version  # noqa: B018 - raises AttributeError on a libc that is not glibc
         mallopt = libc.mallopt
     except (OSError, AttributeError):
