@@ -178,6 +178,7 @@ def build_rows(paths: list[Path]) -> list[Row]:
         if best is None:
             continue
         subset = any((data.get("settings") or {}).get(k) for k in ("max_train_samples", "max_eval_samples"))
+        best_lr = next((e for e in (data.get("per_lr") or {}).values() if e.get("lr") == best["lr"]), None)
         for col, task, split, metric in COLUMNS:
             if task == data["task"]:
                 value = best["median"].get(split, {}).get(metric)
@@ -187,14 +188,9 @@ def build_rows(paths: list[Path]) -> list[Row]:
                         row.incomplete.add(col)
                     if subset:  # an MNLI subset is not MNLI-m: the cell says so
                         row.incomplete.add(col + "#subset")
-        main_col = next(
-            (c for c, task, split, metric in COLUMNS
-             if task == data["task"] and split == data.get("main_split") and metric == data.get("main_metric")),
-            None,
-        )  # fmt: skip
-        best_lr = next((e for e in (data.get("per_lr") or {}).values() if e.get("lr") == best["lr"]), None)
-        if main_col is not None and best_lr and best_lr.get("main_scores"):
-            row.seed_scores[main_col] = [None if v is None else 100.0 * v for v in best_lr["main_scores"]]
+                main = (split, metric) == (data.get("main_split"), data.get("main_metric"))
+                if main and best_lr and best_lr.get("main_scores"):
+                    row.seed_scores[col] = [None if v is None else 100.0 * v for v in best_lr["main_scores"]]
         others = [
             f"{split.replace('dev_', '')} {m} {100 * v:.2f}"
             if len(best["median"]) > 1
