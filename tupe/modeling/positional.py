@@ -190,9 +190,7 @@ class PositionalScheme(nn.Module):
     content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits
     low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns (kernel "fold")
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
-    position_table: ClassVar[str | None] = (
-        None  # submodule (an nn.Embedding) of a learned row-per-position table
-    )
+    position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
 
     def __init__(self, config: TupeConfig):
         super().__init__()
