@@ -139,10 +139,10 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    import tupe
+    from tupe.runtime import tupe_version
 
     return {
-        "tupe": tupe.__version__,
+        "tupe": tupe_version(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -183,7 +183,7 @@ def check_paths(args: argparse.Namespace) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from tupe.data.corpus import resolve_corpus
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     from .evaluate import Settings, evaluate, format_report, load_model
 
