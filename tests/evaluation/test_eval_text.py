@@ -55,7 +55,7 @@ def test_runs_on_another_text_paired_against_the_first(tmp_path, tokenizer, text
 
 
 def test_demo_verdict_says_it_is_in_domain():
-    from tupe.training.demo import verdict
+    from tupe.comparison.demo import verdict
 
     stats = {
         "reference": "bert-a",

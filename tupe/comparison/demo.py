@@ -92,7 +92,7 @@ def verdict(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe.training.compare import compare, parse_schemes
+    from tupe.comparison.compare import compare, parse_schemes
     from tupe.training.pretrain import PretrainConfig
 
     schemes = parse_schemes(args.schemes)
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         progress=args.progress,
         threads=1,
     )
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     with hushed_libraries(args.progress):  # --no-progress: no library bars either
         summary = compare(base, schemes, parallel=max(1, args.parallel))
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_text:
         from pathlib import Path
 
-        from tupe.training.compare import evaluate_on_text
+        from tupe.comparison.compare import evaluate_on_text
 
         with hushed_libraries(args.progress):
             evaluate_on_text(Path(args.out).expanduser(), summary, args.eval_text, args, print)
