@@ -19,6 +19,10 @@ from typing import Any
 from tupe import validators as V
 from tupe.errors import TupeError
 
+MAX_BOOTSTRAP = (
+    100_000  # each resample keeps 8 bytes per statistic; 10^5 is far past any interval's precision
+)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -77,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--bootstrap",
-        type=V.nonneg_int,
+        type=V.int_range(0, MAX_BOOTSTRAP),
         default=1000,
         metavar="R",
         help="bootstrap resamples of blocks for the 95%% intervals (default 1000, 0 = no intervals)",
@@ -179,6 +183,9 @@ def check_paths(args: argparse.Namespace) -> None:
         V.check_out_folder("--cache-dir", args.cache_dir)
     if args.json is not None:
         V.check_out_file("--json", args.json)
+        from tupe.io.outputs import check_file
+
+        check_file(args.json, "tupe evaluate", "--json")  # a file tupe did not write is never replaced
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -222,7 +229,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def write_json(path: Path, result: dict[str, Any]) -> None:
     from tupe.io.files import atomic_write_text
+    from tupe.io.outputs import claim_file
 
+    claim_file(path, "tupe evaluate", "--json")
     atomic_write_text(path, json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
 
 
