@@ -436,6 +436,16 @@ class TupeForMaskedLM(TupePreTrainedModel):
 
         return bert_to_tupe(cls, model_or_path, **config_overrides)
 
+    @classmethod
+    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype = torch.float32) -> TupeForMaskedLM:
+        """The authors' released TUPE checkpoint (fairseq format, `guolinke/TUPE`): `tupe-r` or `tupe-a`, its
+        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last).
+        `dictionary`: its `dict.txt`, checked against the vocabulary. Loaded without running pickled code; see
+        `tupe.modeling.fairseq` and docs/released-checkpoint.md."""
+        from .fairseq import masked_lm_from_fairseq
+
+        return masked_lm_from_fairseq(checkpoint, dictionary, dtype)
+
 
 class TupeForSequenceClassification(TupePreTrainedModel):
     """Encoder + sentence head on token 0 ([CLS]): dropout -> dense -> tanh -> dropout -> linear, as in the
