@@ -190,6 +190,7 @@ class PositionalScheme(nn.Module):
     content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits
     low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns (kernel "fold")
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
+    position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
 
     def __init__(self, config: TupeConfig):
         super().__init__()
@@ -227,6 +228,7 @@ class BertA(PositionalScheme):
     display_name = "BERT-A"
     absolute_input = True
     decomposable = True
+    position_table = "embeddings"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -262,6 +264,7 @@ class BertAd(PositionalScheme):
     score_dims = 4
     untied_projections = True
     decomposable = True
+    position_table = "untied.embeddings"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -283,6 +286,7 @@ class TupeA(PositionalScheme):
     content_free = True
     low_rank = True
     decomposable = True
+    position_table = "untied.embeddings"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)

@@ -37,6 +37,7 @@ class PretrainConfig:
     vocab_size: int | None = None
     tokenizer_max_mb: float | None = None
     max_length: int | None = None
+    max_position_embeddings: int | None = None  # None: max_length
     hidden_size: int | None = None
     num_hidden_layers: int | None = None
     num_attention_heads: int | None = None
@@ -199,6 +200,13 @@ def add_model_data_arguments(
     m.add_argument("--num-heads", dest="num_attention_heads", type=V.positive_int)
     m.add_argument("--intermediate-size", type=V.positive_int)
     m.add_argument("--dropout", type=V.unit_interval)
+    m.add_argument(
+        "--max-position-embeddings",
+        type=V.int_range(2),
+        metavar="N",
+        help="rows of a learned position table (default: --max-length); more rows than --max-length leaves the "
+        "rows beyond it untrained (`tupe evaluate --lengths` says so)",
+    )
     m.add_argument(
         "--dense-prediction",
         action="store_true",

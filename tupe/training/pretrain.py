@@ -33,6 +33,7 @@ from transformers import TrainerCallback
 from tupe.errors import TupeError, one_line
 from tupe.io.checkpoints import list_checkpoints
 from tupe.io.files import atomic_write_text, folder_lock
+from tupe.io.reading import read_json
 from tupe.training.arguments import (  # noqa: F401  (re-exported: `tupe compare` and other commands use them)
     PretrainConfig,
     add_arguments,
@@ -254,7 +255,7 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
             )
         if latest is not None and (latest / MANIFEST_NAME).is_file():
             nonfinite_skipped = int(
-                json.loads((latest / MANIFEST_NAME).read_text()).get("nonfinite_skipped", 0)
+                read_json(latest / MANIFEST_NAME, "checkpoint manifest").get("nonfinite_skipped", 0)
             )
         if resume_from is None:
             log(f"--resume: no checkpoint in {out} yet; starting from step 0")
