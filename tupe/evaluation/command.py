@@ -18,12 +18,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
-
-EXTEND_METHODS = (
-    "none",
-    "interpolate",
-    "repeat",
-)  # tupe.evaluation.lengths (not imported: --help stays fast)
+from tupe.evaluation import EXTEND_METHODS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -174,10 +169,10 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    import tupe
+    from tupe.runtime import tupe_version
 
     return {
-        "tupe": tupe.__version__,
+        "tupe": tupe_version(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -234,7 +229,7 @@ def plot_path(args: argparse.Namespace) -> Path | None:
 
 def _run(args: argparse.Namespace) -> int:
     from tupe.data.corpus import resolve_corpus
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     from .evaluate import Settings, evaluate, format_report, load_model
 

@@ -73,7 +73,7 @@ def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> Eva
     from transformers import BertForMaskedLM
     from transformers.utils import logging as hf_logging
 
-    import tupe  # noqa: F401  (registers the tupe model type with the Auto classes)
+    import tupe.modeling  # noqa: F401  (registers the tupe model type with the Auto classes)
     from tupe.io.checkpoints import (
         check_model_weights,
         inspect_checkpoint,

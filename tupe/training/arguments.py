@@ -312,7 +312,7 @@ add_pretrain_arguments = add_arguments  # tupe/cli.py PARSERS
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    """`tupe compare`'s options (tupe/training/compare.py)."""
+    """`tupe compare`'s options (tupe/comparison/compare.py)."""
     p.add_argument(
         "--schemes",
         required=True,
@@ -349,7 +349,7 @@ DEMO_STEPS = 1400  # fits 15 minutes on a quiet 2-core machine with two runs sid
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    """`tupe demo`'s options (tupe/training/demo.py)."""
+    """`tupe demo`'s options (tupe/comparison/demo.py)."""
     p.add_argument(
         "--out", default="tupe-demo", type=V.nonempty_path, help="output folder (default: ./tupe-demo)"
     )

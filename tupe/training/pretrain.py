@@ -396,16 +396,10 @@ def _write_card(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     with hushed_libraries(args.progress, args.quiet):  # no "Writing model shards" bars with --quiet
         summary = pretrain(config_from_args(args))
     if summary.get("prepared"):
         print(json.dumps(summary, indent=1))
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from tupe.cli import main
-
-    sys.exit(main(["pretrain", *sys.argv[1:]]))
