@@ -39,14 +39,6 @@ def _register() -> None:
         return
     importlib.import_module(f"{__name__}.modeling")
 
-    # The released TUPE pipeline's tokenizer (`tupe convert fairseq`): a slow tokenizer found by its class name.
-    from transformers import AutoTokenizer
-
-    from .data.fairseq_tokenizer import FairseqMosesBPETokenizer
-
-    AutoTokenizer.register(TupeConfig, tokenizer_class=FairseqMosesBPETokenizer, exist_ok=True)
-    FairseqMosesBPETokenizer.register_for_auto_class("AutoTokenizer")
-
 
 class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
     """One-shot import hook: once the `transformers` package has been executed, register the Auto classes."""

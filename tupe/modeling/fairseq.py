@@ -316,16 +316,8 @@ def _released_buckets(n: int, buckets: int, max_distance: int) -> torch.Tensor:
     return table
 
 
-def _untied_names(model: torch.nn.Module) -> tuple[str, str]:
-    """Names of U^Q and U^K in this tupe version (`pos_query`/`pos_key`, earlier `query`/`key`)."""
-    names = dict(model.named_modules())
-    if "tupe.positional.untied.pos_query" in names:
-        return "pos_query", "pos_key"
-    return "query", "key"
-
-
 def encoder_tensors(
-    sd: dict[str, torch.Tensor], config: Any, model: torch.nn.Module, ckpt: str = "checkpoint"
+    sd: dict[str, torch.Tensor], config: Any, ckpt: str = "checkpoint"
 ) -> tuple[dict[str, torch.Tensor], set[str]]:
     """The tupe tensors (`tupe.*` and `lm_head.*`) of a released state dict, and the released keys they used."""
     used: set[str] = set()
@@ -337,7 +329,6 @@ def encoder_tensors(
         return sd[key]
 
     H = config.hidden_size
-    q_name, k_name = _untied_names(model)
     out: dict[str, torch.Tensor] = {}
     emb = take(ENC + "embed_tokens.weight")
     out["tupe.embeddings.word_embeddings.weight"] = emb
@@ -350,8 +341,8 @@ def encoder_tensors(
     for p in ("weight", "bias"):
         out[f"tupe.positional.untied.LayerNorm.{p}"] = take(ENC + f"pos_ln.{p}")
         proj = take(ENC + f"pos_proj.{p}")
-        out[f"tupe.positional.untied.{q_name}.{p}"] = proj[:H]
-        out[f"tupe.positional.untied.{k_name}.{p}"] = proj[H:]
+        out[f"tupe.positional.untied.pos_query.{p}"] = proj[:H]  # U^Q
+        out[f"tupe.positional.untied.pos_key.{p}"] = proj[H:]  # U^K
     if config.position_scheme == "tupe-r":
         out["tupe.positional.relative.bias.weight"] = take(ENC + "relative_attention_bias.weight")
         if ENC + "rp_bucket" in sd:  # a parameter in the released code, so saved; rebuilt here, checked equal
@@ -392,9 +383,7 @@ def classification_head_names(sd: dict[str, torch.Tensor]) -> list[str]:
     return sorted({k[len(CLS_HEADS) :].split(".")[0] for k in sd if k.startswith(CLS_HEADS)})
 
 
-def _head_tensors(
-    sd: dict[str, torch.Tensor], name: str, model: torch.nn.Module, ckpt: str
-) -> tuple[dict, set]:
+def _head_tensors(sd: dict[str, torch.Tensor], name: str, ckpt: str) -> tuple[dict, set]:
     """A released `BertClassificationHead` (dense -> tanh -> dropout -> out_proj) onto tupe's sentence head."""
     src = f"{CLS_HEADS}{name}."
     if src + "dense.weight" not in sd:
@@ -402,12 +391,9 @@ def _head_tensors(
             f"{ckpt}: classification head {name!r} has no {src}dense.weight (the early released head, dropout -> "
             "out_proj, without dense and tanh): tupe's sentence head cannot represent it"
         )
-    params = dict(model.named_parameters())
-    dense = "classifier.dense" if "classifier.dense.weight" in params else "dense"
-    proj = "classifier.out_proj" if "classifier.out_proj.weight" in params else "classifier"
     out, used = {}, set()
     for p in ("weight", "bias"):
-        for s, d in ((f"dense.{p}", f"{dense}.{p}"), (f"out_proj.{p}", f"{proj}.{p}")):
+        for s, d in ((f"dense.{p}", f"classifier.dense.{p}"), (f"out_proj.{p}", f"classifier.out_proj.{p}")):
             if src + s not in sd:
                 raise TupeError(f"{ckpt}: missing tensor {src}{s}")
             out[d] = sd[src + s]
@@ -462,7 +448,7 @@ def masked_lm_from_fairseq(
     if dictionary is not None:
         build_dictionary(dictionary, config.vocab_size)
     model = TupeForMaskedLM(config)
-    tensors, used = encoder_tensors(sd, config, model, ckpt)
+    tensors, used = encoder_tensors(sd, config, ckpt)
     _check_all_used(sd, used, ckpt)
     _load(model, tensors, ckpt)
     model.tie_weights()
@@ -487,9 +473,9 @@ def classifiers_from_fairseq(
         config = config_from_fairseq(args, sd, ckpt)
         config.num_labels = int(sd[f"{CLS_HEADS}{name}.out_proj.weight"].shape[0])
         model = TupeForSequenceClassification(config)
-        tensors, _ = encoder_tensors(sd, config, model, ckpt)
+        tensors, _ = encoder_tensors(sd, config, ckpt)
         tensors = {k: v for k, v in tensors.items() if k.startswith("tupe.")}
-        head, _ = _head_tensors(sd, name, model, ckpt)
+        head, _ = _head_tensors(sd, name, ckpt)
         _load(model, {**tensors, **head}, f"{ckpt} head {name}")
         heads[name] = model.to(dtype).eval()
     return heads
