@@ -64,7 +64,7 @@ class TupeEmbeddings(nn.Module):
     def forward(self, input_ids: torch.Tensor, ctx: PositionalContext) -> torch.Tensor:
         x = self.word_embeddings(input_ids)  # (b, n, hidden)
         if ctx.input_embedding is not None:
-            x = x + ctx.input_embedding
+            x = x + ctx.input_embedding.to(x.device, x.dtype)  # a no-op for learned tables
         if self.LayerNorm is not None:
             x = self.LayerNorm(x)
         return self.dropout(x)
