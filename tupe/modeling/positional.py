@@ -132,6 +132,11 @@ class UntiedPositions(nn.Module):
 
     With `theta`, two extra learned position vectors `p_theta_1`, `p_theta_2` go through the same LayerNorm and
     projections to give the [CLS] reset values (the released code stores them as extra rows of the table).
+
+    The projections are named `pos_query` / `pos_key`, not `query` / `key`: PEFT matches module names by suffix,
+    and BERT's habit `LoraConfig(target_modules=["query", "value"])` must not silently adapt the positional side
+    (the attention projection is the fused `qkv`). Checkpoints with the old names load through
+    `modeling_tupe.LEGACY_KEYS`.
     """
 
     def __init__(self, config: TupeConfig, theta: bool = False):
@@ -140,15 +145,15 @@ class UntiedPositions(nn.Module):
         self.head_dim = config.head_dim
         self.embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)  # U^Q
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)  # U^K
+        self.pos_query = nn.Linear(config.hidden_size, config.hidden_size)  # U^Q
+        self.pos_key = nn.Linear(config.hidden_size, config.hidden_size)  # U^K
         self.theta_positions = nn.Parameter(torch.empty(2, config.hidden_size)) if theta else None
 
     def _project(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(m, hidden) positions -> (h, m, d) positional queries and keys."""
         p = self.LayerNorm(p)
-        q = self.query(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
-        k = self.key(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
+        q = self.pos_query(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
+        k = self.pos_key(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
         return q, k
 
     def forward(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,10 +195,9 @@ class PositionalScheme(nn.Module):
     content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits
     low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns (kernel "fold")
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
+    position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
     uses_position: ClassVar[bool] = True  # False only for the position-blind control (nope)
-    directional: ClassVar[bool] = (
-        True  # tells j - i from i - j (symmetric ALiBi does not: reversal-equivariant)
-    )
+    directional: ClassVar[bool] = True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
 
     def __init__(self, config: TupeConfig):
         super().__init__()
@@ -231,6 +235,7 @@ class BertA(PositionalScheme):
     display_name = "BERT-A"
     absolute_input = True
     decomposable = True
+    position_table = "embeddings"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -266,6 +271,7 @@ class BertAd(PositionalScheme):
     score_dims = 4
     untied_projections = True
     decomposable = True
+    position_table = "untied.embeddings"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -287,6 +293,7 @@ class TupeA(PositionalScheme):
     content_free = True
     low_rank = True
     decomposable = True
+    position_table = "untied.embeddings"
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
