@@ -93,11 +93,11 @@ def _write(path: Path, result: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe import POSITION_SCHEMES
     from tupe.comparison.compare import compare, parse_schemes, parse_seeds
     from tupe.evaluation.evaluate import Settings, load_model
     from tupe.evaluation.lengths import evaluate_lengths, plot_lengths
     from tupe.evaluation.runs import evaluate_runs, resolve_text
+    from tupe.modeling import POSITION_SCHEMES
     from tupe.runtime import hushed_libraries
     from tupe.training.pretrain import PretrainConfig
 
@@ -171,18 +171,21 @@ def run(args: argparse.Namespace) -> int:
                 result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
                 _write(path, result)
         if "glue" in stages and args.glue_data:
-            from tupe.cli import main as cli
+            import subprocess
+
+            def tupe_cmd(*argv: str) -> None:  # its own process: fine-tuning memory is freed after each run
+                code = subprocess.call([sys.executable, "-m", "tupe", *argv])
+                if code != 0:
+                    raise TupeError(f"tupe {' '.join(argv[:3])} failed (exit {code}); rerun with --resume")
 
             for name, d in runs.items():
                 dest = out / "glue" / f"SST-2-{name.replace('/', '-')}"
-                code = cli(
-                    ["glue", "--model", str(d), "--task", "SST-2", "--data-dir", str(args.glue_data), "--out",
-                     str(dest), "--seeds", "1,2,3", "--max-train-samples", str(args.glue_train_samples),
-                     "--threads", "1", *([] if args.progress else ["--no-progress"])]
+                tupe_cmd(
+                    "glue", "--model", str(d), "--task", "SST-2", "--data-dir", str(args.glue_data), "--out",
+                    str(dest), "--seeds", "1,2,3", "--max-train-samples", str(args.glue_train_samples),
+                    "--threads", "1", *([] if args.progress else ["--no-progress"]),
                 )  # fmt: skip
-                if code != 0:
-                    raise TupeError(f"tupe glue failed for {name} (exit {code}); rerun with --resume")
-            cli(["report", str(out / "glue"), "--out", str(out / "glue" / "table.md")])
+            tupe_cmd("report", str(out / "glue"), "--out", str(out / "glue" / "table.md"))
         if "summary" in stages:
             summary = summarize(out, schemes, seeds, list(texts))
             log(f"wrote {out / 'study.md'}")
