@@ -8,6 +8,8 @@ def register_auto_classes() -> None:
     modeling code) so users without `tupe` installed can load them with `trust_remote_code=True`."""
     import transformers
 
+    from tupe.data.fairseq_tokenizer import FairseqMosesBPETokenizer
+
     from . import modeling_tupe
     from .configuration_tupe import TupeConfig
 
@@ -17,3 +19,8 @@ def register_auto_classes() -> None:
         model_class = getattr(modeling_tupe, class_name)
         getattr(transformers, auto_name).register(TupeConfig, model_class, exist_ok=True)
         model_class.register_for_auto_class(auto_name)
+
+    # The released TUPE pipeline's tokenizer (`tupe convert fairseq`), a slow tokenizer: `AutoTokenizer` finds it by
+    # the class name in tokenizer_config.json; saved folders carry its code for users without tupe.
+    transformers.AutoTokenizer.register(TupeConfig, tokenizer_class=FairseqMosesBPETokenizer, exist_ok=True)
+    FairseqMosesBPETokenizer.register_for_auto_class("AutoTokenizer")
