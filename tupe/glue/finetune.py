@@ -43,9 +43,11 @@ from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules impo
     summarize,
 )
 from tupe.glue.tasks import TASKS, Split, get_task
-from tupe.glue.trainer import _progress_callback, read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
+from tupe.glue.trainer import read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
 from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
+from tupe.training.finetuning import finished_runs
+from tupe.training.finetuning import run_grid as run_grid_loop
 from tupe.training.reporting import (
     add_hub_arguments,
     add_report_arguments,
@@ -87,14 +89,13 @@ def _run_grid(
     push_to_hub: bool = False,
     hub_model_id: str | None = None,
 ) -> GridResult:
-    from tqdm.auto import tqdm
 
     task = get_task(settings.task)
     model_dir = Path(model_dir)
     out_dir = Path(out_dir)
     if push_to_hub and not save_models:
         raise TupeError("--push-to-hub pushes the fine-tuned models, which only --save-models keeps: add it")
-    model_dir = _converted_if_bert(model_dir, out_dir, tokenizer_dir, log)
+    model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log)
     info, config = inspect_checkpoint(model_dir, scheme)
     lrs_default, epochs_default = settings.lrs is None, settings.epochs is None
     settings = settings.resolved(task, config.max_position_embeddings, config.hidden_size)
@@ -119,24 +120,7 @@ def _run_grid(
     }
 
     # Resume: reuse finished runs made with the same model, data and settings.
-    runs_dir = out_dir / "runs"
-    done: dict[tuple[float, int], dict] = {}
-    if runs_dir.is_dir():
-        for f in sorted(runs_dir.glob("*/result.json")):
-            try:
-                r = json.loads(f.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue  # not finished (result.json is written last, atomically)
-            if r.get("fingerprint") != fingerprint:
-                if not overwrite:
-                    raise TupeError(
-                        f"{f}: a run made with other settings, model or data is in {out_dir}; "
-                        "use a new --out, or --overwrite to discard those runs"
-                    )
-                shutil.rmtree(f.parent)
-                continue
-            done[(r["lr"], r["seed"])] = r
-
+    done = finished_runs(out_dir, fingerprint, overwrite)
     grid = [(lr, seed) for lr in settings.lrs for seed in settings.seeds]
     todo = [g for g in grid if g not in done]
     n_train = len(data.train)
@@ -214,67 +198,65 @@ def _run_grid(
         atomic_write_json(out_dir / "results.json", results, indent=2, clean=True)
         return results
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs = [done[g] for g in grid if g in done]
-    results = write_summary(runs)
-    if todo:
-        bar = tqdm(
-            total=steps_per_run * len(todo),
-            desc=f"{task.name} grid",
-            unit="step",
-            dynamic_ncols=True,
-            disable=not progress,
+    state: dict[str, Any] = {}
+
+    def on_update(runs: list[dict]) -> None:
+        state["results"] = write_summary(runs)
+        if runs and save_models:
+            r = runs[-1]
+            _write_glue_card(
+                out_dir / "runs" / run_name(r["lr"], r["seed"]) / "model",
+                task,
+                settings,
+                state["results"],
+                data.source,
+                info,
+                lr=r["lr"],
+                seed=r["seed"],
+            )
+        if runs:
+            _write_glue_card(out_dir, task, settings, state["results"], data.source, info)
+
+    def run_one(lr: float, seed: int, run_dir: Path, callbacks: list[Any]) -> dict:
+        return train_one(
+            str(model_dir),
+            task,
+            settings,
+            lr,
+            seed,
+            train_ds,
+            dev,
+            tokenizer,
+            run_dir,
+            callbacks,
+            save_model=save_models,
+            report_to=report_to,
+            logging_dir=out_dir / "tensorboard" / run_name(lr, seed),
+            push_to_hub=push_to_hub,
+            hub_model_id=hub_run_id(hub_model_id, out_dir, lr, seed) if push_to_hub else None,
         )
-        try:
-            for k, (lr, seed) in enumerate(todo, 1):
-                label = f"run {k}/{len(todo)} lr={lr:g} seed={seed}"
-                bar.set_postfix_str(label)
-                run_dir = runs_dir / run_name(lr, seed)
-                if run_dir.exists():
-                    shutil.rmtree(run_dir)  # an unfinished run from an interrupted grid
-                run_dir.mkdir(parents=True)
-                start = bar.n
-                r = train_one(
-                    str(model_dir),
-                    task,
-                    settings,
-                    lr,
-                    seed,
-                    train_ds,
-                    dev,
-                    tokenizer,
-                    run_dir,
-                    [_progress_callback(bar, label)],
-                    save_model=save_models,
-                    report_to=report_to,
-                    logging_dir=out_dir / "tensorboard" / run_name(lr, seed),
-                    push_to_hub=push_to_hub,
-                    hub_model_id=hub_run_id(hub_model_id, out_dir, lr, seed) if push_to_hub else None,
-                )
-                bar.n = start + steps_per_run  # keep the ETA right if the Trainer's step count differed
-                bar.refresh()
-                r["fingerprint"] = fingerprint
-                atomic_write_json(
-                    run_dir / "result.json", r, indent=2, clean=True
-                )  # last: marks the run finished
-                runs.append(r)
-                results = write_summary(runs)
-                shown = ", ".join(
-                    f"{split}/{m}={v:.4f}" if v is not None else f"{split}/{m}=nan"
-                    for split, ms in r["scores"].items()
-                    for m, v in ms.items()
-                )
-                if save_models:
-                    _write_glue_card(
-                        run_dir / "model", task, settings, results, data.source, info, lr=lr, seed=seed
-                    )
-                _write_glue_card(out_dir, task, settings, results, data.source, info)
-                if progress:
-                    bar.write(f"lr={lr:g} seed={seed}: {shown} ({r['seconds']:.0f} s)")
-                else:
-                    log(f"lr={lr:g} seed={seed}: {shown} ({r['seconds']:.0f} s)")
-        finally:
-            bar.close()
+
+    def describe(r: dict) -> str:
+        return ", ".join(
+            f"{split}/{m}={v:.4f}" if v is not None else f"{split}/{m}=nan"
+            for split, ms in r["scores"].items()
+            for m, v in ms.items()
+        )
+
+    run_grid_loop(
+        out_dir,
+        grid,
+        done,
+        fingerprint,
+        run_one,
+        on_update,
+        steps_per_run,
+        f"{task.name} grid",
+        progress,
+        log,
+        describe,
+    )
+    results = state["results"]
     _write_glue_card(out_dir, task, settings, results, data.source, info)
     best = results["best"]
     if best is not None:
@@ -292,7 +274,7 @@ def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) ->
     return f"{base}-{run_name(lr, seed)}"
 
 
-def _converted_if_bert(model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable) -> Path:
+def converted_if_bert(model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable) -> Path:
     """A `transformers` BERT folder (BertForMaskedLM / BertModel) converted to `bert-a` in OUT/converted-bert-a
     (once; with its tokenizer), with a one-line notice; any other folder is returned as is."""
     from tupe.io.checkpoints import load_model
@@ -547,7 +529,7 @@ def run(args: argparse.Namespace) -> int:
         if not quiet:
             print(msg, flush=True)
 
-    with _stop_on_sigterm(args.out), hushed_libraries(args.progress, quiet):
+    with stop_on_sigterm(args.out, "tupe glue"), hushed_libraries(args.progress, quiet):
         _run_cli_grid(args, settings, log)
     return 0
 
@@ -577,7 +559,7 @@ class _Stopped(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm(out: str) -> Iterator[None]:
+def stop_on_sigterm(out: str, command: str) -> Iterator[None]:
     """SIGTERM (a scheduler's pre-emption) and Ctrl-C: say what was kept and how to continue, then exit 143 / 130."""
     import signal
     import threading
@@ -592,7 +574,7 @@ def _stop_on_sigterm(out: str) -> Iterator[None]:
     except KeyboardInterrupt as err:
         what = "SIGTERM" if isinstance(err, _Stopped) else "Ctrl-C"
         print(
-            f"tupe glue: stopped by {what}; the finished runs are kept in {Path(out) / 'runs'} (results.json "
+            f"{command}: stopped by {what}; the finished runs are kept in {Path(out) / 'runs'} (results.json "
             "lists them) and the run in progress is discarded: run the same command again to continue",
             file=sys.stderr,
             flush=True,
