@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             print(msg, flush=True)
 
     from tupe.glue.finetune import stop_on_sigterm
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     with stop_on_sigterm(args.out, "tupe finetune"), hushed_libraries(args.progress, quiet):
         finetune(
@@ -175,9 +175,9 @@ def _run(
     progress: bool,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    import tupe
     from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
     from tupe.io.files import atomic_write_json, atomic_write_text
+    from tupe.runtime import tupe_version
     from tupe.training.finetuning import finished_runs, run_grid, run_name
 
     info, config = inspect_checkpoint(model_dir, scheme)
@@ -294,7 +294,7 @@ def _run(
             "protocol": "mean over seeds per learning rate; best learning rate by the mean main metric; scores on "
             "the validation file after the last epoch"
             + (" (the best epoch by validation loss: early stopping)" if settings.early_stopping else ""),
-            "engine": {"trainer": "transformers.Trainer", "tupe": tupe.__version__},
+            "engine": {"trainer": "transformers.Trainer", "tupe": tupe_version()},
             "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid),
             "runs": sorted(
                 ({k: v for k, v in r.items() if k not in ("fingerprint", "loss_curve")} for r in runs),

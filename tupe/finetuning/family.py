@@ -54,7 +54,7 @@ class Family:
     def model_class(self) -> Any:
         import transformers
 
-        import tupe  # noqa: F401  (registers the tupe classes with the Auto classes)
+        import tupe.modeling  # noqa: F401  (registers the tupe classes with the Auto classes)
 
         return getattr(transformers, self.auto_class)
 

@@ -71,7 +71,7 @@ def train_one(
     """One (lr, seed) run: fresh classification head on the checkpoint, train, predict every dev split."""
     from transformers import DataCollatorWithPadding
 
-    from tupe import TupeForSequenceClassification
+    from tupe.modeling import TupeForSequenceClassification
 
     kwargs: dict[str, Any] = {"num_labels": task.num_labels}
     if not task.is_regression:
