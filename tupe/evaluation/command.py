@@ -18,12 +18,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
-
-EXTEND_METHODS = (
-    "none",
-    "interpolate",
-    "repeat",
-)  # tupe.evaluation.lengths (not imported: --help stays fast)
+from tupe.evaluation import EXTEND_METHODS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

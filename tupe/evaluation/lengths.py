@@ -27,7 +27,7 @@ import torch
 
 from tupe.errors import TupeError
 
-from .command import EXTEND_METHODS
+from . import EXTEND_METHODS
 from .evaluate import EvalModel, Settings, evaluate
 
 
