@@ -131,11 +131,14 @@ def read_text(path: Path) -> str:
 def json_records(path: Path, text: str) -> list[tuple[str, dict]]:
     """(location, record) of a JSON list/object of records or of JSON lines."""
     try:
+        if path.suffix.lower() == ".jsonl":
+            raise json.JSONDecodeError("JSON lines", text, 0)
         data = json.loads(text)
-        items = list(data.values()) if isinstance(data, dict) else data
-        if not isinstance(items, list):
+        if isinstance(data, dict):  # an object of records ({"0": {...}}), or one record
+            data = list(data.values()) if all(isinstance(v, dict) for v in data.values()) else [data]
+        if not isinstance(data, list):
             raise TupeError(f"{path}: expected JSON records (a list, or one object per line)")
-        records = [(f"{path} record {i}", r) for i, r in enumerate(items)]
+        records = [(f"{path} record {i}", r) for i, r in enumerate(data)]
     except json.JSONDecodeError:
         records = []
         for lineno, line in enumerate(text.split("\n"), start=1):

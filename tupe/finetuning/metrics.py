@@ -24,10 +24,10 @@ def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[st
 
     gold, predicted = [list(s) for s in gold], [list(s) for s in predicted]
     return {
-        "f1": 100.0 * f1_score(gold, predicted, zero_division=0),
-        "precision": 100.0 * precision_score(gold, predicted, zero_division=0),
-        "recall": 100.0 * recall_score(gold, predicted, zero_division=0),
-        "accuracy": 100.0 * accuracy_score(gold, predicted),
+        "f1": 100.0 * float(f1_score(gold, predicted, zero_division=0)),
+        "precision": 100.0 * float(precision_score(gold, predicted, zero_division=0)),
+        "recall": 100.0 * float(recall_score(gold, predicted, zero_division=0)),
+        "accuracy": 100.0 * float(accuracy_score(gold, predicted)),
     }
 
 
