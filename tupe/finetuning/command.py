@@ -140,9 +140,13 @@ def finetune(
 
     from tupe.glue.finetune import converted_if_bert
     from tupe.io.files import folder_lock
+    from tupe.io.outputs import OutputFolder
 
     with folder_lock(out_dir, "tupe finetune"):
-        model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log)
+        # what the command writes at the top of --out; anything there that it did not write stops it here
+        outputs = OutputFolder(out_dir, "tupe finetune")
+        outputs.claim("results.json", "predictions.jsonl", "runs")
+        model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log, outputs)
         return _run(
             model_dir,
             family,
@@ -157,6 +161,7 @@ def finetune(
             overwrite,
             progress,
             log,
+            outputs,
         )
 
 
@@ -174,6 +179,7 @@ def _run(
     overwrite: bool,
     progress: bool,
     log: Callable[[str], None],
+    outputs: Any,
 ) -> dict[str, Any]:
     from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
     from tupe.io.files import atomic_write_json, atomic_write_text
@@ -189,7 +195,7 @@ def _run(
         "model_weights_sha256": info.weights_sha256,
         "data_sha256": family.fingerprint(train, dev),
     }
-    done = finished_runs(out_dir, fingerprint, overwrite)
+    done = finished_runs(out_dir, fingerprint, overwrite, outputs)
     grid = [(lr, seed) for lr in settings.lrs for seed in settings.seeds]
     steps_per_run = int(math.ceil(math.ceil(len(train_ds) / settings.batch_size) * settings.epochs))
     log(
@@ -322,6 +328,7 @@ def _run(
         progress,
         log,
         describe,
+        outputs,
     )
     results = state["results"]
     if results["best"] is not None:

@@ -115,14 +115,14 @@ def one_split(path: Path, what: str) -> Any:
     return ds
 
 
+DATA_LIMIT = 4 * 1024**3  # a training file larger than this is not a text file of examples
+
+
 def read_text(path: Path) -> str:
-    """A file's text (UTF-8, byte-order mark dropped); empty or unreadable is a one-line error."""
-    if not path.is_file():
-        raise TupeError(f"{path}: no such file")
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    """A data file's text (a regular file, UTF-8, byte-order mark dropped); empty or unreadable is one line."""
+    from tupe.io.reading import read_text as read_bounded
+
+    text = read_bounded(path, DATA_LIMIT, "data file")
     if not text.strip():
         raise TupeError(f"{path}: empty file")
     return text

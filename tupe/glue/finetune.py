@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
-import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -46,8 +44,10 @@ from tupe.glue.tasks import TASKS, Split, get_task
 from tupe.glue.trainer import read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
 from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
+from tupe.io.outputs import OutputFolder
+from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import hushed_libraries
-from tupe.training.finetuning import finished_runs
+from tupe.training.finetuning import finished_runs, read_run_result  # noqa: F401  (re-exported)
 from tupe.training.finetuning import run_grid as run_grid_loop
 from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
@@ -91,7 +91,12 @@ def _run_grid(
     out_dir = Path(out_dir)
     if push_to_hub and not save_models:
         raise TupeError("--push-to-hub pushes the fine-tuned models, which only --save-models keeps: add it")
-    model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log)
+    # what this grid writes at the top of --out; anything there that tupe glue did not write stops it here
+    outputs = glue_outputs(out_dir)
+    outputs.claim(
+        "results.json", "README.md", "runs", *(["tensorboard"] if "tensorboard" in (report_to or []) else [])
+    )
+    model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log, outputs)
     info, config = inspect_checkpoint(model_dir, scheme)
     lrs_default, epochs_default = settings.lrs is None, settings.epochs is None
     settings = settings.resolved(task, config.max_position_embeddings, config.hidden_size)
@@ -116,7 +121,7 @@ def _run_grid(
     }
 
     # Resume: reuse finished runs made with the same model, data and settings.
-    done = finished_runs(out_dir, fingerprint, overwrite)
+    done = finished_runs(out_dir, fingerprint, overwrite, outputs)
     grid = [(lr, seed) for lr in settings.lrs for seed in settings.seeds]
     todo = [g for g in grid if g not in done]
     n_train = len(data.train)
@@ -251,6 +256,7 @@ def _run_grid(
         progress,
         log,
         describe,
+        outputs,
     )
     results = state["results"]
     _write_glue_card(out_dir, task, settings, results, data.source, info)
@@ -263,6 +269,40 @@ def _run_grid(
     return GridResult(out_dir, results)
 
 
+_GLUE_NAMES = {
+    "results.json",
+    "runs",
+    "README.md",
+    "tensorboard",
+    "converted-bert-a",
+    ".tmp-converted-bert-a",
+}
+
+
+def glue_outputs(out_dir: str | Path) -> OutputFolder:
+    """The output policy of a `tupe glue` folder (tupe/io/outputs.py); a folder written before tupe kept a record
+    is taken for a GLUE folder only if its results.json is one, and then only tupe glue's names are adopted."""
+    return OutputFolder(out_dir, "tupe glue", legacy=_is_legacy_glue_output)
+
+
+def _is_legacy_glue_output(path: Path) -> bool:
+    if path.name not in _GLUE_NAMES:
+        return False
+    try:
+        results = read_json(path.parent / "results.json", "GLUE results", RESULTS_LIMIT)
+    except TupeError:
+        return False
+    if not {"format", "task", "runs", "settings"} <= set(results):
+        return False
+    if path.name == "README.md":  # tupe's model card, not a user's README
+        try:
+            card = read_text(path, CONFIG_LIMIT, "model card")
+        except TupeError:
+            return False
+        return card.startswith("---\nlibrary_name: transformers") and "\n- tupe\n" in card
+    return True
+
+
 def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) -> str:
     """The Hub repository of one run's model: `--hub-model-id` (default: the --out folder's name) with the run's
     name appended, so the grid's runs do not overwrite one another: `me/tupe-a-rte-lr2e-05_seed1`."""
@@ -270,29 +310,33 @@ def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) ->
     return f"{base}-{run_name(lr, seed)}"
 
 
-def converted_if_bert(model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable) -> Path:
+def converted_if_bert(
+    model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable, outputs: OutputFolder | None = None
+) -> Path:
     """A `transformers` BERT folder (BertForMaskedLM / BertModel) converted to `bert-a` in OUT/converted-bert-a
     (once; with its tokenizer), with a one-line notice; any other folder is returned as is."""
     from tupe.io.checkpoints import load_model
 
     config_file = model_dir / "config.json"
     try:
-        model_type = json.loads(config_file.read_text()).get("model_type") if config_file.is_file() else None
-    except (OSError, ValueError, AttributeError):
+        model_type = read_json(config_file, "model config", CONFIG_LIMIT).get("model_type")
+    except TupeError:
         return model_dir  # inspect_checkpoint gives the one-line error
     if model_type != "bert":
         return model_dir
+    outputs = outputs or glue_outputs(out_dir)
+    outputs.claim("converted-bert-a", ".tmp-converted-bert-a")
     target = out_dir / "converted-bert-a"
     log(f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a in {target}")
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
     model, _ = load_model(model_dir)
     staging = out_dir / ".tmp-converted-bert-a"
-    shutil.rmtree(staging, ignore_errors=True)
+    outputs.remove(staging.name)
     model.save_pretrained(str(staging))
     if tokenizer_dir is None:
         load_tokenizer(model_dir, model.config, explicit=False).save_pretrained(str(staging))
-    shutil.rmtree(target, ignore_errors=True)
+    outputs.remove(target.name)
     staging.rename(target)
     return target
 

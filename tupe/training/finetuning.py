@@ -9,14 +9,16 @@ head, data and metrics) is the caller's: GLUE's sentence classification, or a `t
 
 from __future__ import annotations
 
-import json
-import shutil
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tupe.errors import TupeError
 from tupe.io.files import atomic_write_json
+
+if TYPE_CHECKING:
+    from tupe.io.outputs import OutputFolder
 
 
 def run_name(lr: float, seed: int) -> str:
@@ -184,25 +186,44 @@ def loss_curve(trainer: Any) -> list[tuple[int, float]]:
 # ------------------------------------------------------------------------------------------------------- grid
 
 
-def finished_runs(out_dir: Path, fingerprint: dict, overwrite: bool) -> dict[tuple[float, int], dict]:
+def read_run_result(path: Path) -> dict | None:
+    """A finished run's result.json, or None if it is not one (cut, garbage, wrong shape: the run is redone).
+    A FIFO, a device or an absurdly large file is refused by name (a `TupeError`) instead of blocking."""
+    from tupe.io.reading import RECORD_LIMIT, Refused, check_regular, read_json
+
+    check_regular(path, "run result")
+    try:
+        r = read_json(path, "run result", RECORD_LIMIT)
+    except Refused:
+        raise
+    except TupeError:
+        return None
+    lr, seed = r.get("lr"), r.get("seed")
+    if not isinstance(lr, float | int) or isinstance(lr, bool) or not isinstance(seed, int) or isinstance(seed, bool):
+        return None
+    return r
+
+
+def finished_runs(
+    out_dir: Path, fingerprint: dict, overwrite: bool, outputs: OutputFolder
+) -> dict[tuple[float, int], dict]:
     """The finished runs in `out_dir/runs` made with the same fingerprint; a run made otherwise is an error
-    (or, with `overwrite`, deleted)."""
+    (or, with `overwrite`, deleted through the folder's output policy)."""
     runs_dir = out_dir / "runs"
     done: dict[tuple[float, int], dict] = {}
     if not runs_dir.is_dir():
         return done
     for f in sorted(runs_dir.glob("*/result.json")):
-        try:
-            r = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # not finished (result.json is written last, atomically)
+        r = read_run_result(f)  # a FIFO or a huge file is refused by name
+        if r is None:
+            continue  # not finished (result.json is written last, atomically): redone
         if r.get("fingerprint") != fingerprint:
             if not overwrite:
                 raise TupeError(
                     f"{f}: a run made with other settings, model or data is in {out_dir}; "
                     "use a new --out, or --overwrite to discard those runs"
                 )
-            shutil.rmtree(f.parent)
+            outputs.remove(f.parent.relative_to(out_dir))
             continue
         done[(r["lr"], r["seed"])] = r
     return done
@@ -220,6 +241,7 @@ def run_grid(
     progress: bool,
     log: Callable[[str], None],
     describe: Callable[[dict], str],
+    outputs: OutputFolder,
 ) -> list[dict]:
     """Run every (lr, seed) of `grid` not in `done`, in order, under one progress bar. Each finished run's
     `result.json` is written last and atomically; `on_update(runs)` is called before the first run and after
@@ -241,8 +263,8 @@ def run_grid(
             label = f"run {k}/{len(todo)} lr={lr:g} seed={seed}"
             bar.set_postfix_str(label)
             run_dir = runs_dir / run_name(lr, seed)
-            if run_dir.exists():
-                shutil.rmtree(run_dir)  # an unfinished run from an interrupted grid
+            if os.path.lexists(run_dir):  # an unfinished run from an interrupted grid; never through a link
+                outputs.remove(run_dir.relative_to(out_dir))
             run_dir.mkdir(parents=True)
             start = bar.n
             r = run_one(lr, seed, run_dir, [progress_callback(bar, label)])
