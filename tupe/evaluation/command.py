@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=V.nonempty_path,
         metavar="PATH",
         help="text file(s), folders of them (recursive), globs, .gz, parquet/JSON/JSONL files, a saved `datasets` "
-        "folder or a cached `datasets` name NAME[:CONFIG], as `tupe pretrain --corpus`; all together are one text",
+        "folder or a cached `datasets` name NAME[:CONFIG], as `tupe pretrain --corpus`; all together are one text; "
+        "built-in: the shipped out-of-domain book (Great Astronomers, 1895 popular science, never trained on)",
     )
     p.add_argument(
         "--text-column", default="text", help="column of parquet/JSON/`datasets` text (default: text)"
@@ -238,17 +239,17 @@ def plot_path(args: argparse.Namespace) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tupe.data.corpus import resolve_corpus
     from tupe.runtime import hushed_libraries
 
     from .evaluate import Settings, evaluate, format_report, load_model
+    from .runs import resolve_text
 
     def log(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
     V.apply_threads(args.threads)
-    corpus = resolve_corpus(list(args.text), args.text_column, skip_bad_text=args.skip_bad_text)
+    corpus = resolve_text(list(args.text), args.text_column, skip_bad_text=args.skip_bad_text)
     models = []
     with hushed_libraries(args.progress and not args.quiet, args.quiet):
         for path in args.model:

@@ -74,7 +74,7 @@ class TupeEmbeddings(nn.Module):
     ) -> torch.Tensor:
         x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (b, n, hidden)
         if ctx.input_embedding is not None:
-            x = x + ctx.input_embedding.to(x.dtype)
+            x = x + ctx.input_embedding.to(x.device, x.dtype)  # a no-op for learned tables
         if self.LayerNorm is not None:
             x = self.LayerNorm(x)
         return self.dropout(x)
@@ -524,6 +524,18 @@ class TupeForMaskedLM(TupePreTrainedModel):
                     logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100
                 )
         return self._head_output(MaskedLMOutput, loss, logits, outputs, return_dict)
+
+    @classmethod
+    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype = torch.float32) -> TupeForMaskedLM:
+        """The authors' released TUPE checkpoint (fairseq format, `guolinke/TUPE`): `tupe-r` or `tupe-a`, its
+        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last).
+        `dictionary`: its `dict.txt`, checked against the vocabulary. Loaded without running pickled code; see
+        `tupe.modeling.fairseq` and docs/released-checkpoint.md."""
+        try:  # absolute and in a try: the converter is not part of the modeling code saved with a model
+            from tupe.modeling.fairseq import masked_lm_from_fairseq
+        except ImportError as err:  # pragma: no cover - remote-code copies without the tupe package
+            raise ImportError("from_fairseq needs the tupe package (pip install tupe)") from err
+        return masked_lm_from_fairseq(checkpoint, dictionary, dtype)
 
 
 class TupeClassificationHead(nn.Module):
