@@ -41,7 +41,10 @@ def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrid
     from tupe.modeling import TupeConfig
 
     values = dict(
-        shape_config(shape, seq_len), position_scheme=scheme, attention_kernel=backend_kernel(backend, scheme)
+        shape_config(shape, seq_len),
+        position_scheme=scheme,
+        attention_kernel=backend_kernel(backend, scheme),
+        sparse_prediction=True,  # as `tupe pretrain` trains (tupe/training/model.py)
     )
     return TupeConfig(**{**values, **overrides})
 
