@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tupe.io",),
     ("tupe.data",),
     ("tupe.training",),
-    ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench"),
+    ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench", "tupe.convert"),
     ("tupe.comparison",),
     ("tupe.cli",),
     ("tupe.__main__", "tupe"),
@@ -80,7 +80,8 @@ def layer_of(module: str) -> tuple[int, str]:
     best: tuple[int, str] | None = None
     for i, members in enumerate(LAYERS):
         for member in members:
-            if (module == member or module.startswith(member + ".")) and (
+            inside = module == member or (member != "tupe" and module.startswith(member + "."))
+            if inside and (
                 best is None or len(member) > len(best[1])
             ):
                 best = (i, member)

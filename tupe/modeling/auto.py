@@ -14,7 +14,7 @@ def register_auto_classes() -> None:
         AutoTokenizer,
     )
 
-    from tupe.data.fairseq_tokenizer import FairseqMosesBPETokenizer
+    from tupe.modeling.tokenization_fairseq import FairseqMosesBPETokenizer
 
     from .configuration_tupe import TupeConfig
     from .modeling_tupe import TupeForMaskedLM, TupeForSequenceClassification, TupeModel
