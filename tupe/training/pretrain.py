@@ -106,6 +106,27 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         return _pretrain(config)
 
 
+def _check_memory(v: dict[str, Any], per_step: int = 1) -> None:
+    """Sizes whose product cannot fit in this machine's memory stop the run before the BPE and the data, in one
+    line naming the options (not an allocation abort minutes later)."""
+    from tupe.validators import check_memory, model_bytes
+
+    try:
+        hidden, layers = int(v["hidden_size"]), int(v["num_hidden_layers"])
+        heads, inter = int(v["num_attention_heads"]), int(v["intermediate_size"])
+        batch, length, vocab = int(v["batch_size"]), int(v["max_length"]), int(v["vocab_size"])
+    except (KeyError, TypeError, ValueError):
+        return
+    activations = (
+        4 * max(1, batch // per_step) * layers * (12 * length * hidden + 2 * heads * length * length)
+    )
+    check_memory(
+        f"--vocab-size {vocab}, --hidden-size {hidden}, --num-layers {layers}, --batch-size {batch} and "
+        f"--max-length {length}",
+        model_bytes(vocab, hidden, layers, inter) + activations,
+    )
+
+
 def _pretrain(config: PretrainConfig) -> dict[str, Any]:
     from transformers import set_seed
 
@@ -130,6 +151,7 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
     ):
         if int(v[key]) <= 0:
             raise TupeError(f"--{key.replace('_', '-')} must be positive, got {v[key]}")
+    _check_memory(v, max(1, int(config.grad_accum) * int(os.environ.get("WORLD_SIZE", "1"))))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_step = world * config.grad_accum
     if v["batch_size"] % per_step:
