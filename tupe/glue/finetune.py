@@ -52,7 +52,7 @@ from tupe.training.finetuning import (
     add_run_arguments,
     finished_runs,
     grid_settings,
-)  # noqa: F401  (re-exported)
+)
 from tupe.training.finetuning import run_grid as run_grid_loop
 from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
