@@ -148,7 +148,7 @@ def _train_parallel(
     active: dict[str, tuple[Any, Path, int, Path]] = {}
     log_dir.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
-    total = sum(int(c.resolved()["max_steps"]) for _, c in jobs)
+    total = sum(int(c.resolve().max_steps) for _, c in jobs)
     bar = tqdm(total=total, desc="pre-training", unit="step", disable=not progress, dynamic_ncols=True)
     done_steps: dict[str, int] = {}
     # A SIGTERM (a scheduler, `kill`) must stop the runs too: without this the parent dies and its runs go on
@@ -165,7 +165,7 @@ def _train_parallel(
                 proc = ctx.Process(target=_child, args=(cfg, str(log_path)), name=name)
                 proc.start()
                 log(f"started {name} (pid {proc.pid}, log {log_path})")
-                active[name] = (proc, run_dir, int(cfg.resolved()["max_steps"]), log_path)
+                active[name] = (proc, run_dir, int(cfg.resolve().max_steps), log_path)
             time.sleep(1.0)
             for name, (proc, run_dir, steps, log_path) in list(active.items()):
                 done_steps[name] = min(steps, _last_step(run_dir))
@@ -230,7 +230,7 @@ def _compare(
     log,  # noqa: ANN001
 ) -> dict[str, Any]:
     seeds = seeds or [base.seed]
-    max_steps = int(base.resolved()["max_steps"])
+    max_steps = int(base.resolve().max_steps)
     dirs = run_dirs(out, schemes, seeds)
     jobs = []
     for (scheme, seed), run_dir in dirs.items():
