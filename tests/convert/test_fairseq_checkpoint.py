@@ -221,3 +221,30 @@ def test_what_tupe_cannot_represent_is_refused_by_name(tmp_path, bpe):
     short.write_text("the 5\n")
     with pytest.raises(TupeError, match=r"short.txt: 1 entries do not fit the checkpoint's"):
         TupeForMaskedLM.from_fairseq(path, short)
+
+
+@pytest.mark.slow
+def test_evaluate_analyze_and_glue_run_on_a_converted_folder(tmp_path, bpe):
+    from tests.convert.bpe import TEXT
+    from tupe.cli import main
+
+    path, *_ = _checkpoint(tmp_path, bpe, max_positions=32, tokens_per_sample=32)
+    codes, dict_txt, _ = bpe
+    model, text = tmp_path / "model", tmp_path / "text.txt"
+    text.write_text("\n".join(TEXT * 12) + "\n")
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+    rows = [f"{i % 2}\t{i}\t{i + 100}\t{TEXT[i % 7]}\t{TEXT[(i + 3) % 7]}\n" for i in range(16)]
+    (tmp_path / "train.tsv").write_text(header + "".join(rows))
+    (tmp_path / "dev.tsv").write_text(header + "".join(rows[:6]))
+    commands = [
+        f"convert fairseq {path} --dict {dict_txt} --bpe-codes {codes} --out {model}",
+        f"evaluate --model {model} --text {text} --max-length 16 --max-blocks 4 --pppl-tokens 8 --bootstrap 5 "
+        f"--cache-dir {tmp_path / 'cache'} --no-progress",
+        f"analyze --model {model} --text {text} --out {tmp_path / 'an'} --max-length 16 --num-blocks 2 --no-progress",
+        f"glue --model {model} --task MRPC --train-file {tmp_path / 'train.tsv'} --dev-file {tmp_path / 'dev.tsv'} "
+        f"--out {tmp_path / 'glue'} --lrs 1e-4 --seeds 1 --epochs 1 --max-seq-len 32 --no-progress",
+    ]
+    for command in commands:
+        assert main(command.split()) == 0, command
+    assert (tmp_path / "an" / "patterns.png").is_file()
+    assert (tmp_path / "glue" / "results.json").is_file()
