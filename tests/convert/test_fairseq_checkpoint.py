@@ -248,3 +248,31 @@ def test_evaluate_analyze_and_glue_run_on_a_converted_folder(tmp_path, bpe):
         assert main(command.split()) == 0, command
     assert (tmp_path / "an" / "patterns.png").is_file()
     assert (tmp_path / "glue" / "results.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel_pos", [True, False], ids=["tupe-r", "tupe-a"])
+def test_bert_base_shape_equals_the_released_forward(tmp_path, bpe, rel_pos):
+    """The released BERT-Base shape (12 x 768, 12 heads, FFN 3072, 512 positions), 160 tokens with and without
+    padding; prints the max abs differences reported in docs/RESULTS.md."""
+    from tupe import TupeForMaskedLM
+
+    args = fairseq_args(
+        encoder_layers=12, encoder_embed_dim=768, encoder_ffn_embed_dim=3072, encoder_attention_heads=12,
+        max_positions=512, tokens_per_sample=512, rel_pos=rel_pos,
+    )  # fmt: skip
+    vocab = 7 + len(read_dict_txt(bpe[1])) + 1
+    sd = random_state_dict(args, vocab, scale=0.05)
+    save_checkpoint(tmp_path / "base.pt", args, sd)
+    model = TupeForMaskedLM.from_fairseq(tmp_path / "base.pt", bpe[1], dtype=torch.float64)
+    ids = _tokens(vocab, [160, 97], 160)
+    mask = (ids != 1).long()
+    with torch.no_grad():
+        want = released_forward(sd, args, ids[:1])
+        full = (model(ids[:1]).logits - want).abs().max().item()
+        padded = (model(ids, attention_mask=mask).logits - released_forward(sd, args, ids))[mask.bool()]
+    padded = padded.abs().max().item()
+    print(f"\nlogits up to {want.abs().max().item():.1f} in magnitude", end="")
+    print(f"\n{model.config.position_scheme} BERT-Base shape, 160 tokens: max |logit diff| {full:.2e} unpadded, "
+          f"{padded:.2e} padded")  # fmt: skip
+    assert full < TOL and padded < TOL
