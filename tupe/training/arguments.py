@@ -16,6 +16,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.training.optimizers import OPTIMIZERS
 from tupe.training.presets import PRESETS, get_preset
 from tupe.training.reporting import (
     add_hub_arguments,
@@ -52,6 +53,7 @@ class PretrainConfig:
     learning_rate: float | None = None
     warmup_steps: int | None = None
     weight_decay: float | None = None
+    optimizer: str | None = None  # a name of tupe.training.optimizers.OPTIMIZERS
     positional_lr_scale: float = 1.0
     positional_weight_decay: float | None = None
     adam_beta1: float | None = None
@@ -106,6 +108,8 @@ class ResolvedConfig(PretrainConfig):
         from tupe.training.model import check_scheme
 
         check_scheme(self.scheme)
+        if self.optimizer not in OPTIMIZERS:
+            raise TupeError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
         for key in _POSITIVE:
             if int(getattr(self, key)) <= 0:
                 raise TupeError(f"--{key.replace('_', '-')} must be positive, got {getattr(self, key)}")
@@ -220,13 +224,15 @@ def add_model_data_arguments(
     )
     g.add_argument(
         "--vocab-size",
-        type=V.positive_int,
+        type=V.int_range(8, V.MAX_VOCAB),
         help="BPE vocabulary size to train (preset: 8192 mini, 32768 base/paper)",
     )
     g.add_argument(
         "--tokenizer-max-mb", type=V.positive_float, help="train the BPE on the first N MB of text only"
     )
-    g.add_argument("--max-length", type=V.int_range(2), help="block length in tokens ([CLS] included)")
+    g.add_argument(
+        "--max-length", type=V.int_range(2, V.MAX_LENGTH), help="block length in tokens ([CLS] included)"
+    )
     g.add_argument(
         "--valid-every", type=V.int_range(2), help="1 block in N is validation (default 200: 199:1)"
     )
@@ -239,10 +245,10 @@ def add_model_data_arguments(
     m.add_argument(
         "--preset", default="mini", choices=sorted(PRESETS), help="size and budget (default: mini)"
     )
-    m.add_argument("--hidden-size", type=V.positive_int)
-    m.add_argument("--num-layers", dest="num_hidden_layers", type=V.positive_int)
-    m.add_argument("--num-heads", dest="num_attention_heads", type=V.positive_int)
-    m.add_argument("--intermediate-size", type=V.positive_int)
+    m.add_argument("--hidden-size", type=V.int_range(1, V.MAX_WIDTH))
+    m.add_argument("--num-layers", dest="num_hidden_layers", type=V.int_range(1, V.MAX_LAYERS))
+    m.add_argument("--num-heads", dest="num_attention_heads", type=V.int_range(1, V.MAX_WIDTH))
+    m.add_argument("--intermediate-size", type=V.int_range(1, 16 * V.MAX_WIDTH))
     m.add_argument("--dropout", type=V.unit_interval)
     m.add_argument(
         "--max-position-embeddings",
@@ -264,7 +270,12 @@ def add_model_data_arguments(
     o.add_argument(
         "--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)"
     )
-    o.add_argument("--max-steps", type=V.positive_int)
+    o.add_argument("--max-steps", type=V.int_range(1, V.MAX_STEPS))
+    o.add_argument(
+        "--optimizer",
+        choices=list(OPTIMIZERS),
+        help="optimizer (default adamw, the paper's; part of the run: --resume refuses a change)",
+    )
     o.add_argument("--lr", dest="learning_rate", type=V.positive_float, help="peak learning rate")
     o.add_argument("--warmup-steps", type=V.nonneg_int)
     o.add_argument("--weight-decay", type=V.nonneg_float)
@@ -418,7 +429,9 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         "--out", default="tupe-demo", type=V.nonempty_path, help="output folder (default: ./tupe-demo)"
     )
     p.add_argument("--schemes", default="bert-a,tupe-a", help="schemes to compare (default: bert-a,tupe-a)")
-    p.add_argument("--max-steps", type=V.positive_int, help=f"steps per scheme (default {DEMO_STEPS})")
+    p.add_argument(
+        "--max-steps", type=V.int_range(1, V.MAX_STEPS), help=f"steps per scheme (default {DEMO_STEPS})"
+    )
     p.add_argument(
         "--corpus",
         nargs="+",

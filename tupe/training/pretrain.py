@@ -78,6 +78,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     from tupe.validators import check_out_folder, check_path_kind
 
     run = config.resolve()
+    _check_memory(run)
     out = check_out_folder("--out", run.out, must_exist=run.resume and not run.prepare_only)
     if run.resume and not run.prepare_only and not (out / RUN_FILE).is_file() and not list_checkpoints(out):
         raise TupeError(
@@ -92,6 +93,23 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
         return _pretrain(run)
     with folder_lock(out, "tupe pretrain"):
         return _pretrain(run)
+
+
+def _check_memory(run: ResolvedConfig) -> None:
+    """Sizes whose product cannot fit in this machine's memory stop the run before the BPE and the data, in one
+    line naming the options (not an allocation abort minutes later)."""
+    from tupe.validators import check_memory, model_bytes
+
+    hidden, layers, heads = run.hidden_size, run.num_hidden_layers, run.num_attention_heads
+    length, vocab = run.max_length, run.vocab_size
+    activations = (
+        4 * run.per_device_batch_size * layers * (12 * length * hidden + 2 * heads * length * length)
+    )
+    check_memory(
+        f"--vocab-size {vocab}, --hidden-size {hidden}, --num-layers {layers}, --batch-size {run.batch_size} and "
+        f"--max-length {length}",
+        model_bytes(vocab, hidden, layers, run.intermediate_size) + activations,
+    )
 
 
 def _pretrain(run: ResolvedConfig) -> dict[str, Any]:
@@ -216,7 +234,8 @@ def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: di
     keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_length")
     keys += ("vocab_size", "batch_size", "max_steps", "learning_rate", "warmup_steps", "weight_decay")
     keys += ("adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "mlm_probability")
-    recipe = {"preset": run.preset, **{k: getattr(run, k) for k in keys}, "seed": run.seed}
+    recipe = {"preset": run.preset, "optimizer": run.optimizer, **{k: getattr(run, k) for k in keys}}
+    recipe["seed"] = run.seed
     recipe["objective"] = "masked LM (15% of tokens: 80% [MASK], 10% random, 10% kept)"
     data = (
         f"{corpus.describe()}; byte-level BPE tokenizer ({run.vocab_size} entries), packed into "
