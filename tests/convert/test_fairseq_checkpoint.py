@@ -101,7 +101,15 @@ def test_convert_command_writes_a_complete_folder(tmp_path, bpe):
     from tupe.cli import main
     from tupe.io.checkpoints import load_model_and_tokenizer
 
-    path, args, sd, _ = _checkpoint(tmp_path, bpe, heads={"sentence_classification_head": 2})
+    # a float64 checkpoint (as a released model run in float64 saves): converted without rounding
+    args = fairseq_args()
+    sd = random_state_dict(
+        args, 7 + len(read_dict_txt(bpe[1])) + 1, heads={"sentence_classification_head": 2}
+    )
+    sd = {k: v.double() if v.is_floating_point() else v for k, v in sd.items()}
+    sd["decoder.lm_head.weight"] = sd[ENC + "embed_tokens.weight"]
+    path = tmp_path / "checkpoint_best.pt"
+    save_checkpoint(path, args, sd)
     out = tmp_path / "converted"
     codes, dict_txt, _ = bpe
     argv = [
@@ -132,7 +140,8 @@ def test_convert_command_writes_a_complete_folder(tmp_path, bpe):
     )
     assert json.loads((out / "config.json").read_text())["pretrain_steps"] == 1000
 
-    model = AutoModelForMaskedLM.from_pretrained(out, dtype=torch.float64).eval()
+    model = AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert model.dtype == torch.float64
     tok = AutoTokenizer.from_pretrained(out)
     enc = tok(
         ["The lazy dog jumps.", "Mr. Smith went to Washington, and the fox followed."],

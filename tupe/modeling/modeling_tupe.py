@@ -616,9 +616,10 @@ class TupeForMaskedLM(TupePreTrainedModel):
         return self._head_output(MaskedLMOutput, loss, logits, outputs, return_dict)
 
     @classmethod
-    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype = torch.float32) -> TupeForMaskedLM:
+    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype | None = None) -> TupeForMaskedLM:
         """The authors' released TUPE checkpoint (fairseq format, `guolinke/TUPE`): `tupe-r` or `tupe-a`, its
-        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last).
+        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last); in
+        `dtype` (default float32, float64 for a float64 checkpoint).
         `dictionary`: its `dict.txt`, checked against the vocabulary. Loaded without running pickled code; see
         `tupe.modeling.fairseq` and docs/released-checkpoint.md."""
         try:  # absolute and in a try: the converter is not part of the modeling code saved with a model
