@@ -16,80 +16,28 @@ import importlib.util
 import sys
 from typing import Any
 
-# name -> submodule of tupe.modeling that defines it
-_MODEL_ATTRIBUTES = {
-    "POSITION_SCHEMES": "configuration_tupe",
-    "TupeConfig": "configuration_tupe",
-    "TupeForMaskedLM": "modeling_tupe",
-    "TupeForSequenceClassification": "modeling_tupe",
-    "TupeModel": "modeling_tupe",
-    "TupePreTrainedModel": "modeling_tupe",
+# The public API, listed once: name -> the module that defines it (imported on first use).
+_PUBLIC = {
+    "POSITION_SCHEMES": "tupe.modeling",
+    "TupeConfig": "tupe.modeling",
+    "TupeForMaskedLM": "tupe.modeling",
+    "TupeForSequenceClassification": "tupe.modeling",
+    "TupeModel": "tupe.modeling",
+    "TupePreTrainedModel": "tupe.modeling",
+    "tune_cpu_allocator": "tupe.runtime",
 }
 
-__all__ = [
-    "POSITION_SCHEMES",
-    "TupeConfig",
-    "TupeForMaskedLM",
-    "TupeForSequenceClassification",
-    "TupeModel",
-    "TupePreTrainedModel",
-    "__version__",
-    "tune_cpu_allocator",
-]
-
-_registered = False
+__all__ = sorted([*_PUBLIC, "__version__"])
 
 
-def _version() -> str:
-    """The installed distribution's version (package metadata)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tupe")
-    except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
-        return "0+unknown"
-
-
-def _register(from_modeling: bool = False) -> None:
-    """Register the model with the `transformers` Auto classes (once; imports torch and transformers).
-
-    While `tupe.modeling` is being imported (its configuration imports transformers, which fires the import
-    hook) registration waits: `tupe.modeling` calls this with `from_modeling=True` once its classes exist."""
-    global _registered
-    if _registered:
-        return
+def _register() -> None:
+    """Register the model with the `transformers` Auto classes: importing `tupe.modeling` does it (once; it
+    imports torch and transformers). While `tupe.modeling` is being imported (its configuration imports
+    transformers, which fires the import hook) there is nothing to do: it registers when its classes exist."""
     modeling = sys.modules.get(f"{__name__}.modeling")
-    if not from_modeling and getattr(getattr(modeling, "__spec__", None), "_initializing", False):
+    if getattr(getattr(modeling, "__spec__", None), "_initializing", False):
         return
-    _registered = True  # first: importing transformers below must not re-enter through the import hook
-    try:
-        _register_auto_classes()
-    except BaseException:
-        _registered = False
-        raise
-
-
-def _register_auto_classes() -> None:
-    from transformers import (
-        AutoConfig,
-        AutoModel,
-        AutoModelForMaskedLM,
-        AutoModelForSequenceClassification,
-    )
-
-    from .modeling import TupeConfig, TupeForMaskedLM, TupeForSequenceClassification, TupeModel
-
-    AutoConfig.register("tupe", TupeConfig, exist_ok=True)
-    AutoModel.register(TupeConfig, TupeModel, exist_ok=True)
-    AutoModelForMaskedLM.register(TupeConfig, TupeForMaskedLM, exist_ok=True)
-    AutoModelForSequenceClassification.register(TupeConfig, TupeForSequenceClassification, exist_ok=True)
-
-    # Saved checkpoints carry the modeling code and an `auto_map`, so users without `tupe` installed can load them
-    # with `trust_remote_code=True`.
-    TupeConfig.register_for_auto_class()
-    TupeModel.register_for_auto_class("AutoModel")
-    TupeForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
-    TupeForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+    importlib.import_module(f"{__name__}.modeling")
 
 
 class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
@@ -115,13 +63,11 @@ class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        value = _version()
-    elif name == "tune_cpu_allocator":
-        from .runtime import tune_cpu_allocator as value
-    elif name in _MODEL_ATTRIBUTES:
-        _register()
-        module = importlib.import_module(f".modeling.{_MODEL_ATTRIBUTES[name]}", __name__)
-        value = getattr(module, name)
+        from .runtime import tupe_version
+
+        value = tupe_version()
+    elif name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

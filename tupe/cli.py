@@ -25,11 +25,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("tupe.glue.report", "GLUE results as a table like the paper's Table 1 (Markdown, CSV)"),
     "pretrain": ("tupe.training.pretrain", "pre-train one positional scheme with masked LM on a corpus"),
     "compare": (
-        "tupe.training.compare",
+        "tupe.comparison.compare",
         "pre-train several schemes on identical data and compare validation loss",
     ),
     "demo": (
-        "tupe.training.demo",
+        "tupe.comparison.demo",
         "pre-train bert-a and tupe-a (mini) side by side on the built-in corpus and say what came out",
     ),
     "plot": (
@@ -95,9 +95,9 @@ def _add_arguments_function(name: str):  # noqa: ANN202
 
 def version() -> str:
     """The installed package's version (package metadata)."""
-    from tupe import _version
+    from tupe.runtime import tupe_version
 
-    return _version()
+    return tupe_version()
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""Process-wide CPU settings that make small-shape training faster; the `tupe` command applies them.
+"""Process-wide settings every command shares: the CPU allocator tuning that makes small-shape training faster
+(the `tupe` command applies it), the libraries' progress bars and verbosity (`hushed_libraries`) and the version.
 
 glibc's malloc hands every large block (a step's logits, attention scores, activations) back to the kernel
 when it is freed and maps fresh zeroed pages for the next step: at the `mini` shape that was about a million
@@ -13,9 +14,11 @@ users may call it themselves. `TUPE_MALLOC_TUNING=0` in the environment turns it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
+from collections.abc import Iterator
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -57,3 +60,41 @@ def tune_cpu_allocator() -> bool:
 def cpu_allocator_tuned() -> bool:
     """Whether `tune_cpu_allocator` is in effect in this process (recorded by `tupe bench`)."""
     return bool(_tuned)
+
+
+def tupe_version() -> str:
+    """The installed distribution's version (package metadata); `tupe.__version__`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tupe")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
+        return "0+unknown"
+
+
+@contextlib.contextmanager
+def hushed_libraries(progress: bool = True, quiet: bool = False) -> Iterator[None]:
+    """`--no-progress` / `--quiet` for the libraries too, while the command runs: no "Writing model shards" /
+    "Loading weights" / `datasets` bars without progress; only errors from `transformers` and `datasets` with
+    --quiet. The previous settings come back afterwards."""
+    import datasets
+    import transformers
+
+    hf = transformers.utils.logging
+    saved = (hf.get_verbosity(), hf.is_progress_bar_enabled())
+    saved_ds = (datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled())
+    if not progress or quiet:
+        hf.disable_progress_bar()
+        datasets.disable_progress_bars()
+    if quiet:
+        hf.set_verbosity_error()
+        datasets.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf.set_verbosity(saved[0])
+        datasets.logging.set_verbosity(saved_ds[0])
+        if saved[1]:
+            hf.enable_progress_bar()
+        if saved_ds[1]:
+            datasets.enable_progress_bars()

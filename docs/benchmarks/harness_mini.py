@@ -18,7 +18,7 @@ if sys.argv[1] == "tuned":
 
     tupe.tune_cpu_allocator()
 from tupe.bench import runner  # noqa: E402
-from tupe.bench.command import preset_shape  # noqa: E402
+from tupe.bench.flops import preset_shape  # noqa: E402
 
 torch.set_num_threads(2)
 dropout = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0

@@ -41,6 +41,7 @@ def test_model_flops_match_pytorch_flop_counter(scheme):
         num_attention_heads=SHAPE.num_attention_heads,
         intermediate_size=SHAPE.intermediate_size,
         position_scheme=scheme,
+        sparse_prediction=True,  # as benchmarked (runner.tupe_config)
     )
     model = TupeForMaskedLM(config)
     model.config._attn_implementation = "eager"  # the reference: no extra work from folding

@@ -306,3 +306,56 @@ def test_train_and_dev_parquet_files(tmp_path, glue_dir, monkeypatch):
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
     with pytest.raises(TupeError, match=r"junk\.parquet: cannot read it as parquet"):
         read_split_file(mrpc, tmp_path / "junk.parquet")
+
+
+def test_a_csv_task_is_one_table_entry(tmp_path, monkeypatch):
+    """A user's task is one `GlueTask` entry: read from quoted CSV files, its label set checked, its own
+    regression range, and a `tupe report` column of its own."""
+    from tupe.glue import tasks as T
+    from tupe.glue.report import task_columns
+
+    monkeypatch.setattr(T, "TASKS", dict(T.TASKS))
+    task = T.register_task(
+        T.GlueTask(
+            name="Reviews",
+            text_columns=("review",),
+            label_column="stars",
+            tsv_labels=("1", "2", "3"),
+            train_file="train.csv",
+            dev_files={"dev": "dev.csv"},
+        )
+    )
+    d = tmp_path / "reviews"
+    d.mkdir()
+    (d / "train.csv").write_text('id,review,stars\n1,"fine, if long",3\n2,"said ""no""\nthen left",1\n')
+    (d / "dev.csv").write_text("id,review,stars\n7,ok,2\n")
+    data = load_task("reviews", tmp_path)
+    assert data.train.text_a == ["fine, if long", 'said "no"\nthen left'] and data.train.labels == [2, 0]
+    assert data.train.index == [2, 3] and data.dev["dev"].labels == [1]
+    assert task.main_metric == "accuracy" and task.hf_dev_splits == {"dev": "validation"}
+    assert ("Reviews", "Reviews", "dev", "accuracy") in task_columns()
+    (d / "dev.csv").write_text("id,review,stars\n7,ok,2\n8,bad,6\n")
+    with pytest.raises(TupeError, match=r"dev\.csv:3: unknown label '6' for Reviews"):
+        load_task("Reviews", tmp_path)
+    (d / "dev.csv").write_text("id,review,stars\n7,ok\n")
+    with pytest.raises(TupeError, match=r"dev\.csv:2: malformed row: 2 comma-separated fields, expected 3"):
+        load_task("Reviews", tmp_path)
+    with pytest.raises(TupeError, match="already in the table"):
+        T.register_task(task)
+
+    score = T.GlueTask(
+        name="Score", text_columns=("a", "b"), regression_range=(-1.0, 1.0), metrics=("pearson",)
+    )
+    f = tmp_path / "s.csv"
+    f.write_text("a,b,label\nx,y,-0.5\nx,z,2\n")
+    with pytest.raises(TupeError, match=r"s\.csv:3: score '2' is outside the Score range -1-1"):
+        read_split_file(score, f)
+
+
+def test_a_task_entry_is_checked():
+    from tupe.glue.tasks import GlueTask
+
+    with pytest.raises(ValueError, match="either tsv_labels or regression_range"):
+        GlueTask(name="X", text_columns=("a",))
+    with pytest.raises(ValueError, match="main_metric 'mcc' is not one of its metrics"):
+        GlueTask(name="X", text_columns=("a",), tsv_labels=("0", "1"), main_metric="mcc")

@@ -63,8 +63,8 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             p = layer_norm(
                 p, g("positional.untied.LayerNorm.weight"), g("positional.untied.LayerNorm.bias"), eps
             )
-            pq = p @ g("positional.untied.query.weight").T + g("positional.untied.query.bias")
-            pk = p @ g("positional.untied.key.weight").T + g("positional.untied.key.bias")
+            pq = p @ g("positional.untied.pos_query.weight").T + g("positional.untied.pos_query.bias")
+            pk = p @ g("positional.untied.pos_key.weight").T + g("positional.untied.pos_key.bias")
             return pq.view(-1, heads, d), pk.view(-1, heads, d)  # (m, h, d)
 
         PQ, PK = project(g("positional.untied.embeddings.weight")[:n])

@@ -130,8 +130,8 @@ def test_sparse_and_dense_prediction_give_the_same_loss():
     ids = torch.randint(5, 50, (2, 12))
     labels = torch.full_like(ids, -100)
     labels[0, 3], labels[1, 7], labels[1, 8] = 11, 12, 13
-    sparse = TupeForMaskedLM(tiny_config("tupe-a")).eval()
-    dense = TupeForMaskedLM(tiny_config("tupe-a", sparse_prediction=False)).eval()
+    sparse = TupeForMaskedLM(tiny_config("tupe-a", sparse_prediction=True)).eval()
+    dense = TupeForMaskedLM(tiny_config("tupe-a")).eval()  # the default: (batch, seq, vocab) logits
     dense.load_state_dict(sparse.state_dict())
     s, d = sparse(ids, labels=labels), dense(ids, labels=labels)
     assert s.logits.shape == (3, 50) and d.logits.shape == (2, 12, 50)

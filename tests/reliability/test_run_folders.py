@@ -245,7 +245,7 @@ def test_overwrite_follows_the_record_of_what_tupe_wrote(tmp_path) -> None:  # n
     out = tmp_path / "run"
     out.mkdir()
     record_written(out, "tupe_run.json", "metrics.jsonl", "checkpoint-2", "my-own-output.bin")
-    for name in ("tupe_run.json", "metrics.jsonl", "my-own-output.bin", ".metrics.jsonl.a1b2c3d4.tmp"):
+    for name in ("tupe_run.json", "metrics.jsonl", "my-own-output.bin", ".metrics.jsonl.tupe-a1b2c3d4.tmp"):
         (out / name).write_text("tupe\n")
     (out / "checkpoint-2").mkdir()
     (out / "checkpoint-2" / "model.safetensors").write_text("w")

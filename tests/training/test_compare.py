@@ -96,7 +96,7 @@ def test_demo_runs_end_to_end_on_a_small_corpus(tiny_corpus: Path, tmp_path: Pat
     assert run["model"]["hidden_size"] == 128 and run["optim"]["warmup_steps"] == 100
     # the paired recomputation agrees with each run's own final evaluation
     from tupe.analysis.curves import read_metrics
-    from tupe.training.paired import paired_comparison
+    from tupe.comparison.paired import paired_comparison
 
     paired = paired_comparison({s: out / s for s in ("bert-a", "tupe-a")}, reference="bert-a", resamples=50)
     for s in ("bert-a", "tupe-a"):
@@ -145,8 +145,8 @@ def test_compare_several_seeds_in_parallel(
 
 
 def test_parse_seeds() -> None:
+    from tupe.comparison.compare import parse_seeds
     from tupe.errors import TupeError
-    from tupe.training.compare import parse_seeds
 
     assert parse_seeds("0,1,2") == [0, 1, 2] and parse_seeds("3-5") == [3, 4, 5] and parse_seeds("7") == [7]
     for bad in ("a", "1,1", ""):
@@ -155,7 +155,7 @@ def test_parse_seeds() -> None:
 
 
 def test_validation_warning_wording() -> None:
-    from tupe.training.paired import MIN_VALID_BLOCKS, validation_warning
+    from tupe.comparison.paired import MIN_VALID_BLOCKS, validation_warning
 
     assert MIN_VALID_BLOCKS == 100
     clear = {

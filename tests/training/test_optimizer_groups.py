@@ -32,7 +32,7 @@ def test_relative_bias_table_is_decayed_and_biases_are_not() -> None:
     assert g["tupe.positional.relative.bias.weight"] == (1e-3, 0.01)  # a table, although named "bias"
     assert g["tupe.positional.untied.embeddings.weight"] == (1e-3, 0.01)
     assert g["tupe.positional.untied.theta_positions"] == (1e-3, 0.01)
-    assert g["tupe.positional.untied.query.bias"] == (1e-3, 0.0)
+    assert g["tupe.positional.untied.pos_query.bias"] == (1e-3, 0.0)
     assert g["tupe.positional.untied.LayerNorm.weight"] == (1e-3, 0.0)
     assert g["tupe.layers.0.attention.qkv.weight"] == (1e-3, 0.01)
     assert g["tupe.layers.0.attention.qkv.bias"] == (1e-3, 0.0)

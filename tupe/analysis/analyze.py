@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     V.check_out_folder("--out", args.out)
     if args.text is not None:
         V.check_path_kind("--text", args.text, "any")
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     if args.tokenizer is not None:
         V.check_path_kind("--tokenizer", args.tokenizer, "folder")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from tupe import validators as V
 from tupe.errors import TupeError
 
-from .flops import Shape
+from .flops import Shape, preset_shape
 
 if TYPE_CHECKING:
     import torch
@@ -145,21 +145,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="no log lines on stderr (progress, matmul peaks); the tables only",
     )
     V.annotate_ranges(parser)
-
-
-def preset_shape(name: str, layers: int | None = None) -> Shape:
-    """The model shape and vocabulary of a preset of tupe.training.presets."""
-    from tupe.training.presets import get_preset
-
-    preset = get_preset(name)
-    return Shape(
-        hidden_size=preset["hidden_size"],
-        num_hidden_layers=layers or preset["num_hidden_layers"],
-        num_attention_heads=preset["num_attention_heads"],
-        intermediate_size=preset["intermediate_size"],
-        vocab_size=preset["vocab_size"],
-        dropout=preset.get("dropout", 0.1),
-    )
 
 
 def parse_shapes(text: str | None, preset: str, layers: int | None = None) -> list[tuple[str, Shape]]:
@@ -381,7 +366,7 @@ def _loadavg() -> list[float] | None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from tupe import POSITION_SCHEMES
+    from tupe.modeling import POSITION_SCHEMES
 
     from .runner import BACKENDS
 

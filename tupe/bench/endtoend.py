@@ -1,7 +1,7 @@
 """End-to-end mode of `tupe bench`: time `tupe pretrain` itself against the bare training step.
 
-The run is a separate process, `python -m tupe.bench.endtoend STAMPS.json pretrain ...`, which is `tupe pretrain`
-with one addition: the start time of every `Trainer.training_step` is recorded (wall clock) and written to
+The run is a separate process, `python -m tupe.bench.endtoend STAMPS.json ...`, which is `tupe pretrain ...`
+(its parser, allocator setting and `run`) with one addition: the start time of every `Trainer.training_step` is recorded (wall clock) and written to
 STAMPS.json at exit. From the stamps and the launch time:
 
 - time to first step: launch of the process to the start of the first training step (imports, tokenizer and
@@ -34,7 +34,7 @@ def run_pretrain_timed(
     pretrain_args: list[str], steps_file: Path, log_file: Path | None = None, env: dict | None = None
 ) -> dict:
     """Run `tupe pretrain ARGS` in a child process; returns launch time, step stamps, wall time and peak RSS."""
-    cmd = [sys.executable, "-m", "tupe.bench.endtoend", str(steps_file), "pretrain", *pretrain_args]
+    cmd = [sys.executable, "-m", "tupe.bench.endtoend", str(steps_file), *pretrain_args]
     out = open(log_file, "w") if log_file else subprocess.DEVNULL  # noqa: SIM115
     try:
         t_launch = time.time()
@@ -114,8 +114,7 @@ def compare_end_to_end(groups: list[dict], args, schemes: list[str], threads: in
     """For each scheme: bare step, `tupe pretrain` end to end, bare step again; the ratio of tokens/s."""
     from tupe.training.presets import get_preset
 
-    from .command import preset_shape
-    from .flops import Shape
+    from .flops import Shape, preset_shape
 
     preset = get_preset(args.preset)
     seq_len, batch_size = int(preset["max_length"]), int(preset["batch_size"])
@@ -185,10 +184,21 @@ def compare_end_to_end(groups: list[dict], args, schemes: list[str], threads: in
 
 
 def _child(steps_file: str, argv: list[str]) -> int:
-    """`tupe ARGV` with the start of every training step recorded into `steps_file`."""
+    """`tupe pretrain ARGV` with the start of every training step recorded into `steps_file`."""
+    import argparse
+
+    from tupe.runtime import tune_cpu_allocator
+    from tupe.training.arguments import add_pretrain_arguments
+
+    parser = argparse.ArgumentParser(prog="tupe pretrain")
+    add_pretrain_arguments(parser)
+    args = parser.parse_args(argv)
+    tune_cpu_allocator()  # as the `tupe` command does before any command runs
     starts: list[float] = []
     try:
         from transformers import Trainer
+
+        from tupe.training.pretrain import run
 
         original = Trainer.training_step
 
@@ -197,9 +207,7 @@ def _child(steps_file: str, argv: list[str]) -> int:
             return original(self, *a, **k)
 
         Trainer.training_step = training_step
-        from tupe.cli import main
-
-        return main(argv)
+        return run(args)
     finally:
         Path(steps_file).write_text(json.dumps({"step_starts": starts}))
 

@@ -30,6 +30,21 @@ class Shape:
     dropout: float = 0.1
 
 
+def preset_shape(name: str, layers: int | None = None) -> Shape:
+    """The model shape and vocabulary of a preset of tupe.training.presets."""
+    from tupe.training.presets import get_preset
+
+    preset = get_preset(name)
+    return Shape(
+        hidden_size=preset["hidden_size"],
+        num_hidden_layers=layers or preset["num_hidden_layers"],
+        num_attention_heads=preset["num_attention_heads"],
+        intermediate_size=preset["intermediate_size"],
+        vocab_size=preset["vocab_size"],
+        dropout=preset.get("dropout", 0.1),
+    )
+
+
 def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted_rows: int) -> float:
     """Matmul FLOPs of one forward pass (multiply-add = 2 FLOPs).
 

@@ -38,10 +38,13 @@ def backend_kernel(backend: str, scheme: str) -> str:
 
 def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrides):
     """The benchmarked `TupeConfig` of a scheme x backend (`overrides`: e.g. a tiny vocabulary)."""
-    from tupe import TupeConfig
+    from tupe.modeling import TupeConfig
 
     values = dict(
-        shape_config(shape, seq_len), position_scheme=scheme, attention_kernel=backend_kernel(backend, scheme)
+        shape_config(shape, seq_len),
+        position_scheme=scheme,
+        attention_kernel=backend_kernel(backend, scheme),
+        sparse_prediction=True,  # as `tupe pretrain` trains (tupe/training/model.py)
     )
     return TupeConfig(**{**values, **overrides})
 
@@ -155,7 +158,7 @@ def build_tupe(
     compute_dtype: torch.dtype | None = None,
 ) -> Candidate:
     """A TupeForMaskedLM candidate; `compute_dtype` (the autocast dtype, if any) decides the kernel label."""
-    from tupe import TupeForMaskedLM
+    from tupe.modeling import TupeForMaskedLM
 
     config = tupe_config(scheme, backend, shape, seq_len)
     torch.manual_seed(0)

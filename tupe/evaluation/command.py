@@ -18,6 +18,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.evaluation import EXTEND_METHODS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,6 +58,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="block length (default: the smallest max length of the models sharing a tokenizer)",
     )
     p.add_argument(
+        "--lengths",
+        type=V.int_list(2),
+        metavar="L,L,...",
+        help="evaluate at each of these block lengths (e.g. 128,256,512,1024): one row per model and length, "
+        "paired differences from the first model, and a plot of loss against length (--plot)",
+    )
+    p.add_argument(
+        "--extend-positions",
+        choices=EXTEND_METHODS,
+        default="none",
+        help="with --lengths, how a learned position table reaches lengths beyond its trained rows: none (default: "
+        "the model is reported as having no positions there), interpolate (trained rows resampled linearly), "
+        "repeat (trained rows copied end to end, as Longformer); schemes without a table run at any length",
+    )
+    p.add_argument(
+        "--plot",
+        type=V.nonempty_path,
+        metavar="PNG",
+        help="with --lengths, write the plot of loss against length here (default: beside --json, as "
+        "NAME.png; none without --json)",
+    )
+    p.add_argument(
         "--batch-size", type=V.positive_int, default=16, help="blocks per forward pass (default 16)"
     )
     p.add_argument(
@@ -71,9 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pppl-tokens",
         type=V.nonneg_int,
-        default=2000,
         metavar="N",
-        help="pseudo-perplexity on a random sample of N tokens (one forward pass each; default 2000, 0 = off)",
+        help="pseudo-perplexity on a random sample of N tokens (one forward pass each; default 2000, 0 = off; "
+        "with --lengths default 0)",
     )
     p.add_argument(
         "--bootstrap",
@@ -111,6 +134,9 @@ def command_line(args: argparse.Namespace) -> str:
         "tokenizer",
         "max_blocks",
         "max_length",
+        "lengths",
+        "extend_positions",
+        "plot",
         "batch_size",
         "seed",
         "mlm_probability",
@@ -121,6 +147,10 @@ def command_line(args: argparse.Namespace) -> str:
         "json",
     ):
         value = getattr(args, opt, None)
+        if opt == "lengths" and value is not None:
+            value = ",".join(map(str, value))
+        if opt == "extend_positions" and (value == "none" or not getattr(args, "lengths", None)):
+            continue
         if value is not None:
             parts += [f"--{opt.replace('_', '-')}", str(value)]
     if getattr(args, "text_column", "text") != "text":
@@ -139,10 +169,10 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    import tupe
+    from tupe.runtime import tupe_version
 
     return {
-        "tupe": tupe.__version__,
+        "tupe": tupe_version(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -179,11 +209,27 @@ def check_paths(args: argparse.Namespace) -> None:
         V.check_out_folder("--cache-dir", args.cache_dir)
     if args.json is not None:
         V.check_out_file("--json", args.json)
+    if getattr(args, "lengths", None):
+        if args.max_length is not None:
+            raise TupeError("--max-length and --lengths exclude each other: give the lengths in --lengths")
+        if plot_path(args) is not None:
+            V.check_out_file("--plot", plot_path(args))
+    elif getattr(args, "plot", None) or getattr(args, "extend_positions", "none") != "none":
+        raise TupeError("--plot and --extend-positions go with --lengths")
+
+
+def plot_path(args: argparse.Namespace) -> Path | None:
+    """--plot, else NAME.png beside --json NAME.json (with --lengths), else none."""
+    if getattr(args, "plot", None):
+        return Path(args.plot).expanduser()
+    if args.json:
+        return Path(args.json).expanduser().with_suffix(".png")
+    return None
 
 
 def _run(args: argparse.Namespace) -> int:
     from tupe.data.corpus import resolve_corpus
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     from .evaluate import Settings, evaluate, format_report, load_model
 
@@ -200,20 +246,37 @@ def _run(args: argparse.Namespace) -> int:
             log(
                 f"model: {path}: {models[-1].description}, {models[-1].num_parameters / 1e6:.2f} M parameters"
             )
+    lengths = getattr(args, "lengths", None)
+    pppl = args.pppl_tokens if args.pppl_tokens is not None else (0 if lengths else 2000)
     settings = Settings(
         seed=args.seed,
         mlm_probability=args.mlm_probability,
         max_blocks=args.max_blocks,
         max_length=args.max_length,
         batch_size=args.batch_size,
-        pppl_tokens=args.pppl_tokens,
+        pppl_tokens=pppl,
         bootstrap=args.bootstrap,
         cache_dir=args.cache_dir,
         progress=args.progress and not args.quiet,
     )
-    result = evaluate(models, corpus, settings, log=log)
-    result = {"command": command_line(args), "versions": versions(), **result}
-    print(format_report(result))
+    if lengths:
+        from .lengths import evaluate_lengths, plot_lengths
+        from .report import format_lengths_report
+
+        result = evaluate_lengths(models, corpus, lengths, settings, args.extend_positions, log=log)
+        png = plot_path(args)
+        if png is not None:
+            result["plot"] = str(plot_lengths(result, png))
+        result = {"command": command_line(args), "versions": versions(), **result}
+        print(format_lengths_report(result))
+        if png is not None:
+            log(f"wrote {png}")
+        else:
+            log("no plot written: give --plot FILE.png (or --json) for loss against length")
+    else:
+        result = evaluate(models, corpus, settings, log=log)
+        result = {"command": command_line(args), "versions": versions(), **result}
+        print(format_report(result))
     if args.json:
         write_json(Path(args.json).expanduser(), result)
         log(f"wrote {args.json}")

@@ -41,6 +41,7 @@ class EvalModel:
     tokenizer: Any
     max_length: int
     num_parameters: int
+    train_length: int | None = None  # block length of pre-training, when the run recorded it (tupe_run.json)
 
     def target_nll(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Per-row sum of -log p(label) over the positions whose label is not -100 (float64, shape (rows,)).
@@ -72,7 +73,7 @@ def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> Eva
     from transformers import BertForMaskedLM
     from transformers.utils import logging as hf_logging
 
-    import tupe  # noqa: F401  (registers the tupe model type with the Auto classes)
+    import tupe.modeling  # noqa: F401  (registers the tupe model type with the Auto classes)
     from tupe.io.checkpoints import (
         check_model_weights,
         inspect_checkpoint,
@@ -136,6 +137,7 @@ def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> Eva
     else:
         description = "transformers BertForMaskedLM (transformers' own code)"
     return EvalModel(
+        train_length=training_length(path),
         path=path,
         name=str(path),
         kind=kind,
@@ -145,6 +147,20 @@ def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> Eva
         max_length=int(config.max_position_embeddings),
         num_parameters=sum(p.numel() for p in model.parameters()),
     )
+
+
+def training_length(path: Path) -> int | None:
+    """The block length a `tupe pretrain` run trained on (`data.max_length` of its tupe_run.json, in the run
+    folder or above a checkpoint-N folder); None for other folders. Table rows beyond it were never trained."""
+    import json
+
+    for folder in (path, path.parent):
+        try:
+            value = json.loads((folder / "tupe_run.json").read_text())["data"]["max_length"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return int(value) if isinstance(value, int) else None
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ masking
@@ -458,6 +474,10 @@ def evaluate(
         per_model = {}
         for m in g.models:
             log(f"evaluating {m.name} ({m.description})")
+            if m.train_length and length > m.train_length:
+                log(
+                    f"note: {m.name} was trained on blocks of {m.train_length}: positions {m.train_length}+ are new"
+                )
             per_model[m.name] = _model_pass(m, g, settings, ppl_ks, ppl_pos)
 
         stats: dict[str, list[tuple[float, Ratio]]] = {
@@ -498,6 +518,7 @@ def evaluate(
                 "description": m.description,
                 "num_parameters": m.num_parameters,
                 "max_length": m.max_length,
+                "train_length": m.train_length,
                 "tokenizer_group": gid,
                 "loss": _ci(ci[f"{m.name}/loss"]),
                 "perplexity": _ci(ci[f"{m.name}/loss"], _exp),

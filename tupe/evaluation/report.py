@@ -83,3 +83,44 @@ def format_report(result: dict[str, Any]) -> str:
     if len(result["tokenizer_groups"]) > 1:
         out += ["", "models with different tokenizers see different tokens: compare them within a group only"]
     return "\n".join(out)
+
+
+def format_lengths_report(result: dict[str, Any]) -> str:
+    """`tupe evaluate --lengths`: one row per model and length (loss, word order, paired difference from the
+    first model, a note when a table was extended, never trained, or has no row there)."""
+    s = result["settings"]
+    ci = f"{int(s['ci_level'] * 100)}% CI" if s["bootstrap_resamples"] else "no CI"
+    ref = result["reference"]
+    ext = result["extend_positions"]
+    out = [
+        f"text: {result['text']['description']} ({result['text']['bytes']:,} bytes)",
+        f"loss: mean nats per masked token (seed {s['seed']}, {s['mlm_probability']:.0%} masked, 80/10/10) at "
+        f"each block length; [{ci}: bootstrap over blocks, {s['bootstrap_resamples']} resamples]; learned "
+        f"position tables beyond their trained rows: {ext if ext != 'none' else 'not extended (--extend-positions)'}",
+        "",
+    ]
+    header = ["model", "length", "blocks", "loss", "word order", f"{ref} - model", "note"]
+    rows = []
+    for e in result["by_length"]:
+        if not e["evaluated"]:
+            rows.append([e["model"], str(e["length"]), "-", "-", "-", "-", e["note"] or ""])
+            continue
+        diff = "-" if e["model"] == ref else _fmt(e["first_minus_model"], signed=True)
+        rows.append(
+            [
+                e["model"],
+                str(e["length"]),
+                f"{e['blocks']:,}",
+                _fmt(e["loss"]),
+                _fmt(e["word_order_delta"], signed=True),
+                diff,
+                e["note"] or "",
+            ]
+        )
+    out += _table(header, rows)
+    out += [
+        "",
+        f"paired differences ({ref} - model) use the same blocks and masks at each length; lengths differ in "
+        "their blocks, so compare a model across lengths by its loss, not by pairs",
+    ]
+    return "\n".join(out)

@@ -46,12 +46,8 @@ from tupe.glue.tasks import TASKS, Split, get_task
 from tupe.glue.trainer import _progress_callback, read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
 from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
-from tupe.training.reporting import (
-    add_hub_arguments,
-    add_report_arguments,
-    hushed_libraries,
-    parse_report_to,
-)
+from tupe.runtime import hushed_libraries
+from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
 
 @dataclass
@@ -164,7 +160,7 @@ def _run_grid(
         dev[name] = (split, to_dataset(enc, task.is_regression))
         dev_at_max[name] = enc.at_max_length
 
-    import tupe
+    from tupe.runtime import tupe_version
 
     def write_summary(runs: list[dict]) -> dict:
         summary = summarize(task, runs, settings.lrs, settings.seeds)
@@ -195,7 +191,7 @@ def _run_grid(
             "settings": asdict(settings),
             "protocol": "median over seeds per learning rate; best learning rate by the median main metric "
             "(TUPE paper, Table 2); scores are the dev scores after the last epoch",
-            "engine": {"trainer": "transformers.Trainer", "tupe": tupe.__version__, **_versions()},
+            "engine": {"trainer": "transformers.Trainer", "tupe": tupe_version(), **_versions()},
             "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid),
             "runs": sorted(
                 (

@@ -20,20 +20,17 @@ from typing import Any
 from tupe import validators as V
 from tupe.errors import TupeError
 
-# (column, task, dev split, metric): the paper's Table 1 order; WNLI is extra (the paper leaves it out).
-COLUMNS: list[tuple[str, str, str, str]] = [
-    ("MNLI-m", "MNLI", "dev_matched", "accuracy"),
-    ("MNLI-mm", "MNLI", "dev_mismatched", "accuracy"),
-    ("QNLI", "QNLI", "dev", "accuracy"),
-    ("QQP", "QQP", "dev", "accuracy"),
-    ("SST", "SST-2", "dev", "accuracy"),
-    ("CoLA", "CoLA", "dev", "mcc"),
-    ("MRPC", "MRPC", "dev", "accuracy"),
-    ("RTE", "RTE", "dev", "accuracy"),
-    ("STS", "STS-B", "dev", "pearson"),
-    ("WNLI", "WNLI", "dev", "accuracy"),
-]
-PAPER_COLUMNS = [c[0] for c in COLUMNS if c[0] != "WNLI"]
+
+def task_columns() -> list[tuple[str, str, str, str]]:
+    """(column, task, dev split, metric) of every task in the table (`GlueTask.report_columns`), in table order:
+    the paper's Table 1 order for GLUE, then any task added to the table."""
+    from tupe.glue.tasks import TASKS
+
+    return [(col, t.name, split, metric) for t in TASKS.values() for col, split, metric in t.report_columns]
+
+
+COLUMNS = task_columns()
+PAPER_COLUMNS = ["MNLI-m", "MNLI-mm", "QNLI", "QQP", "SST", "CoLA", "MRPC", "RTE", "STS"]  # Table 1
 
 # The paper's Table 1 (BERT-Base, GLUE dev), Ke et al., ICLR 2021, Table 1: (name, scheme, steps, the 9 numbers).
 PAPER_ROWS: list[tuple[str, str, int, list[float]]] = [
@@ -179,7 +176,7 @@ def build_rows(paths: list[Path]) -> list[Row]:
             continue
         subset = any((data.get("settings") or {}).get(k) for k in ("max_train_samples", "max_eval_samples"))
         best_lr = next((e for e in (data.get("per_lr") or {}).values() if e.get("lr") == best["lr"]), None)
-        for col, task, split, metric in COLUMNS:
+        for col, task, split, metric in task_columns():
             if task == data["task"]:
                 value = best["median"].get(split, {}).get(metric)
                 if value is not None:
@@ -225,7 +222,7 @@ def _add_majority(data: dict[str, Any]) -> None:
     """The majority-class baseline of a task's dev split(s): always predicting the most frequent dev label gives
     its accuracy, MCC 0 (CoLA); STS-B (regression) has none."""
     majority = (data.get("data") or {}).get("dev_majority_accuracy") or {}
-    for col, task, split, metric in COLUMNS:
+    for col, task, split, metric in task_columns():
         if task != data["task"]:
             continue
         acc = majority.get(split)
@@ -250,7 +247,7 @@ def paper_rows() -> list[Row]:
 
 def table_columns(rows: list[Row]) -> list[str]:
     present = {c for r in rows if r.source == "ours" for c in r.cells}
-    return [c for c, *_ in COLUMNS if c in present]
+    return [c for c, *_ in task_columns() if c in present]
 
 
 def average_columns(rows: list[Row], columns: list[str]) -> list[str]:

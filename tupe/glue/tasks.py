@@ -17,31 +17,66 @@ from pathlib import Path
 from tupe.errors import TupeError, one_line
 
 
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
 @dataclass(frozen=True)
 class GlueTask:
-    """How one GLUE task is laid out on disk and scored."""
+    """One sentence(-pair) task as data: where its files are, which columns hold the texts and the label, its label
+    set (or regression range), its metrics and its `tupe report` columns. A new task is one entry in `TASKS`
+    (or `register_task`); every field but the name and text columns has a default (docs/glue.md, "Your own task").
+    """
 
     name: str  # canonical name, as in the GLUE directory layout ("SST-2")
-    hf_name: str  # `datasets` config name ("sst2")
-    text_columns: tuple[
-        str, ...
-    ]  # TSV header names of sentence A (and B); for CoLA: column indices as strings
-    label_column: str
-    tsv_labels: tuple[str, ...]  # label strings in the TSV, in id order; () for regression
-    label_names: tuple[str, ...]  # human-readable names, in id order (the `datasets` ClassLabel names)
-    metrics: tuple[str, ...]  # metric names computed on every dev split
-    main_metric: str  # the paper's metric: used to pick the best learning rate
-    epochs: int  # the paper's epoch count
+    # header names of sentence A (and B); for a headerless layout (CoLA): column indices as strings
+    text_columns: tuple[str, ...]
+    label_column: str = "label"
+    tsv_labels: tuple[str, ...] = ()  # label strings in the files, in id order; () for a regression task
+    regression_range: tuple[float, float] | None = None  # (low, high) of a regression task's scores
+    metrics: tuple[str, ...] = ("accuracy",)  # metric names computed on every dev split (tupe.glue.metrics)
+    main_metric: str = ""  # used to pick the best learning rate; default: the first of `metrics`
+    epochs: int = 3  # the default epoch count (the paper's for GLUE)
+    train_file: str = "train.tsv"  # file names in the task folder; .tsv/.csv/.json/.jsonl/.parquet by suffix
     dev_files: dict[str, str] = field(default_factory=lambda: {"dev": "dev.tsv"})
-    hf_text_columns: tuple[str, ...] = ()
+    label_names: tuple[str, ...] = ()  # human-readable names in id order; default: `tsv_labels`
+    hf_name: str = ""  # `datasets` config name ("sst2"); default: the name in lower case without "-"/"_"
+    hf_text_columns: tuple[str, ...] = ()  # the `datasets` column names; default: `text_columns`
     hf_dev_splits: dict[str, str] = field(default_factory=lambda: {"dev": "validation"})
     header: bool = True
     n_columns: int | None = None  # exact column count where the layout fixes it (CoLA, STS-B, ...)
     aliases: tuple[str, ...] = ()
+    # (column, dev split, metric) of `tupe report`; default: one column named after the task, its main metric
+    report_columns: tuple[tuple[str, str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if bool(self.tsv_labels) == (self.regression_range is not None):
+            raise ValueError(f"task {self.name!r}: give either tsv_labels or regression_range")
+        if len(self.text_columns) not in (1, 2):
+            raise ValueError(f"task {self.name!r}: one or two text columns, got {len(self.text_columns)}")
+        if set(self.dev_files) != set(self.hf_dev_splits):
+            if self.hf_dev_splits == {"dev": "validation"}:  # the default: one `validation` per dev file
+                object.__setattr__(self, "hf_dev_splits", {k: "validation" for k in self.dev_files})
+            else:
+                raise ValueError(f"task {self.name!r}: dev_files and hf_dev_splits name different splits")
+        defaults = {
+            "main_metric": self.metrics[0],
+            "label_names": self.tsv_labels,
+            "hf_name": _norm(self.name),
+            "hf_text_columns": self.text_columns,
+            "report_columns": ((self.name, next(iter(self.dev_files)), self.main_metric or self.metrics[0]),),
+        }
+        for key, value in defaults.items():
+            if not getattr(self, key):
+                object.__setattr__(self, key, value)
+        if self.main_metric not in self.metrics:
+            raise ValueError(
+                f"task {self.name!r}: main_metric {self.main_metric!r} is not one of its metrics"
+            )
 
     @property
     def is_regression(self) -> bool:
-        return not self.tsv_labels
+        return self.regression_range is not None
 
     @property
     def num_labels(self) -> int:
@@ -52,137 +87,111 @@ class GlueTask:
         return len(self.text_columns) == 2
 
 
+_BINARY = ("0", "1")
+_NLI2 = ("entailment", "not_entailment")
+
+# The paper's Table 1 order (`tupe report` keeps it); WNLI last, as the paper leaves it out.
 TASKS: dict[str, GlueTask] = {
     t.name: t
     for t in [
         GlueTask(
+            name="MNLI",
+            text_columns=("sentence1", "sentence2"),
+            label_column="gold_label",
+            tsv_labels=("entailment", "neutral", "contradiction"),
+            epochs=5,
+            dev_files={"dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv"},
+            hf_text_columns=("premise", "hypothesis"),
+            hf_dev_splits={"dev_matched": "validation_matched", "dev_mismatched": "validation_mismatched"},
+            report_columns=(("MNLI-m", "dev_matched", "accuracy"), ("MNLI-mm", "dev_mismatched", "accuracy")),
+        ),
+        GlueTask(
+            name="QNLI",
+            text_columns=("question", "sentence"),
+            tsv_labels=_NLI2,
+            epochs=5,
+            n_columns=4,
+        ),
+        GlueTask(
+            name="QQP",
+            text_columns=("question1", "question2"),
+            label_column="is_duplicate",
+            tsv_labels=_BINARY,
+            label_names=("not_duplicate", "duplicate"),
+            metrics=("accuracy", "f1"),
+            epochs=5,
+            n_columns=6,
+        ),
+        GlueTask(
+            name="SST-2",
+            text_columns=("sentence",),
+            tsv_labels=_BINARY,
+            label_names=("negative", "positive"),
+            epochs=10,
+            n_columns=2,
+            aliases=("SST2", "SST"),
+            report_columns=(("SST", "dev", "accuracy"),),
+        ),
+        GlueTask(
             name="CoLA",
-            hf_name="cola",
             # no header; columns: source, label, original mark, sentence
             text_columns=("3",),
             label_column="1",
-            tsv_labels=("0", "1"),
+            tsv_labels=_BINARY,
             label_names=("unacceptable", "acceptable"),
             metrics=("mcc",),
-            main_metric="mcc",
             epochs=10,
             hf_text_columns=("sentence",),
             header=False,
             n_columns=4,
         ),
         GlueTask(
-            name="SST-2",
-            hf_name="sst2",
-            text_columns=("sentence",),
-            label_column="label",
-            tsv_labels=("0", "1"),
-            label_names=("negative", "positive"),
-            metrics=("accuracy",),
-            main_metric="accuracy",
-            epochs=10,
-            hf_text_columns=("sentence",),
-            n_columns=2,
-            aliases=("SST2", "SST"),
-        ),
-        GlueTask(
             name="MRPC",
-            hf_name="mrpc",
             text_columns=("#1 String", "#2 String"),
             label_column="Quality",
-            tsv_labels=("0", "1"),
+            tsv_labels=_BINARY,
             label_names=("not_equivalent", "equivalent"),
             metrics=("accuracy", "f1"),
-            main_metric="accuracy",
             epochs=10,
             hf_text_columns=("sentence1", "sentence2"),
             n_columns=5,
         ),
         GlueTask(
+            name="RTE",
+            text_columns=("sentence1", "sentence2"),
+            tsv_labels=_NLI2,
+            epochs=10,
+            n_columns=4,
+        ),
+        GlueTask(
             name="STS-B",
-            hf_name="stsb",
             text_columns=("sentence1", "sentence2"),
             label_column="score",
-            tsv_labels=(),
-            label_names=(),
+            regression_range=(0.0, 5.0),
             metrics=("pearson", "spearman"),
-            main_metric="pearson",
             epochs=10,
-            hf_text_columns=("sentence1", "sentence2"),
             n_columns=10,
             aliases=("STSB", "STS"),
-        ),
-        GlueTask(
-            name="QQP",
-            hf_name="qqp",
-            text_columns=("question1", "question2"),
-            label_column="is_duplicate",
-            tsv_labels=("0", "1"),
-            label_names=("not_duplicate", "duplicate"),
-            metrics=("accuracy", "f1"),
-            main_metric="accuracy",
-            epochs=5,
-            hf_text_columns=("question1", "question2"),
-            n_columns=6,
-        ),
-        GlueTask(
-            name="MNLI",
-            hf_name="mnli",
-            text_columns=("sentence1", "sentence2"),
-            label_column="gold_label",
-            tsv_labels=("entailment", "neutral", "contradiction"),
-            label_names=("entailment", "neutral", "contradiction"),
-            metrics=("accuracy",),
-            main_metric="accuracy",
-            epochs=5,
-            dev_files={"dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv"},
-            hf_text_columns=("premise", "hypothesis"),
-            hf_dev_splits={"dev_matched": "validation_matched", "dev_mismatched": "validation_mismatched"},
-        ),
-        GlueTask(
-            name="QNLI",
-            hf_name="qnli",
-            text_columns=("question", "sentence"),
-            label_column="label",
-            tsv_labels=("entailment", "not_entailment"),
-            label_names=("entailment", "not_entailment"),
-            metrics=("accuracy",),
-            main_metric="accuracy",
-            epochs=5,
-            hf_text_columns=("question", "sentence"),
-            n_columns=4,
-        ),
-        GlueTask(
-            name="RTE",
-            hf_name="rte",
-            text_columns=("sentence1", "sentence2"),
-            label_column="label",
-            tsv_labels=("entailment", "not_entailment"),
-            label_names=("entailment", "not_entailment"),
-            metrics=("accuracy",),
-            main_metric="accuracy",
-            epochs=10,
-            hf_text_columns=("sentence1", "sentence2"),
-            n_columns=4,
+            report_columns=(("STS", "dev", "pearson"),),
         ),
         GlueTask(
             name="WNLI",
-            hf_name="wnli",
             text_columns=("sentence1", "sentence2"),
-            label_column="label",
-            tsv_labels=("0", "1"),
+            tsv_labels=_BINARY,
             label_names=("not_entailment", "entailment"),
-            metrics=("accuracy",),
-            main_metric="accuracy",
             epochs=10,
-            hf_text_columns=("sentence1", "sentence2"),
             n_columns=4,
         ),
     ]
 }
 
 
-def _norm(name: str) -> str:
-    return name.lower().replace("-", "").replace("_", "")
+def register_task(task: GlueTask) -> GlueTask:
+    """Add a task to the table (from Python), so `load_task`, the fine-tuning grid and `tupe report` know it."""
+    if any(_norm(task.name) == _norm(t.name) for t in TASKS.values()):
+        raise TupeError(f"a task named {task.name!r} is already in the table")
+    TASKS[task.name] = task
+    return task
 
 
 def get_task(name: str) -> GlueTask:
@@ -225,6 +234,13 @@ class TaskData:
     source: str
 
 
+def _check_score(task: GlueTask, score: float, what: str) -> float:
+    lo, hi = task.regression_range  # type: ignore[misc]
+    if not math.isfinite(score) or not lo <= score <= hi:
+        raise TupeError(f"{what} is outside the {task.name} range {lo:g}-{hi:g}")
+    return score
+
+
 def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
     value = raw.strip()
     if task.is_regression:
@@ -234,9 +250,7 @@ def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
             raise TupeError(
                 f"{where}: score {raw!r} is not a number (column {task.label_column!r})"
             ) from None
-        if not math.isfinite(score) or not 0.0 <= score <= 5.0:
-            raise TupeError(f"{where}: score {raw!r} is outside the STS-B range 0-5")
-        return score
+        return _check_score(task, score, f"{where}: score {raw!r}")
     try:
         return task.tsv_labels.index(value)
     except ValueError:
@@ -245,29 +259,58 @@ def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
         ) from None
 
 
-def read_tsv(task: GlueTask, path: str | Path) -> Split:
-    """Read one GLUE TSV file of `task` with quoting off; any malformed row is an error naming file and line."""
-    path = Path(path)
+def _decoded(path: Path, what: str) -> str:
     if not path.is_file():
-        raise TupeError(f"{path}: no such file (expected the GLUE {task.name} layout)")
+        raise TupeError(f"{path}: no such file (expected {what})")
     try:
-        # utf-8-sig drops MRPC's byte-order mark; split on "\n" only (str.splitlines would also split on the
-        # form feeds and Unicode separators that a few GLUE sentences contain).
-        # bytes, not read_text: universal-newline mode would also split rows on a lone "\r" inside a sentence
-        text = path.read_bytes().decode("utf-8-sig")
+        # bytes, not read_text: universal-newline mode would also split rows on a lone "\r" inside a sentence;
+        # utf-8-sig drops a byte-order mark (MRPC's files start with one)
+        return path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def _tsv_rows(text: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of a tab-separated text with quoting off. Split on "\n" only: str.splitlines would
+    also split on the form feeds and Unicode separators that a few GLUE sentences contain."""
     # a file with a "\r" but no "\n" at all has old Mac (CR-only) line ends: then "\r" ends a row
     lines = text.split("\r" if "\n" not in text and "\r" in text else "\n")
     if lines and lines[-1] == "":
         lines.pop()
-    first_data_line = 1
+    return [(n, line.rstrip("\r").split("\t")) for n, line in enumerate(lines, start=1)]
+
+
+def _csv_rows(path: Path, text: str) -> list[tuple[int, list[str]]]:
+    """(line number where the row starts, fields) of a CSV text (RFC 4180 quoting; a field may span lines)."""
+    import csv
+    import io
+
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    rows: list[tuple[int, list[str]]] = []
+    start = 1
+    try:
+        for fields in reader:
+            rows.append((start, fields if fields else [""]))
+            start = reader.line_num + 1
+    except csv.Error as err:
+        raise TupeError(f"{path}:{reader.line_num}: not valid CSV ({err})") from None
+    return rows
+
+
+def read_delimited(task: GlueTask, path: str | Path, delimiter: str = "\t") -> Split:
+    """Read one TSV (quoting off, as GLUE's files need) or CSV (`delimiter=","`, quoted fields) file of `task`;
+    any malformed row is an error naming file and line."""
+    path = Path(path)
+    kind = "tab-separated" if delimiter == "\t" else "comma-separated"
+    text = _decoded(
+        path, f"the {task.name} layout" if task.name not in TASKS else f"the GLUE {task.name} layout"
+    )
+    rows = _tsv_rows(text) if delimiter == "\t" else _csv_rows(path, text)
     if task.header:
-        if not lines:
+        if not rows:
             raise TupeError(f"{path}:1: empty file, expected a header line")
-        header = [h.strip() for h in lines[0].rstrip("\r").split("\t")]
-        needed = (*task.text_columns, task.label_column)
-        for name in needed:
+        header = [h.strip() for h in rows[0][1]]
+        for name in (*task.text_columns, task.label_column):
             if name not in header:
                 raise TupeError(
                     f"{path}:1: missing column {name!r} for {task.name} (header has: {', '.join(header)[:200]})"
@@ -280,7 +323,7 @@ def read_tsv(task: GlueTask, path: str | Path) -> Split:
         n_columns = len(header)
         cols = [header.index(c) for c in task.text_columns]
         label_col = header.index(task.label_column)
-        first_data_line = 2
+        rows = rows[1:]
     else:
         n_columns = task.n_columns or 0
         cols = [int(c) for c in task.text_columns]
@@ -290,16 +333,13 @@ def read_tsv(task: GlueTask, path: str | Path) -> Split:
     text_b: list[str] = []
     labels: list[int | float] = []
     index: list[int] = []
-    for lineno, line in enumerate(lines[first_data_line - 1 :], start=first_data_line):
-        line = line.rstrip("\r")
-        if line == "":
+    for lineno, fields in rows:
+        if fields == [""]:
             continue
-        fields = line.split("\t")
         where = f"{path}:{lineno}"
         if len(fields) != n_columns:
             raise TupeError(
-                f"{where}: malformed row: {len(fields)} tab-separated fields, expected {n_columns} "
-                f"for {task.name}"
+                f"{where}: malformed row: {len(fields)} {kind} fields, expected {n_columns} for {task.name}"
             )
         labels.append(_parse_label(task, fields[label_col], where))
         text_a.append(fields[cols[0]])
@@ -309,6 +349,11 @@ def read_tsv(task: GlueTask, path: str | Path) -> Split:
     if not labels:
         raise TupeError(f"{path}: no examples")
     return Split(str(path), text_a, text_b if task.is_pair else None, labels, index)  # type: ignore[arg-type]
+
+
+def read_tsv(task: GlueTask, path: str | Path) -> Split:
+    """Read one GLUE TSV file of `task` with quoting off; any malformed row is an error naming file and line."""
+    return read_delimited(task, path, "\t")
 
 
 def _find_task_dir(task: GlueTask, root: Path) -> Path | None:
@@ -347,10 +392,7 @@ def _split_from_dataset(task: GlueTask, ds, where: str) -> Split:  # noqa: ANN00
             )
     labels = list(ds["label"])
     if task.is_regression:
-        labels = [float(x) for x in labels]
-        bad = [i for i, x in enumerate(labels) if not (math.isfinite(x) and 0.0 <= x <= 5.0)]
-        if bad:
-            raise TupeError(f"{where} row {bad[0]}: score {labels[bad[0]]!r} is outside the STS-B range 0-5")
+        labels = [_check_score(task, float(x), f"{where} row {i}: score {x!r}") for i, x in enumerate(labels)]
     else:
         bad = [i for i, x in enumerate(labels) if not 0 <= int(x) < task.num_labels]
         if bad:
@@ -430,9 +472,9 @@ def load_task(task: GlueTask | str, data_dir: str | Path) -> TaskData:
         raise TupeError(f"{root}: no such directory (expected a GLUE data directory)")
     candidates = [c for c in (_find_task_dir(task, root), root) if c is not None]
     for cand in candidates:
-        if (cand / "train.tsv").is_file():
-            train = read_tsv(task, cand / "train.tsv")
-            dev = {name: read_tsv(task, cand / fname) for name, fname in task.dev_files.items()}
+        if (cand / task.train_file).is_file():
+            train = read_split_file(task, cand / task.train_file)
+            dev = {name: read_split_file(task, cand / fname) for name, fname in task.dev_files.items()}
             return TaskData(task, train, dev, str(cand))
         if _is_saved_dataset(cand):
             import datasets
@@ -448,8 +490,8 @@ def load_task(task: GlueTask | str, data_dir: str | Path) -> TaskData:
         if from_files is not None:
             return from_files
     raise TupeError(
-        f"{root}: no {task.name} data found: expected {root}/{task.name}/train.tsv (GLUE layout), "
-        f"{root}/train.tsv, a `datasets` DatasetDict saved with save_to_disk, or the `datasets` GLUE files "
+        f"{root}: no {task.name} data found: expected {root}/{task.name}/{task.train_file} (GLUE layout), "
+        f"{root}/{task.train_file}, a `datasets` DatasetDict saved with save_to_disk, or the `datasets` GLUE files "
         f"({root}/{task.hf_name}/train-*.parquet, validation-*.parquet; .json/.jsonl too)"
     )
 
@@ -525,9 +567,32 @@ def split_from_parquet(task: GlueTask, path: str | Path) -> Split:
 
 
 def read_split_file(task: GlueTask, path: str | Path) -> Split:
-    """A split from one file: `.json`/`.jsonl` records, `.parquet` in the `datasets` GLUE columns, anything else
-    as the task's GLUE TSV layout."""
-    suffix = Path(path).suffix.lower()
+    """A split from one file, by its suffix: `.csv` (quoted CSV), `.json`/`.jsonl` records, `.parquet` or a folder
+    saved with `save_to_disk` in the `datasets` columns, anything else (`.tsv`) as GLUE's TSV (quoting off)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        return split_from_saved_dataset(task, path)
     if suffix == ".parquet":
         return split_from_parquet(task, path)
+    if suffix == ".csv":
+        return read_delimited(task, path, ",")
     return split_from_json(task, path) if suffix in {".json", ".jsonl"} else read_tsv(task, path)
+
+
+def split_from_saved_dataset(task: GlueTask, path: str | Path) -> Split:
+    """A split from a `datasets.Dataset` saved with `save_to_disk` (one split, in the `datasets` columns)."""
+    path = Path(path)
+    if not _is_saved_dataset(path):
+        raise TupeError(f"{path}: a folder, but not a dataset saved with save_to_disk (no dataset_info.json)")
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as err:  # noqa: BLE001 - a damaged or foreign folder: one line for the user
+        raise TupeError(f"{path}: cannot load the saved dataset: {one_line(err)}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        raise TupeError(
+            f"{path}: a DatasetDict ({', '.join(ds)}); name one split's folder, or use --data-dir"
+        )
+    return _split_from_dataset(task, ds, str(path))

@@ -127,7 +127,7 @@ def train_one(
     import transformers
     from transformers import DataCollatorWithPadding, PrinterCallback, Trainer
 
-    from tupe import TupeForSequenceClassification
+    from tupe.modeling import TupeForSequenceClassification
 
     transformers.set_seed(seed)  # the new head's initialisation depends on the seed too
     verbosity = transformers.logging.get_verbosity()

@@ -104,6 +104,7 @@ def check_weights_match_config(model_dir: str | os.PathLike) -> None:
     from transformers import AutoConfig
 
     from tupe.modeling import TupeForMaskedLM
+    from tupe.modeling.modeling_tupe import upgrade_legacy_key
 
     model_dir = Path(model_dir)
     files = check_model_weights(model_dir)
@@ -117,11 +118,12 @@ def check_weights_match_config(model_dir: str | os.PathLike) -> None:
     found: set[str] = set()
     for f in files:
         with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():
+            for stored in fh.keys():
+                name = upgrade_legacy_key(stored)  # checkpoints of an earlier layout load too
                 if name not in expected:
                     continue
                 found.add(name)
-                got = tuple(fh.get_slice(name).get_shape())
+                got = tuple(fh.get_slice(stored).get_shape())
                 if got != expected[name]:
                     raise TupeError(
                         f"{f}: tensor {name} has shape {list(got)} but {model_dir / 'config.json'} implies "

@@ -56,7 +56,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{path.name}.tupe-", suffix=".tmp", dir=path.parent
+        )  # outputs.TEMP_OF
     except OSError as err:
         raise write_error(path, err, "nothing was written") from None
     try:
@@ -112,12 +114,17 @@ LOCK_NAME = ".lock"
 LOCK_INFO_NAME = ".lock.info"  # who holds the lock: pid, host, command, start time (JSON)
 
 
-def _lock_holder(info_path: Path) -> str:
+def _lock_holder(info_path: Path) -> tuple[str, str | None]:
+    """(description of the lock's holder, its `tupe COMMAND` if known), read without blocking (a FIFO or a huge
+    file in its place is 'holder unknown')."""
+    from tupe.io.reading import read_json
+
     try:
-        info = json.loads(info_path.read_text())
-        return f"pid {info['pid']} on {info['host']}, started {info['started']}: {info['command']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "holder unknown"
+        info = read_json(info_path, "lock holder record", 64 * 1024)
+        command = info.get("tool") if isinstance(info.get("tool"), str) else None
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}: {info['command']}", command
+    except (TupeError, KeyError, TypeError):
+        return "holder unknown", None
 
 
 @contextlib.contextmanager
@@ -134,7 +141,10 @@ def _held(lock_path: Path, info_path: Path, command: str, refusal: str) -> Itera
     try:
         lock.acquire()
     except Timeout:
-        raise TupeError(f"{refusal} ({_lock_holder(info_path)}); wait for it or stop it") from None
+        holder, holder_command = _lock_holder(info_path)
+        if holder_command is not None:  # name the command that holds it, not the one refused
+            refusal = refusal.replace(f"`{command}`", f"`{holder_command}`")
+        raise TupeError(f"{refusal} ({holder}); wait for it or stop it") from None
     except OSError as err:  # the lock file cannot be made (permissions, disk full)
         raise write_error(lock_path, err, "nothing was written") from None
     try:
@@ -143,6 +153,7 @@ def _held(lock_path: Path, info_path: Path, command: str, refusal: str) -> Itera
             "host": socket.gethostname(),
             "command": " ".join(["tupe", *sys.argv[1:]]) if sys.argv[1:] else command,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "tool": command,
         }
         try:
             atomic_write_text(info_path, json.dumps(info) + "\n")

@@ -22,8 +22,8 @@ __all__ = [
     "unregister_attention_kernel",
 ]
 
-# `import tupe` registers the Auto classes; when this package is imported first, it does so here, once its
-# classes exist (see tupe._register)
-from tupe import _register  # noqa: E402
+# importing this package registers the model with the `transformers` Auto classes (`import tupe` arranges for
+# it to be imported as soon as `transformers` is)
+from .auto import register_auto_classes  # noqa: E402
 
-_register(from_modeling=True)
+register_auto_classes()

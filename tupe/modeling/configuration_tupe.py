@@ -25,7 +25,9 @@ class TupeConfig(PretrainedConfig):
         relative_attention_num_buckets / relative_attention_max_distance: T5 bucketing of `j - i` for the
             `*-r` schemes (the paper's 32 and 128).
         embedding_layer_norm: LayerNorm on the (word [+ position]) input embedding, as in the released commands.
-        sparse_prediction: with labels, run the masked-LM head on masked positions only.
+        sparse_prediction: with labels, run the masked-LM head on the masked positions only (logits then
+            (num_masked, vocab)); off by default, so logits are (batch, seq, vocab) as in every transformers masked
+            LM. `tupe pretrain` turns it on for its own training (same loss, much less head work).
         rope_theta: base of the rotary frequencies for `rope`.
         attention_kernel: the attention path, "auto" or a name of the kernel registry (`ATTENTION_KERNELS`),
             saved with the model so a reloaded model runs the kernel it was trained and benchmarked with. "auto"
@@ -56,7 +58,7 @@ class TupeConfig(PretrainedConfig):
         layer_norm_eps: float = 1e-5,
         initializer_range: float = 0.02,
         classifier_dropout: float | None = None,
-        sparse_prediction: bool = True,
+        sparse_prediction: bool = False,
         rope_theta: float = 10000.0,
         attention_kernel: str = "auto",
         pad_token_id: int = 0,

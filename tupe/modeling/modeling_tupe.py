@@ -8,6 +8,7 @@ layer. The attention kernel is one config field, `config.attention_kernel`, reso
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,11 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    SequenceClassifierOutput,
+)
 
 try:  # transformers >= 5 initialises through these (they respect already-loaded weights)
     from transformers import initialization as init
@@ -102,10 +107,15 @@ class TupeEmbeddings(nn.Module):
         )
         self.dropout = FastDropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, ctx: PositionalContext) -> torch.Tensor:
-        x = self.word_embeddings(input_ids)  # (b, n, hidden)
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        ctx: PositionalContext,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (b, n, hidden)
         if ctx.input_embedding is not None:
-            x = x + ctx.input_embedding
+            x = x + ctx.input_embedding.to(x.dtype)
         if self.LayerNorm is not None:
             x = self.LayerNorm(x)
         return self.dropout(x)
@@ -165,6 +175,23 @@ class TupeLayer(GradientCheckpointingLayer):
         return x, probs
 
 
+# Checkpoint keys of earlier layouts -> today's: regex -> replacement, applied to keys relative to the model
+# (`from_pretrained` through transformers' `key_mapping`, `load_state_dict` through a pre-hook). Classes add theirs
+# in `_legacy_keys`.
+LEGACY_KEYS: dict[str, str] = {
+    # the positional projections were `query` / `key`, names PEFT users target for attention (positional.py)
+    r"positional\.untied\.query\.": "positional.untied.pos_query.",
+    r"positional\.untied\.key\.": "positional.untied.pos_key.",
+}
+
+
+def upgrade_legacy_key(key: str, mapping: dict[str, str] = LEGACY_KEYS) -> str:
+    """`key` in today's layout (keys of today's layout are returned unchanged)."""
+    for pattern, replacement in mapping.items():
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
 class TupePreTrainedModel(PreTrainedModel):
     config_class = TupeConfig
     config: TupeConfig
@@ -172,6 +199,35 @@ class TupePreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["TupeLayer"]
+    _legacy_keys: dict[str, str] = LEGACY_KEYS
+    # `from_bert`: the transformers BERT class whose weights this class takes, and its head's keys (tupe <- BERT)
+    _bert_class: str = "BertModel"
+    _bert_head_keys: dict[str, str] = {}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        """`load_state_dict` of a checkpoint of an earlier layout too (e.g. the Trainer resuming an old run)."""
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            new = prefix + upgrade_legacy_key(key[len(prefix) :], self._legacy_keys)
+            if new != key and new not in state_dict:
+                state_dict[new] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' `from_pretrained`; checkpoints of earlier layouts (`LEGACY_KEYS`) load too, and a model
+        loaded from one saves in today's layout."""
+        if kwargs.get("key_mapping") is not None:
+            return super().from_pretrained(*args, **kwargs)
+        kwargs["key_mapping"] = dict(cls._legacy_keys)
+        result = super().from_pretrained(*args, **kwargs)
+        model = result[0] if isinstance(result, tuple) else result
+        legacy = set(cls._legacy_keys)
+        conversions = getattr(model, "_weight_conversions", None)
+        if conversions:  # not reverted on save: the model is in today's layout once loaded
+            model._weight_conversions = [
+                c for c in conversions if not set(getattr(c, "_original_source_patterns", ())) & legacy
+            ]
+        return result
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -185,15 +241,26 @@ class TupePreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        # Map every Auto class, not only the saved one, so a checkpoint loaded with trust_remote_code works as
-        # AutoModel, AutoModelForMaskedLM and AutoModelForSequenceClassification alike.
-        self.config.auto_map = {
-            "AutoConfig": "configuration_tupe.TupeConfig",
-            "AutoModel": "modeling_tupe.TupeModel",
-            "AutoModelForMaskedLM": "modeling_tupe.TupeForMaskedLM",
-            "AutoModelForSequenceClassification": "modeling_tupe.TupeForSequenceClassification",
+        # Map every Auto class, not only the saved one, so a checkpoint loaded with trust_remote_code works with
+        # each of them alike.
+        self.config.auto_map = {"AutoConfig": "configuration_tupe.TupeConfig"} | {
+            auto: f"modeling_tupe.{name}" for auto, name in AUTO_CLASSES.items()
         }
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    @classmethod
+    def from_bert(cls, model_or_path, **config_overrides):
+        """A `bert-a` model with the weights of a `transformers` BERT model of the matching class (an instance
+        or a local path): `BertForMaskedLM` for `TupeForMaskedLM`, `BertForTokenClassification` for
+        `TupeForTokenClassification`, and so on; `BertModel` (or any BERT class) for `TupeModel`.
+
+        BERT adds a token-type embedding to every token; with all-zero token types that is a constant vector,
+        folded exactly into the position table (`p_i + t_0`). Pair inputs lose the segment-B embedding. The head's
+        config (num_labels, id2label, problem_type, classifier_dropout) is BERT's.
+        """
+        from .conversion import bert_to_tupe
+
+        return bert_to_tupe(cls, model_or_path, **config_overrides)
 
     def _head_output(
         self, output_cls, loss, logits, encoder_outputs: BaseModelOutput, return_dict: bool | None
@@ -288,15 +355,18 @@ class TupeModel(TupePreTrainedModel):
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor
         | None = None,  # accepted for tokenizer compatibility; TUPE has no segments
+        inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutput | tuple:
+        """`input_ids` (b, n), or `inputs_embeds` (b, n, hidden) in place of the word embeddings (prompt tuning,
+        adversarial training): positions are still added and the embedding LayerNorm still applies."""
         output_attentions = (
             output_attentions if output_attentions is not None else self.config.output_attentions
         )
@@ -304,17 +374,20 @@ class TupeModel(TupePreTrainedModel):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        n = input_ids.shape[1]
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        source = input_ids if input_ids is not None else inputs_embeds
+        n = source.shape[1]
         self._check_length(n)
 
         compute_dtype = (
-            torch.get_autocast_dtype(input_ids.device.type)
-            if torch.is_autocast_enabled(input_ids.device.type)
+            torch.get_autocast_dtype(source.device.type)
+            if torch.is_autocast_enabled(source.device.type)
             else self.embeddings.word_embeddings.weight.dtype
         )
         inputs = self._attention_inputs(n, attention_mask, compute_dtype, probabilities=bool(output_attentions))
 
-        x = self.embeddings(input_ids, inputs.ctx)
+        x = self.embeddings(input_ids, inputs.ctx, inputs_embeds)
         all_hidden = (x,) if output_hidden_states else None
         all_attn = () if output_attentions else None
         for layer in self.layers:
@@ -348,10 +421,19 @@ class TupeLMHead(nn.Module):
 
 
 class TupeForMaskedLM(TupePreTrainedModel):
-    """Encoder + masked-LM head. With labels and `config.sparse_prediction`, the head (the most expensive matmul
-    at small sizes: hidden x vocab) runs on the masked positions only and `logits` is `(num_masked, vocab)`."""
+    """Encoder + masked-LM head. `logits` is (batch, seq, vocab), as in every masked LM of transformers.
+
+    `config.sparse_prediction=True` (opt-in, as in ModernBERT; `tupe pretrain` turns it on) runs the head, the
+    most expensive matmul at small sizes (hidden x vocab), on the positions with `labels != -100` only when labels
+    are given: `logits` is then (num_masked, vocab) and the loss is the same."""
 
     _tied_weights_keys = {"lm_head.decoder.weight": "tupe.embeddings.word_embeddings.weight"}
+    _bert_class = "BertForMaskedLM"
+    _bert_head_keys = {
+        "lm_head.dense": "cls.predictions.transform.dense",
+        "lm_head.LayerNorm": "cls.predictions.transform.LayerNorm",
+        "lm_head.bias": "cls.predictions.bias",
+    }
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
@@ -365,10 +447,27 @@ class TupeForMaskedLM(TupePreTrainedModel):
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head.decoder = new_embeddings
 
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers resizes the embeddings and the decoder; the output bias (a parameter of its own) follows:
+        kept rows copied, new rows the old mean (`mean_resizing`, as transformers does for a decoder bias) or 0."""
+        embeddings = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        old = self.lm_head.bias
+        size = embeddings.weight.shape[0]
+        if old.shape[0] != size:
+            with torch.no_grad():
+                fill = old.float().mean().to(old.dtype) if mean_resizing else 0.0
+                new = torch.full((size,), fill, dtype=old.dtype, device=old.device)
+                keep = min(size, old.shape[0])
+                new[:keep] = old[:keep]
+            self.lm_head.bias = nn.Parameter(new, requires_grad=old.requires_grad)
+        return embeddings
+
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -378,6 +477,7 @@ class TupeForMaskedLM(TupePreTrainedModel):
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -407,38 +507,75 @@ class TupeForMaskedLM(TupePreTrainedModel):
                 )
         return self._head_output(MaskedLMOutput, loss, logits, outputs, return_dict)
 
-    @classmethod
-    def from_bert(cls, model_or_path, **config_overrides) -> TupeForMaskedLM:
-        """A `bert-a` model with the weights of a `transformers` `BertForMaskedLM` (an instance or a local path).
 
-        BERT adds a token-type embedding to every token; with all-zero token types that is a constant vector,
-        folded exactly into the position table (`p_i + t_0`). Pair inputs lose the segment-B embedding.
-        """
-        from .conversion import bert_to_tupe
+class TupeClassificationHead(nn.Module):
+    """The released code's sentence head on token 0 ([CLS]): dense -> tanh -> dropout -> out_proj (BERT's pooler,
+    dropout and classifier in one module, so PEFT's default `modules_to_save=["classifier"]` keeps all of it)."""
 
-        return bert_to_tupe(cls, model_or_path, **config_overrides)
+    def __init__(self, config: TupeConfig, num_labels: int):
+        super().__init__()
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(config.hidden_size, num_labels)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(torch.tanh(self.dense(hidden[:, 0]))))
+
+
+def sequence_classification_loss(
+    config: TupeConfig, logits: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """`BertForSequenceClassification`'s loss: `config.problem_type` (inferred and set on first use as there)."""
+    num_labels = config.num_labels
+    if config.problem_type is None:
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif num_labels > 1 and labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    if config.problem_type == "regression":
+        if num_labels == 1:
+            return F.mse_loss(logits.squeeze().float(), labels.squeeze().float())
+        return F.mse_loss(logits.float(), labels.float())
+    if config.problem_type == "single_label_classification":
+        return F.cross_entropy(logits.float().view(-1, num_labels), labels.view(-1))
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
 
 
 class TupeForSequenceClassification(TupePreTrainedModel):
-    """Encoder + sentence head on token 0 ([CLS]): dropout -> dense -> tanh -> dropout -> linear, as in the
-    released code. `num_labels == 1` is regression (MSE), otherwise cross-entropy."""
+    """Encoder + the released code's sentence head (`TupeClassificationHead`) under `classifier`. Losses as
+    `BertForSequenceClassification`: `config.problem_type` regression (MSE), single-label (cross-entropy) or
+    multi-label (BCE with logits), inferred from `num_labels` and the labels' dtype when unset.
+
+    Checkpoints of the earlier layout (`dense.*` and `classifier.*` at the top, with a dropout before `dense`
+    that the released head does not have) load into `classifier.dense` / `classifier.out_proj`."""
+
+    _legacy_keys = LEGACY_KEYS | {
+        r"^dense\.weight$": "classifier.dense.weight",
+        r"^dense\.bias$": "classifier.dense.bias",
+        r"^classifier\.weight$": "classifier.out_proj.weight",
+        r"^classifier\.bias$": "classifier.out_proj.bias",
+    }
+    _bert_class = "BertForSequenceClassification"
+    _bert_head_keys = {"classifier.dense": "bert.pooler.dense", "classifier.out_proj": "classifier"}
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.tupe = TupeModel(config)
-        dropout = (
-            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        )
-        self.dropout = nn.Dropout(dropout)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = TupeClassificationHead(config, config.num_labels)
         self.post_init()
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -448,16 +585,19 @@ class TupeForSequenceClassification(TupePreTrainedModel):
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        cls = self.dropout(outputs.last_hidden_state[:, 0])
-        logits = self.classifier(self.dropout(torch.tanh(self.dense(cls))))
-        loss = None
-        if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1))
-            else:
-                loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1))
+        logits = self.classifier(outputs.last_hidden_state)
+        loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
         return self._head_output(SequenceClassifierOutput, loss, logits, outputs, return_dict)
+
+
+# Auto class -> tupe class: registered by `tupe` (tupe/__init__.py) and written into saved configs' `auto_map`
+AUTO_CLASSES: dict[str, str] = {
+    "AutoModel": "TupeModel",
+    "AutoModelForMaskedLM": "TupeForMaskedLM",
+    "AutoModelForSequenceClassification": "TupeForSequenceClassification",
+}

@@ -136,6 +136,11 @@ class UntiedPositions(nn.Module):
 
     With `theta`, two extra learned position vectors `p_theta_1`, `p_theta_2` go through the same LayerNorm and
     projections to give the [CLS] reset values (the released code stores them as extra rows of the table).
+
+    The projections are named `pos_query` / `pos_key`, not `query` / `key`: PEFT matches module names by suffix,
+    and BERT's habit `LoraConfig(target_modules=["query", "value"])` must not silently adapt the positional side
+    (the attention projection is the fused `qkv`). Checkpoints with the old names load through
+    `modeling_tupe.LEGACY_KEYS`.
     """
 
     def __init__(self, config: TupeConfig, theta: bool = False):
@@ -144,15 +149,15 @@ class UntiedPositions(nn.Module):
         self.head_dim = config.head_dim
         self.embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)  # U^Q
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)  # U^K
+        self.pos_query = nn.Linear(config.hidden_size, config.hidden_size)  # U^Q
+        self.pos_key = nn.Linear(config.hidden_size, config.hidden_size)  # U^K
         self.theta_positions = nn.Parameter(torch.empty(2, config.hidden_size)) if theta else None
 
     def _project(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(m, hidden) positions -> (h, m, d) positional queries and keys."""
         p = self.LayerNorm(p)
-        q = self.query(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
-        k = self.key(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
+        q = self.pos_query(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
+        k = self.pos_key(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
         return q, k
 
     def forward(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:

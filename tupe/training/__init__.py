@@ -1,7 +1,7 @@
-"""Pre-training (one scheme), comparisons of several schemes on identical data, and the CPU demo.
+"""Pre-training of one scheme: its configuration and presets, the run folder, the Trainer and checkpoints.
 
-Python API: `from tupe.training.pretrain import PretrainConfig, pretrain` and
-`from tupe.training.compare import compare`.
+Python API: `from tupe.training.pretrain import PretrainConfig, pretrain`; several schemes on identical data are
+`tupe.comparison`.
 """
 
 from tupe.training.presets import PRESETS, get_preset

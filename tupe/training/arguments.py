@@ -37,6 +37,7 @@ class PretrainConfig:
     vocab_size: int | None = None
     tokenizer_max_mb: float | None = None
     max_length: int | None = None
+    max_position_embeddings: int | None = None  # None: max_length
     hidden_size: int | None = None
     num_hidden_layers: int | None = None
     num_attention_heads: int | None = None
@@ -200,6 +201,13 @@ def add_model_data_arguments(
     m.add_argument("--intermediate-size", type=V.positive_int)
     m.add_argument("--dropout", type=V.unit_interval)
     m.add_argument(
+        "--max-position-embeddings",
+        type=V.int_range(2),
+        metavar="N",
+        help="rows of a learned position table (default: --max-length); more rows than --max-length leaves the "
+        "rows beyond it untrained (`tupe evaluate --lengths` says so)",
+    )
+    m.add_argument(
         "--dense-prediction",
         action="store_true",
         help="LM head on every position (default: masked positions only)",
@@ -304,7 +312,7 @@ add_pretrain_arguments = add_arguments  # tupe/cli.py PARSERS
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    """`tupe compare`'s options (tupe/training/compare.py)."""
+    """`tupe compare`'s options (tupe/comparison/compare.py)."""
     p.add_argument(
         "--schemes",
         required=True,
@@ -341,7 +349,7 @@ DEMO_STEPS = 1400  # fits 15 minutes on a quiet 2-core machine with two runs sid
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    """`tupe demo`'s options (tupe/training/demo.py)."""
+    """`tupe demo`'s options (tupe/comparison/demo.py)."""
     p.add_argument(
         "--out", default="tupe-demo", type=V.nonempty_path, help="output folder (default: ./tupe-demo)"
     )

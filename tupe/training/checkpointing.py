@@ -16,7 +16,6 @@ Why: pre-training runs for days on machines that get pre-empted, and run folders
 
 from __future__ import annotations
 
-import json
 import os
 import zipfile
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from transformers import TrainerCallback
 from tupe.errors import TupeError, one_line
 from tupe.io.checkpoints import check_model_weights, list_checkpoints
 from tupe.io.files import atomic_write_json, sha256_file
+from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json
 
 MANIFEST_NAME = "tupe_checkpoint.json"
 MANIFEST_FORMAT = 1
@@ -118,8 +118,8 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike, deep: bool = True) -> str | N
     manifest_path = ckpt_dir / MANIFEST_NAME
     if manifest_path.is_file():
         try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError) as err:
+            manifest = read_json(manifest_path, "checkpoint manifest", expect=None)
+        except TupeError as err:
             return f"unreadable {MANIFEST_NAME} ({one_line(err)})"
         problem = manifest_problem(manifest)
         if problem is not None:
@@ -137,8 +137,8 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike, deep: bool = True) -> str | N
     if not (ckpt_dir / "trainer_state.json").is_file():
         return "no trainer_state.json (incomplete)"
     try:
-        json.loads((ckpt_dir / "trainer_state.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        read_json(ckpt_dir / "trainer_state.json", "trainer state", RESULTS_LIMIT, expect=None)
+    except TupeError as err:
         return f"trainer_state.json is unreadable ({err})"
     try:
         check_model_weights(ckpt_dir)
@@ -252,10 +252,7 @@ def check_checkpoint_config(ckpt_dir: str | os.PathLike, expected: dict[str, Any
     into a run folder would load partially, with only a log warning.
     """
     path = Path(ckpt_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise TupeError(f"{path}: cannot read the checkpoint's model config ({err})") from None
+    config = read_json(path, "checkpoint's model config", CONFIG_LIMIT, expect=dict)
     expected = dict(expected)
     model_type = expected.pop("model_type", "tupe")
     if config.get("model_type") != model_type:

@@ -21,6 +21,16 @@ def check_scheme(scheme: str) -> None:
         raise TupeError(f"unknown scheme {scheme!r}; choose one of: {', '.join(SCHEMES)}")
 
 
+def _max_positions(config: Any, max_length: int) -> int:
+    """The table size: --max-position-embeddings, at least the block length (rows beyond it stay untrained)."""
+    n = getattr(config, "max_position_embeddings", None) or max_length
+    if n < max_length:
+        raise TupeError(
+            f"--max-position-embeddings {n} is smaller than --max-length {max_length}: blocks would have no row"
+        )
+    return int(n)
+
+
 def model_config(config: Any, values: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
     """The model's config values for a run (`config`: a `PretrainConfig`, `values`: its resolved preset values);
     recorded in `tupe_run.json` as part of the run's identity."""
@@ -30,7 +40,7 @@ def model_config(config: Any, values: dict[str, Any], tokenizer: Any) -> dict[st
         num_hidden_layers=int(values["num_hidden_layers"]),
         num_attention_heads=int(values["num_attention_heads"]),
         intermediate_size=int(values["intermediate_size"]),
-        max_position_embeddings=int(values["max_length"]),
+        max_position_embeddings=_max_positions(config, int(values["max_length"])),
         position_scheme=config.scheme,
         hidden_dropout_prob=float(values["dropout"]),
         attention_probs_dropout_prob=float(values["dropout"]),

@@ -33,6 +33,7 @@ from transformers import TrainerCallback
 from tupe.errors import TupeError, one_line
 from tupe.io.checkpoints import list_checkpoints
 from tupe.io.files import atomic_write_text, folder_lock
+from tupe.io.reading import read_json
 from tupe.training.arguments import (  # noqa: F401  (re-exported: `tupe compare` and other commands use them)
     PretrainConfig,
     add_arguments,
@@ -254,7 +255,7 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
             )
         if latest is not None and (latest / MANIFEST_NAME).is_file():
             nonfinite_skipped = int(
-                json.loads((latest / MANIFEST_NAME).read_text()).get("nonfinite_skipped", 0)
+                read_json(latest / MANIFEST_NAME, "checkpoint manifest").get("nonfinite_skipped", 0)
             )
         if resume_from is None:
             log(f"--resume: no checkpoint in {out} yet; starting from step 0")
@@ -395,16 +396,10 @@ def _write_card(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     with hushed_libraries(args.progress, args.quiet):  # no "Writing model shards" bars with --quiet
         summary = pretrain(config_from_args(args))
     if summary.get("prepared"):
         print(json.dumps(summary, indent=1))
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from tupe.cli import main
-
-    sys.exit(main(["pretrain", *sys.argv[1:]]))

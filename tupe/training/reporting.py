@@ -4,8 +4,7 @@ W&B, MLflow... as the Trainer's `report_to`), `--push-to-hub` / `--hub-model-id`
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,34 +87,6 @@ def _guard_writes(callback: Any, folder: Path, kept: Callable[[], str]) -> None:
 
     for event in ("on_train_begin", "on_log", "on_train_end"):
         setattr(callback, event, guarded(getattr(callback, event)))
-
-
-@contextlib.contextmanager
-def hushed_libraries(progress: bool = True, quiet: bool = False) -> Iterator[None]:
-    """`--no-progress` / `--quiet` for the libraries too, while the command runs: no "Writing model shards" /
-    "Loading weights" / `datasets` bars without progress; only errors from `transformers` and `datasets` with
-    --quiet. The previous settings come back afterwards."""
-    import datasets
-    import transformers
-
-    hf = transformers.utils.logging
-    saved = (hf.get_verbosity(), hf.is_progress_bar_enabled())
-    saved_ds = (datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled())
-    if not progress or quiet:
-        hf.disable_progress_bar()
-        datasets.disable_progress_bars()
-    if quiet:
-        hf.set_verbosity_error()
-        datasets.logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf.set_verbosity(saved[0])
-        datasets.logging.set_verbosity(saved_ds[0])
-        if saved[1]:
-            hf.enable_progress_bar()
-        if saved_ds[1]:
-            datasets.enable_progress_bars()
 
 
 def align_special_tokens(model: Any, tokenizer: Any) -> None:

@@ -13,12 +13,15 @@ existed fall back to tupe's known output names.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
 
 from tupe.errors import TupeError
-from tupe.io.files import atomic_write_json, atomic_write_text
+from tupe.io.files import atomic_write_text
+from tupe.io.outputs import TEMP_OF, read_record, update_record
+from tupe.io.reading import iter_lines, read_json
 
 RUN_FILE = "tupe_run.json"
 WRITTEN_FILE = "tupe_files.json"  # the names tupe wrote at the top of the run folder
@@ -54,9 +57,10 @@ _RUN_ARTIFACT_NAMES = {
     RUN_FILE,
 }
 _CHECKPOINT_NAME = re.compile(r"^(\.tmp-)?checkpoint-\d+(-old)?$")  # checkpoints and their staging folders
-# checkpoints, their staging folders, and atomic_write_text's temporary files (".NAME.XXXX.tmp")
-_RUN_ARTIFACT_PATTERN = re.compile(_CHECKPOINT_NAME.pattern + r"|^\.[^/]+\.tmp$")
-_TEMP_OF = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+\.tmp$")  # atomic_write_*'s temporary file of NAME
+# checkpoints, their staging folders, and atomic_write_text's temporary files (".NAME.tupe-XXXXXXXX.tmp")
+_RUN_ARTIFACT_PATTERN = re.compile(_CHECKPOINT_NAME.pattern + "|" + TEMP_OF.pattern)
+_TEMP_OF = TEMP_OF
+PRETRAIN = "tupe pretrain"  # the owner of this module's names in the shared record (tupe/io/outputs.py)
 
 
 def is_run_artifact(name: str) -> bool:
@@ -66,15 +70,12 @@ def is_run_artifact(name: str) -> bool:
 
 
 def read_written(out: Path) -> set[str] | None:
-    """The names recorded in `out/tupe_files.json`; None without a readable record (an older tupe's folder)."""
-    try:
-        record = json.loads((out / WRITTEN_FILE).read_text())
-        names = record["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    """The names `tupe pretrain` recorded in `out/tupe_files.json` (other commands' names are not its own); None
+    without a readable record (an older tupe's folder)."""
+    record = read_record(out)
+    if record is None:
         return None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        return None
-    return set(names)
+    return {n for n, owner in record.items() if owner == PRETRAIN}
 
 
 def record_written(out: Path, *names: str) -> None:
@@ -87,11 +88,14 @@ def record_written(out: Path, *names: str) -> None:
         recorded = {p.name for p in out.iterdir() if is_run_artifact(p.name)} if out.is_dir() else set()
     if set(names) <= recorded and (out / WRITTEN_FILE).is_file():
         return
-    _write_record(out, recorded | set(names))
+    update_record(out, add=dict.fromkeys(recorded | set(names), PRETRAIN))
 
 
 def _write_record(out: Path, names: set[str]) -> None:
-    atomic_write_json(out / WRITTEN_FILE, {"format": WRITTEN_FORMAT, "files": sorted(names)})
+    """Make pretrain's part of the record exactly `names`, keeping the other commands' entries."""
+    record = read_record(out) or {}
+    mine = {n for n, owner in record.items() if owner == PRETRAIN}
+    update_record(out, add=dict.fromkeys(names, PRETRAIN), drop=mine - set(names))
 
 
 def is_owned(name: str, recorded: set[str] | None) -> bool:
@@ -140,11 +144,18 @@ def check_out_dir(out: Path, identity: dict, resume: bool, overwrite: bool) -> s
             raise TupeError(
                 f"--out {out} is not empty and is not a tupe run folder (it holds {foreign[0]!r}); choose a new --out"
             )
-        return "wipe" if overwrite else _refuse(out, "holds files of an unfinished run (no tupe_run.json)")
+        if overwrite:
+            return "wipe"
+        if resume:
+            raise TupeError(
+                f"--out {out} holds files of a run that never wrote tupe_run.json, so --resume has nothing to "
+                "continue; pass --overwrite instead of --resume to start again"
+            )
+        return _refuse(out, "holds files of an unfinished run (no tupe_run.json)")
     try:
-        old = json.loads(run_file.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise TupeError(f"{run_file}: unreadable ({err}); use --overwrite to start again") from None
+        old = read_json(run_file, "run record", expect=dict)
+    except TupeError as err:
+        raise TupeError(f"{err}; use --overwrite to start again") from None
     diffs = _identity_diff(old, identity)
     if overwrite:
         return "wipe"
@@ -197,13 +208,13 @@ def _wipe(out: Path) -> list[str]:
 
 def _truncate_metrics(path: Path, last_step: int) -> None:
     """On resume, drop records the interrupted run wrote after the checkpoint we continue from."""
-    if not path.exists():
+    if not os.path.lexists(path):
         return
     keep = []
-    for line in path.read_text().splitlines():
+    for _, raw in iter_lines(path, "metrics log"):  # a FIFO or /dev/zero is refused, a huge line too
         try:
-            if json.loads(line)["step"] <= last_step:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError):
+            if json.loads(raw)["step"] <= last_step:
+                keep.append(raw.decode("utf-8"))
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError):
             continue  # a line cut by the kill
     atomic_write_text(path, "".join(line + "\n" for line in keep))

@@ -17,7 +17,7 @@ Outputs in DIR:
   with a 95% bootstrap interval over the shared validation blocks and masks (printed too).
 
 A one-line warning (stderr, and `warning` in the summary) says when the validation set is too small for what is
-reported: fewer than 100 validation blocks (`tupe.training.paired.MIN_VALID_BLOCKS`), or, with one seed, a
+reported: fewer than 100 validation blocks (`tupe.comparison.paired.MIN_VALID_BLOCKS`), or, with one seed, a
 paired difference whose 95% interval includes 0.
 
 With `--resume`, finished runs are kept and interrupted ones continue from their latest checkpoint.
@@ -112,8 +112,7 @@ def _child(cfg: PretrainConfig, log_path: str) -> None:  # pragma: no cover - ru
     os.dup2(fd, 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    from tupe.runtime import tune_cpu_allocator
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries, tune_cpu_allocator
 
     tune_cpu_allocator()  # a spawned interpreter: the parent's setting is not inherited
     try:
@@ -328,8 +327,8 @@ def _paired_or_size(
     """One seed: each scheme's final loss and its paired difference from the first, with 95% bootstrap
     intervals over the shared validation blocks and masks (`paired`, and `paired_table` to print). Several
     seeds: the Student-t interval over seeds is in the table already. Either way `warning`: a line when the
-    validation set is too small for the differences reported (tupe.training.paired.MIN_VALID_BLOCKS)."""
-    from tupe.training.paired import paired_comparison, validation_warning
+    validation set is too small for the differences reported (tupe.comparison.paired.MIN_VALID_BLOCKS)."""
+    from tupe.comparison.paired import paired_comparison, validation_warning
 
     if len(seeds) > 1:
         try:
@@ -362,7 +361,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds) if args.seeds else None
     if args.parallel < 1:
         raise TupeError(f"--parallel must be at least 1, got {args.parallel}")
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     def log(msg: str) -> None:
         if not args.quiet:

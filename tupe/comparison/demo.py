@@ -83,7 +83,7 @@ def verdict(stats: dict[str, Any], paired: dict[str, dict[str, float | None]], s
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe.training.compare import compare, parse_schemes
+    from tupe.comparison.compare import compare, parse_schemes
     from tupe.training.pretrain import PretrainConfig
 
     schemes = parse_schemes(args.schemes)
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         progress=args.progress,
         threads=1,
     )
-    from tupe.training.reporting import hushed_libraries
+    from tupe.runtime import hushed_libraries
 
     with hushed_libraries(args.progress):  # --no-progress: no library bars either
         summary = compare(base, schemes, parallel=max(1, args.parallel))

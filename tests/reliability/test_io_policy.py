@@ -1,0 +1,137 @@
+"""The shared I/O policy (tupe/io/reading.py, tupe/io/outputs.py): bounded, non-blocking reads and an output
+folder in which tupe writes over or deletes only what it wrote itself."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tupe.errors import TupeError
+from tupe.io.files import atomic_write_text
+from tupe.io.outputs import TEMP_OF, OutputFolder, claim_file, read_record
+from tupe.io.reading import iter_lines, read_json, read_text
+
+
+def test_a_fifo_is_refused_by_name_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)  # no writer: open() without O_NONBLOCK would block forever
+    t0 = time.monotonic()
+    with pytest.raises(
+        TupeError, match=r"metrics.jsonl: the metrics log is a FIFO \(named pipe\), not a regular"
+    ):
+        list(iter_lines(fifo, "metrics log"))
+    with pytest.raises(TupeError, match="FIFO"):
+        read_json(fifo, "run record")
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_link_to_dev_zero_is_refused_and_a_huge_file_is_bounded(tmp_path: Path) -> None:
+    link = tmp_path / "results.json"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(TupeError, match="results.json: the results is a character device"):
+        read_json(link, "results")
+    big = tmp_path / "big.json"
+    with big.open("wb") as fh:  # sparse: 1 GiB without using the disk
+        fh.truncate(1 << 30)
+    with pytest.raises(TupeError, match=r"big.json: the run record is larger than 1.0 MiB"):
+        read_text(big, 1 << 20, "run record")
+    long_line = tmp_path / "m.jsonl"
+    long_line.write_bytes(b"x" * 5000)
+    with pytest.raises(TupeError, match="line 1 of the metrics log is longer than"):
+        list(iter_lines(long_line, "metrics log", line_limit=1000))
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("null", "must hold an object, not null"),
+        ("42", "must hold an object, not a number"),
+        ("[1, 2]", "must hold an object, not a list"),
+        ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
+        ('{"a": ', "line 1: the run record is not valid JSON"),
+        (b"\xe9t\xe9", "not UTF-8 text (byte 0xe9 at offset 0)"),
+    ],
+)
+def test_json_of_the_wrong_shape_is_one_line_naming_the_file(tmp_path: Path, content, needle: str) -> None:  # noqa: ANN001
+    path = tmp_path / "tupe_run.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(TupeError) as err:
+        read_json(path, "run record")
+    assert str(err.value).startswith(str(path)) and needle in str(err.value), str(err.value)
+
+
+def test_temporary_files_have_names_no_user_file_has(tmp_path: Path) -> None:
+    seen = []
+    real_replace = os.replace
+
+    def spy(src, dst):  # noqa: ANN001, ANN202
+        seen.append(Path(src).name)
+        return real_replace(src, dst)
+
+    os.replace = spy
+    try:
+        atomic_write_text(tmp_path / "README.md", "x")
+    finally:
+        os.replace = real_replace
+    assert TEMP_OF.match(seen[0]) and TEMP_OF.match(seen[0])["name"] == "README.md", seen
+    for user_file in (".README.md.draft.tmp", ".notes.tmp", ".README.md.a1b2c3d4.tmp"):
+        assert not TEMP_OF.match(user_file)
+
+
+def test_a_command_claims_only_what_is_free_or_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("mine\n")
+    glue = OutputFolder(out, "tupe glue")
+    with pytest.raises(
+        TupeError, match=r"holds 'README.md', which tupe did not write; `tupe glue` would write"
+    ):
+        glue.claim("results.json", "README.md")
+    assert not (out / "tupe_files.json").exists()  # refused before recording anything
+    glue.claim("results.json", "runs")
+    assert read_record(out) == {"results.json": "tupe glue", "runs": "tupe glue"}
+    (out / "results.json").write_text("{}")
+    OutputFolder(out, "tupe glue").claim("results.json")  # its own: fine
+    with pytest.raises(
+        TupeError, match="holds 'results.json', which `tupe glue` wrote; `tupe analyze` would"
+    ):
+        OutputFolder(out, "tupe analyze").claim("results.json")
+    assert (out / "README.md").read_text() == "mine\n"
+
+
+def test_removal_never_goes_through_a_symbolic_link(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "lr0.001_seed1").mkdir(parents=True)
+    (elsewhere / "lr0.001_seed1" / "precious.txt").write_text("keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "runs").symlink_to(elsewhere)
+    glue = OutputFolder(out, "tupe glue")
+    with pytest.raises(TupeError, match="holds 'runs', which tupe did not write"):
+        glue.claim("runs")
+    # even a recorded name that became a link is neither written through nor deleted through
+    from tupe.io.outputs import update_record
+
+    update_record(out, add={"runs": "tupe glue"})
+    glue = OutputFolder(out, "tupe glue")
+    with pytest.raises(TupeError, match="a symbolic link tupe did not make"):
+        glue.claim("runs")
+    with pytest.raises(TupeError, match="runs is a symbolic link tupe did not make"):
+        glue.remove("runs/lr0.001_seed1")
+    assert (elsewhere / "lr0.001_seed1" / "precious.txt").read_text() == "keep"
+
+
+def test_output_files_named_by_the_user(tmp_path: Path) -> None:
+    mine = tmp_path / "eval.json"
+    mine.write_text("my numbers\n")
+    with pytest.raises(TupeError, match="--json .*eval.json exists and tupe did not write it"):
+        claim_file(mine, "tupe evaluate", "--json")
+    new = claim_file(tmp_path / "new.json", "tupe evaluate", "--json")
+    new.write_text("{}")
+    claim_file(new, "tupe evaluate", "--json")  # rewriting its own file
+    with pytest.raises(TupeError, match="was written by `tupe evaluate`; `tupe plot` does not write over it"):
+        claim_file(new, "tupe plot", "--out")
+    assert mine.read_text() == "my numbers\n"

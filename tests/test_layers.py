@@ -1,0 +1,186 @@
+"""Imports only go down: the layers of `tupe/`, bottom up, and a test over every import statement in the package
+(module-level and function-level alike; `if TYPE_CHECKING:` blocks excepted, they never run).
+
+A module may import from its own package and from packages in lower layers. Packages in the same layer are
+siblings and import neither each other nor anything above. No two modules import each other, directly or
+through others. docs/architecture.md draws the same table (checked below). A new package or top-level module
+joins a layer here and a row there.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tupe"
+
+# Bottom up. Each entry: the packages or top-level modules of one layer. The layer order is written here once.
+LAYERS: list[tuple[str, ...]] = [
+    ("tupe.errors", "tupe.runtime"),
+    ("tupe.validators",),
+    ("tupe.modeling",),
+    ("tupe.io",),
+    ("tupe.data",),
+    ("tupe.training",),
+    ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench"),
+    ("tupe.comparison",),
+    ("tupe.cli",),
+    ("tupe.__main__", "tupe"),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _runtime_nodes(tree: ast.AST):  # noqa: ANN202
+    """Every node except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the tupe modules (or packages) it imports, resolved to the most specific module that exists."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names if a.name.split(".")[0] == "tupe")
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                if module.split(".")[0] != "tupe":
+                    continue
+                for alias in node.names:
+                    sub = f"{module}.{alias.name}"
+                    targets.add(sub if sub in files else module)
+        graph[name] = targets - {name}
+    return graph
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(layer index, the package or module of LAYERS that holds `module`), by the longest matching prefix."""
+    best: tuple[int, str] | None = None
+    for i, members in enumerate(LAYERS):
+        for member in members:
+            if (module == member or module.startswith(member + ".")) and (
+                best is None or len(member) > len(best[1])
+            ):
+                best = (i, member)
+    assert best is not None, f"{module} is in no layer: add its package to LAYERS in {__file__} and docs"
+    return best
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for source, targets in sorted(graph.items()):
+        s_layer, s_unit = layer_of(source)
+        for target in sorted(targets):
+            t_layer, t_unit = layer_of(target)
+            if s_unit == t_unit:
+                continue
+            if t_layer >= s_layer:
+                bad.append(
+                    f"{source} imports {target} ({s_unit}: layer {s_layer}, {t_unit}: layer {t_layer})"
+                )
+    return bad
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in import_graph():
+        layer_of(module)
+
+
+def test_imports_only_go_down() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(import_graph()) == []
+
+
+def test_the_checks_catch_what_they_are_for() -> None:
+    """The same checks on a made-up graph with one upward import, one sibling import and one cycle."""
+    graph = {
+        "tupe.training.pretrain": {"tupe.comparison.compare"},
+        "tupe.glue.finetune": {"tupe.bench.flops"},
+        "tupe.comparison.compare": {"tupe.comparison.demo", "tupe.analysis.curves"},
+        "tupe.comparison.demo": {"tupe.comparison.compare"},
+    }
+    assert upward_imports(graph) == [
+        "tupe.glue.finetune imports tupe.bench.flops (tupe.glue: layer 6, tupe.bench: layer 6)",
+        "tupe.training.pretrain imports tupe.comparison.compare (tupe.training: layer 5, tupe.comparison: layer 7)",
+    ]
+    assert _cycles(graph) == [["tupe.comparison.compare", "tupe.comparison.demo"]]
+    # function-level imports count; TYPE_CHECKING ones do not
+    tree = ast.parse("if TYPE_CHECKING:\n    import tupe.cli\ndef f():\n    from tupe import errors\n")
+    names = [n.names[0].name for n in _runtime_nodes(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    assert names == ["errors"]
+
+
+def test_architecture_doc_lists_the_layers_in_this_order() -> None:
+    """docs/architecture.md's layer table names the same packages, in the same order, bottom up."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if re.match(r"\| *\d+ *\|", line)]
+    documented = [
+        tuple(
+            m.replace("/", ".").removesuffix(".").removesuffix(".py").removesuffix(".__init__")
+            for m in re.findall(r"`(tupe/[\w/.]*)`", row.split("|")[3])
+        )
+        for row in rows
+    ]
+    assert documented == LAYERS

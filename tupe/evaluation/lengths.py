@@ -1,0 +1,241 @@
+"""Evaluation at several block lengths (`tupe evaluate --lengths`): length generalisation of every model.
+
+At each length the text is packed into blocks of that length and every model that can run there is evaluated by
+`evaluate()` unchanged (same seeded masks for the models sharing a tokenizer, word-order check, paired intervals).
+Whether a model can run beyond its own length is asked of its scheme class (`PositionalScheme.position_table`):
+schemes without a learned table run at any length; a learned table has no row beyond its last, so the model is
+reported as "no positions beyond N" unless `--extend-positions` builds the longer table:
+
+- `interpolate`: the trained stream rows `1..T-1` resampled linearly onto `1..L-1` (as ViT/timm resample position
+  embeddings, and "position interpolation" does for rotary models); row 0 ([CLS]) kept.
+- `repeat`: the trained stream rows `1..T-1` copied end to end (Longformer's initialisation of its 4,096-row table
+  from RoBERTa's 512 rows); row 0 kept.
+
+Only the table changes (the rest of the state dict is loaded unchanged). What this does to each scheme is in
+docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tupe.errors import TupeError
+
+from . import EXTEND_METHODS
+from .evaluate import EvalModel, Settings, evaluate
+
+
+def table_key(m: EvalModel) -> str | None:
+    """State-dict key of the model's learned row-per-position table, or None when it has none (any length)."""
+    if m.kind == "bert":  # transformers' BertForMaskedLM: learned absolute positions
+        return "bert.embeddings.position_embeddings.weight"
+    from tupe.modeling.positional import scheme_class
+
+    path = scheme_class(m.model.config.position_scheme).position_table
+    return None if path is None else f"tupe.positional.{path}.weight"
+
+
+def extend_table(table: torch.Tensor, rows: int, method: str) -> torch.Tensor:
+    """A (rows, hidden) table from a trained (T, hidden) one: row 0 ([CLS]'s) kept, the stream rows 1..T-1 resampled
+    (`interpolate`: linear, first and last stream rows kept) or copied end to end (`repeat`)."""
+    if method not in EXTEND_METHODS[1:]:
+        raise TupeError(f"--extend-positions must be one of {', '.join(EXTEND_METHODS)}, got {method!r}")
+    if table.shape[0] < 2 or rows < 2:
+        raise TupeError("a position table needs a [CLS] row and at least one stream row to be extended")
+    stream = table[1:]
+    if method == "interpolate":
+        if stream.shape[0] == 1:
+            new = stream.expand(rows - 1, -1)
+        else:
+            new = torch.nn.functional.interpolate(
+                stream.t().unsqueeze(0).double(), size=rows - 1, mode="linear", align_corners=True
+            )[0].t()
+    else:
+        new = stream[torch.arange(rows - 1) % stream.shape[0]]
+    return torch.cat([table[:1], new.to(table.dtype)]).contiguous()
+
+
+def trained_rows(m: EvalModel) -> int:
+    """Rows of the table that training reached: the training length when the run recorded it, else all rows."""
+    return min(m.max_length, m.train_length) if m.train_length else m.max_length
+
+
+def at_length(m: EvalModel, length: int, method: str) -> tuple[EvalModel | None, str | None]:
+    """The model to evaluate at `length` (itself, or a copy with a longer table/limit) and a note for the table;
+    (None, why) when it cannot run there."""
+    key = table_key(m)
+    train = m.train_length
+    beyond = train is not None and length > train
+    if key is None:
+        note = f"{length / train:g}x its training length {train}" if beyond else None
+        if length <= m.max_length:
+            return m, note
+        return _rebuilt(m, length, None), note
+    rows = trained_rows(m)
+    if method == "none" or length <= rows:
+        if length > m.max_length:
+            return None, f"no positions beyond {m.max_length} (--extend-positions extends the table)"
+        if length > rows:
+            return m, f"table rows {rows}-{length - 1} never trained (training length {rows})"
+        return m, None
+    table = m.model.state_dict()[key][:rows]
+    return _rebuilt(
+        m, length, (key, extend_table(table, length, method))
+    ), f"table {method}d from {rows} rows"
+
+
+def _extends(m: EvalModel, length: int, method: str) -> bool:
+    return method != "none" and table_key(m) is not None and length > trained_rows(m)
+
+
+def _rebuilt(m: EvalModel, length: int, table: tuple[str, torch.Tensor] | None) -> EvalModel:
+    """The same model with `max_position_embeddings = length` and, where it has one, the extended table: a fresh
+    instance of its class loads the original state dict (strict), so nothing else can change."""
+    config = copy.deepcopy(m.model.config)
+    config.max_position_embeddings = length
+    state = dict(m.model.state_dict())
+    if table is not None:
+        state[table[0]] = table[1]
+    model = type(m.model)(config)
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    return dataclasses.replace(m, model=model, max_length=length)
+
+
+def evaluate_lengths(
+    models: Sequence[EvalModel],
+    corpus: Any,
+    lengths: Sequence[int],
+    settings: Settings | None = None,
+    extend: str = "none",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """`evaluate()` at every length; `by_length` has one entry per model and length (a skipped one says why)."""
+    settings = settings or Settings()
+    if extend not in EXTEND_METHODS:
+        raise TupeError(f"--extend-positions must be one of {', '.join(EXTEND_METHODS)}, got {extend!r}")
+    lengths = sorted(dict.fromkeys(int(n) for n in lengths))
+    if not lengths or lengths[0] < 2:
+        raise TupeError(f"--lengths must be integers >= 2, got {lengths}")
+    first = models[0].name
+    runs, entries = [], []
+    text: dict[str, Any] | None = None
+    used: dict[str, Any] = {}
+    for length in lengths:
+        chosen, notes = [], {}
+        for m in models:
+            ready, notes[m.name] = at_length(m, length, extend)
+            if ready is not None:
+                chosen.append(ready)
+        log(
+            f"length {length}: " + ", ".join(f"{m.name}" for m in chosen)
+            if chosen
+            else f"length {length}: no model"
+        )
+        result = None
+        if chosen:
+            result = evaluate(chosen, corpus, dataclasses.replace(settings, max_length=length), log=log)
+            text, used = result["text"], result["settings"]
+            runs.append(
+                {"length": length, **{k: result[k] for k in ("tokenizer_groups", "models", "seconds")}}
+            )
+        by_name = {r["name"]: r for r in result["models"]} if result else {}
+        groups = {g["id"]: g for g in result["tokenizer_groups"]} if result else {}
+        for m in models:
+            r = by_name.get(m.name)
+            entry: dict[str, Any] = {
+                "model": m.name,
+                "length": length,
+                "train_length": m.train_length,
+                "max_position_embeddings": m.max_length,
+                "evaluated": r is not None,
+                "note": notes[m.name],
+                "extended": extend if r is not None and _extends(m, length, extend) else None,
+            }
+            if r is not None:
+                g = groups[r["tokenizer_group"]]
+                diff = next((d for d in g["differences"] if d["a"] == first and d["b"] == m.name), None)
+                entry |= {
+                    "blocks": g["blocks"],
+                    "masked_tokens": g["masked_tokens"],
+                    "loss": r["loss"],
+                    "word_order_delta": r["word_order_delta"],
+                    "minus_unigram": r["minus_unigram"],
+                    "first_minus_model": None if diff is None else diff["loss"],
+                }
+            entries.append(entry)
+    if text is None:
+        raise TupeError(
+            f"no model can run at any of --lengths {','.join(map(str, lengths))}: "
+            + "; ".join(f"{e['model']}: {e['note']}" for e in entries[: len(models)])
+        )
+    return {
+        "text": text,
+        "settings": used | {"max_length": None, "lengths": lengths, "extend_positions": extend},
+        "lengths": lengths,
+        "extend_positions": extend,
+        "reference": first,
+        "models": [
+            {
+                "name": m.name,
+                "path": str(m.path),
+                "description": m.description,
+                "max_position_embeddings": m.max_length,
+                "train_length": m.train_length,
+                "position_table": table_key(m),
+            }
+            for m in models
+        ],
+        "by_length": entries,
+        "runs": runs,
+    }
+
+
+def plot_lengths(result: dict[str, Any], out_png: str | Path) -> Path:
+    """Loss against block length, one line per model (95% CI as a band), each model's training length marked."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tupe.io.files import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.6), dpi=130)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, m in enumerate(result["models"]):
+        color = colors[k % len(colors)]
+        points = [e for e in result["by_length"] if e["model"] == m["name"] and e["evaluated"]]
+        xs = [e["length"] for e in points]
+        ys = [e["loss"]["value"] for e in points]
+        label = Path(m["name"]).name or m["name"]
+        ax.plot(xs, ys, marker="o", color=color, label=label)
+        if points and all(e["loss"]["low"] is not None for e in points):
+            lo = [e["loss"]["low"] for e in points]
+            hi = [e["loss"]["high"] for e in points]
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
+        if m["train_length"]:
+            ax.axvline(m["train_length"], color=color, linestyle=":", linewidth=1.2)
+    ax.plot([], [], linestyle=":", color="0.3", label="training length (dotted, same colour)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(result["lengths"], [str(n) for n in result["lengths"]])
+    ax.minorticks_off()
+    ax.set_xlabel("block length (tokens)")
+    ax.set_ylabel("masked-LM loss (nats / masked token)")
+    ext = result["extend_positions"]
+    ax.set_title("Loss against length" + ("" if ext == "none" else f" (learned tables: {ext})"))
+    ax.grid(True, alpha=0.3)
+    ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    out_png = Path(out_png)
+    atomic_write_bytes(out_png, buf.getvalue())
+    return out_png

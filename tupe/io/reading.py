@@ -1,0 +1,184 @@
+"""Bounded, non-blocking reads of every file tupe reads back (run records, metrics, results, caches, configs).
+
+Why: a run folder or a model folder is user-controlled. A FIFO named `metrics.jsonl` blocks `open()` forever, a
+link to `/dev/zero` is endless, a 4 GB `results.json` exhausts memory, a 200,000-deep JSON array overflows the
+parser's stack. Every reader here opens regular files only (checked with `os.stat` before `open`, opened with
+`O_NONBLOCK` so nothing can block even if the file is swapped in between, checked again with `fstat`), reads at
+most a size limit from files that can only be small, and streams line by line with a per-line limit where files
+can be large. Every refusal is a one-line `TupeError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from tupe.errors import TupeError
+
+KiB, MiB = 1 << 10, 1 << 20
+RECORD_LIMIT = 8 * MiB  # tupe_run.json, tupe_files.json, one GLUE run's result.json, meta.json, manifests
+CONFIG_LIMIT = 8 * MiB  # a model's config.json, tokenizer_config.json, special_tokens_map.json
+RESULTS_LIMIT = 256 * MiB  # results.json of a GLUE grid, analysis.json, compare summaries
+TOKENIZER_LIMIT = 512 * MiB  # tokenizer.json, vocab.txt (a 250 k-entry vocabulary is about 20 MB)
+LINE_LIMIT = 16 * MiB  # one line of metrics.jsonl or of a JSONL input file
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def kind_of(mode: int) -> str:
+    """'a FIFO (named pipe)', 'a character device', ... for a non-regular file's `st_mode`."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"  # pragma: no cover
+
+
+def check_regular(path: str | os.PathLike, what: str = "file") -> os.stat_result:
+    """`os.stat` of `path` (following links), refusing anything but a regular file in one line naming it."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        raise TupeError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise TupeError(
+            f"{path}: the {what} is {kind_of(st.st_mode)}, not a regular file; tupe reads only regular files"
+        )
+    return st
+
+
+def open_regular(path: str | os.PathLike, what: str = "file") -> IO[bytes]:
+    """Open a regular file for reading in binary mode without ever blocking (see the module docstring)."""
+    check_regular(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise TupeError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # replaced between the stat and the open
+        os.close(fd)
+        raise TupeError(
+            f"{path}: the {what} is {kind_of(st.st_mode)}, not a regular file; tupe reads only regular files"
+        )
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path: str | os.PathLike, limit: int = RECORD_LIMIT, what: str = "file") -> bytes:
+    """The bytes of a regular file that must be smaller than `limit`."""
+    with open_regular(path, what) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise TupeError(
+            f"{path}: the {what} is larger than {human_bytes(limit)}, far more than such a file holds; "
+            "is it the right file?"
+        )
+    return data
+
+
+def decode_utf8(data: bytes, path: str | os.PathLike, what: str = "file") -> str:
+    """UTF-8 (a BOM allowed) or a one-line error naming the file and the byte offset."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TupeError(
+            f"{path}: the {what} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})"
+        ) from None
+
+
+def read_text(path: str | os.PathLike, limit: int = RECORD_LIMIT, what: str = "file") -> str:
+    """The UTF-8 text of a regular file smaller than `limit`."""
+    return decode_utf8(read_bytes(path, limit, what), path, what)
+
+
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}
+
+
+def json_type_name(value: Any) -> str:  # noqa: ANN401
+    """How JSON calls the type of `value`: 'an object', 'a list', 'a number', 'null', ..."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def parse_json(text: str, path: str | os.PathLike, what: str = "file", expect: type | None = dict) -> Any:  # noqa: ANN401
+    """`json.loads` with one-line errors naming the file: invalid JSON (line and column), nesting too deep for
+    the parser, or a value of another type than `expect` (None: any)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TupeError(f"{path}: line {err.lineno}: the {what} is not valid JSON ({err.msg})") from None
+    except RecursionError:
+        raise TupeError(f"{path}: the {what} is nested too deeply to be read") from None
+    if expect is not None and not isinstance(value, expect):
+        want = "an object" if expect is dict else json_type_name(expect())
+        raise TupeError(f"{path}: the {what} must hold {want}, not {json_type_name(value)}")
+    return value
+
+
+def read_json(
+    path: str | os.PathLike, what: str = "file", limit: int = RECORD_LIMIT, expect: type | None = dict
+) -> Any:  # noqa: ANN401
+    """A small JSON file, read with `read_text` (regular file, at most `limit` bytes) and `parse_json`."""
+    return parse_json(read_text(path, limit, what), path, what, expect)
+
+
+def iter_lines(
+    path: str | os.PathLike, what: str = "file", line_limit: int = LINE_LIMIT
+) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its end) of a regular file of any size, streamed; a line longer than
+    `line_limit` is a one-line error naming the file and the line."""
+    with open_regular(path, what) as fh:
+        lineno = 0
+        while True:
+            line = fh.readline(line_limit + 1)
+            if not line:
+                return
+            lineno += 1
+            if len(line) > line_limit and not line.endswith(b"\n"):
+                raise TupeError(
+                    f"{path}: line {lineno} of the {what} is longer than {human_bytes(line_limit)}; "
+                    "is it the right file?"
+                )
+            yield lineno, line.rstrip(b"\r\n")
+
+
+def read_json_lines(
+    path: str | os.PathLike, what: str = "file", line_limit: int = LINE_LIMIT
+) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each line of a JSONL file that parses; lines that do not (a line cut by a
+    kill) are skipped. Blocking-free and bounded like `iter_lines`."""
+    for lineno, raw in iter_lines(path, what, line_limit):
+        if not raw.strip():
+            continue
+        try:
+            yield lineno, json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+
+
+def check_folder_files(folder: str | os.PathLike, names: tuple[str, ...], what: str = "model folder") -> None:
+    """Every entry of `names` that exists in `folder` is a regular file (checked before a library opens it,
+    since `transformers` and `tokenizers` would block on a FIFO or read a device without end)."""
+    folder = Path(folder)
+    for name in names:
+        p = folder / name
+        if os.path.lexists(p):
+            check_regular(p, f"{what}'s {name}")
