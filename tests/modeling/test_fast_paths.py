@@ -96,8 +96,10 @@ def test_flex_kernel_matches_eager_forward(scheme):
 def _kernel(model, dtype=torch.float32, **kwargs) -> str:
     """The kernel the model's forward pass runs: the AttentionInputs it builds, and the public resolver agree."""
     name = model.tupe._attention_inputs(8, None, dtype, **kwargs).kernel.name
-    assert name == resolve_attention_kernel(model, dtype=dtype, **kwargs) == model.tupe.resolve_attention_kernel(
-        dtype, **kwargs
+    assert (
+        name
+        == resolve_attention_kernel(model, dtype=dtype, **kwargs)
+        == model.tupe.resolve_attention_kernel(dtype, **kwargs)
     )
     return name
 
@@ -125,7 +127,13 @@ def test_auto_kernel_choice_on_cpu():
 
 def test_auto_kernel_choice_on_gpus_from_a_config():
     """The rules for devices this machine may lack, read from the config alone (no model, no GPU needed)."""
-    cases = (("tupe-a", "fold"), ("tupe-a-tie-cls", "fold"), ("tupe-r", "flex"), ("bert-r", "flex"), ("rope", "sdpa"))
+    cases = (
+        ("tupe-a", "fold"),
+        ("tupe-a-tie-cls", "fold"),
+        ("tupe-r", "flex"),
+        ("bert-r", "flex"),
+        ("rope", "sdpa"),
+    )
     for scheme, expected in cases:
         config = tiny_config(scheme)
         assert resolve_attention_kernel(config, "cuda", torch.bfloat16, training=True, grad=True) == expected
@@ -178,8 +186,16 @@ def test_kernel_saved_and_overridden_at_load(tmp_path):
     TupeForMaskedLM(tiny_config("tupe-a", attention_kernel="fold")).save_pretrained(tmp_path)
     assert '"attention_kernel": "fold"' in (tmp_path / "config.json").read_text()
     assert resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path)) == "fold"
-    assert resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="sdpa")) == "fold"
-    for name, expected in (("fused", "fused"), ("eager", "eager"), ("flex_attention", "flex"), ("auto", "sdpa")):
+    assert (
+        resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="sdpa"))
+        == "fold"
+    )
+    for name, expected in (
+        ("fused", "fused"),
+        ("eager", "eager"),
+        ("flex_attention", "flex"),
+        ("auto", "sdpa"),
+    ):
         model = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation=name).eval()
         assert model.config._attn_implementation == expected if name != "auto" else "auto"
         assert resolve_attention_kernel(model) == expected, name
@@ -188,19 +204,25 @@ def test_kernel_saved_and_overridden_at_load(tmp_path):
     assert resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path / "again")) == "fold"
 
 
-@pytest.mark.parametrize("name", ["flash_attention_2", "flash_attention_3", "paged|sdpa", "kernels-community/x"])
+@pytest.mark.parametrize(
+    "name", ["flash_attention_2", "flash_attention_3", "paged|sdpa", "kernels-community/x"]
+)
 def test_unknown_attn_implementation_refused_in_one_line(tmp_path, name):
     TupeForMaskedLM(tiny_config("tupe-r")).save_pretrained(tmp_path)
     with pytest.raises(ValueError) as err:
         TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation=name)
     message = str(err.value)
     assert "\n" not in message and "http" not in message and "huggingface.co" not in message
-    assert message.startswith(f"unknown attn_implementation {name!r}; valid: auto, eager, sdpa, fold, fused, flex")
+    assert message.startswith(
+        f"unknown attn_implementation {name!r}; valid: auto, eager, sdpa, fold, fused, flex"
+    )
     assert "flex_attention=flex" in message
     model = TupeForMaskedLM.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="unknown attn_implementation"):
         model.set_attn_implementation(name)
-    model.config._attn_implementation = name  # set directly, bypassing transformers: refused at the forward pass
+    model.config._attn_implementation = (
+        name  # set directly, bypassing transformers: refused at the forward pass
+    )
     with pytest.raises(ValueError, match="unknown attn_implementation"):
         model(torch.randint(5, 50, (1, 8)))
 
@@ -225,7 +247,9 @@ def test_set_attn_implementation_on_a_loaded_model(tmp_path):
         expected = {"sdpa": "sdpa", "auto": "sdpa", "flex_attention": "flex"}.get(name, name)  # CPU, eval
         assert resolve_attention_kernel(model) == expected, name
         with torch.no_grad():
-            torch.testing.assert_close(model(ids, attention_mask=mask).logits, reference, atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                model(ids, attention_mask=mask).logits, reference, atol=2e-5, rtol=1e-5
+            )
     model.set_attn_implementation("fused")
     model.set_attn_implementation("sdpa")  # transformers' default: back to the saved kernel ("auto")
     assert model.config._attn_implementation == "sdpa" and resolve_attention_kernel(model) == "sdpa"

@@ -35,8 +35,6 @@ from .flops import Shape, preset_shape
 if TYPE_CHECKING:
     import torch
 
-# Backend names, as in runner.BACKENDS (kept here so the parser needs no torch; tests check they agree)
-BACKEND_NAMES = ("eager", "sdpa", "sdpa-fold", "fused", "flex", "default")
 HF_BERT = "hf-bert"
 
 
@@ -47,9 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated position schemes (default: %(default)s)",
     )
     parser.add_argument(
+        "--attention-kernel",
         "--backends",
+        dest="backends",
         default="eager,sdpa,default",
-        help=f"comma-separated, from {', '.join(BACKEND_NAMES)} (default: %(default)s)",
+        metavar="KERNELS",
+        help="comma-separated attention kernels, each timed for every scheme: auto or a name of the model's kernel "
+        "registry (tupe.modeling.ATTENTION_KERNELS; built in: eager, sdpa, fold, fused, flex), or the aliases "
+        "default (= auto) and sdpa-fold (= fold); a kernel that cannot run a scheme is refused, not replaced "
+        "(default: %(default)s). --backends is the old name",
     )
     parser.add_argument(
         "--preset",
@@ -189,13 +193,13 @@ def default_batch(preset: str, seq_len: int | None, batch_size: int | None) -> t
     return seq, batch
 
 
-def _parse_list(value: str, valid, what: str) -> list[str]:
+def _parse_list(value: str, valid, what: str, flag: str | None = None) -> list[str]:
     items = [v.strip() for v in value.split(",") if v.strip()]
     for item in items:
         if item not in valid:
             raise TupeError(f"unknown {what} {item!r}; valid: {', '.join(valid)}")
     if not items:
-        raise TupeError(f"--{what}s is empty")
+        raise TupeError(f"{flag or f'--{what}s'} is empty")
     return items
 
 
@@ -310,8 +314,6 @@ def _time_shape(name: str, shape: Shape, args: argparse.Namespace, schemes, back
         cands.append(build_hf_bert(shape, args.seq_len, batch, device, torch.float32))
     for s in schemes:
         for b in backends:
-            if b == "flex" and device.type != "cuda":
-                raise TupeError("backend flex needs CUDA (flex_attention has no CPU backward)")
             cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32, autocast))
     peak_dtype = autocast or torch.float32
     fixed = args.peak_flops
@@ -367,8 +369,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tupe.modeling import POSITION_SCHEMES
+    from tupe.modeling.kernels import ATTENTION_KERNELS, KERNEL_ALIASES
 
-    from .runner import BACKENDS
+    from .runner import backend_kernel
 
     if args.json:  # checked before the minutes of timing, not after
         args.json = V.check_out_file("--json", args.json)
@@ -379,7 +382,12 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TupeError("--device cuda: no CUDA device is available")
     schemes = _parse_list(args.schemes, POSITION_SCHEMES, "scheme")
-    backends = _parse_list(args.backends, BACKENDS, "backend")
+    backends = _parse_list(
+        args.backends, (*ATTENTION_KERNELS, *KERNEL_ALIASES), "attention kernel", "--attention-kernel"
+    )
+    for s in schemes:  # a kernel that cannot run a scheme: refused now, with the reason, before any timing
+        for b in backends:
+            backend_kernel(b, s)
     args.seq_len, args.batch_size = default_batch(args.preset, args.seq_len, args.batch_size)
     if args.seq_len < 2 or args.batch_size < 1 or args.rounds < 1:
         raise TupeError("--seq-len must be >= 2, --batch-size and --rounds >= 1")

@@ -1,5 +1,10 @@
 from .configuration_tupe import POSITION_SCHEMES, TupeConfig
-from .kernels import ATTENTION_KERNELS, AttentionKernel, register_attention_kernel, unregister_attention_kernel
+from .kernels import (
+    ATTENTION_KERNELS,
+    AttentionKernel,
+    register_attention_kernel,
+    unregister_attention_kernel,
+)
 from .modeling_tupe import (
     TupeForMaskedLM,
     TupeForSequenceClassification,

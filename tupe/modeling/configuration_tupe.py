@@ -106,7 +106,9 @@ class TupeConfig(PretrainedConfig):
     def validate_attention_kernel(self) -> str:
         """`attention_kernel` (aliases resolved), checked against the registry and the scheme."""
         scheme = scheme_class(self.position_scheme)
-        self.attention_kernel = check_kernel_for_scheme(self.attention_kernel, self.position_scheme, scheme.terms())
+        self.attention_kernel = check_kernel_for_scheme(
+            self.attention_kernel, self.position_scheme, scheme.terms()
+        )
         return self.attention_kernel
 
     def requested_attention_kernel(self) -> str:

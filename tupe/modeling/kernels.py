@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -379,7 +379,11 @@ class AttentionKernel:
             return f"runs in {names} only, not {str(situation.dtype).removeprefix('torch.')} (autocast?)"
         if situation.dropout and not self.dropout:
             return "has no attention dropout, so it cannot train with attention_probs_dropout_prob > 0"
-        if situation.trains and self.train_devices is not None and situation.device_type not in self.train_devices:
+        if (
+            situation.trains
+            and self.train_devices is not None
+            and situation.device_type not in self.train_devices
+        ):
             return f"has no backward on {situation.device_type} (it trains on {'/'.join(self.train_devices)} only)"
         return None
 
@@ -439,7 +443,9 @@ def register_attention_kernel(kernel: AttentionKernel) -> AttentionKernel:
         raise ValueError(f"attention kernel {kernel.name!r} is already registered")
     unknown = sorted((kernel.needs | kernel.handles) - set(CONTEXT_TERMS))
     if unknown:
-        raise ValueError(f"attention kernel {kernel.name!r}: unknown context terms {unknown}; known: {list(CONTEXT_TERMS)}")
+        raise ValueError(
+            f"attention kernel {kernel.name!r}: unknown context terms {unknown}; known: {list(CONTEXT_TERMS)}"
+        )
     _REGISTRY[kernel.name] = kernel
     return kernel
 
@@ -470,7 +476,9 @@ def kernels_for_terms(terms: frozenset[str]) -> tuple[str, ...]:
     return (AUTO, *(k.name for k in _REGISTRY.values() if k.scheme_refusal(terms) is None))
 
 
-def check_kernel_for_scheme(name: str, scheme: str, terms: frozenset[str], what: str = "attention_kernel") -> str:
+def check_kernel_for_scheme(
+    name: str, scheme: str, terms: frozenset[str], what: str = "attention_kernel"
+) -> str:
     """The canonical name, or a ValueError saying why it cannot run this scheme and what can."""
     name = canonical_kernel_name(name, what)
     why = None if name == AUTO else _REGISTRY[name].scheme_refusal(terms)
@@ -488,7 +496,9 @@ def select_kernel(name: str, situation: KernelSituation) -> AttentionKernel:
     first registered kernel that returns them (the eager reference), as `transformers` models do."""
     name = canonical_kernel_name(name)
     if situation.probabilities and (name == AUTO or not _REGISTRY[name].probabilities):
-        return next(k for k in _REGISTRY.values() if k.probabilities and k.scheme_refusal(situation.terms) is None)
+        return next(
+            k for k in _REGISTRY.values() if k.probabilities and k.scheme_refusal(situation.terms) is None
+        )
     if name == AUTO:
         for kernel in _REGISTRY.values():
             if kernel.auto is not None and kernel.refusal(situation) is None and kernel.auto(situation):
@@ -497,7 +507,9 @@ def select_kernel(name: str, situation: KernelSituation) -> AttentionKernel:
     kernel = _REGISTRY[name]
     why = kernel.refusal(situation)
     if why:
-        raise ValueError(f"attention_kernel {name!r} {why}; set attention_kernel (or --attention-kernel) to another")
+        raise ValueError(
+            f"attention_kernel {name!r} {why}; set attention_kernel (or --attention-kernel) to another"
+        )
     return kernel
 
 
@@ -518,7 +530,9 @@ def eager_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, pro
     return torch.matmul(dropped, v), probs
 
 
-def sdpa_mask(ctx: PositionalContext, padding: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+def sdpa_mask(
+    ctx: PositionalContext, padding: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
     """The content-free term plus the padding as one additive (1 or b, h, n, n) mask, once for all layers."""
     if ctx.bias is None:
         return padding
@@ -531,7 +545,9 @@ def sdpa_mask(ctx: PositionalContext, padding: torch.Tensor | None, dtype: torch
 def sdpa_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
     """`scaled_dot_product_attention` with `sdpa_mask` as its additive mask."""
     mask = None if mask is None else mask.to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=ctx.logit_scale), None
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=ctx.logit_scale
+    ), None
 
 
 def fold_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):

@@ -39,7 +39,14 @@ from .kernels import (
     requested_kernel_name,
     select_kernel,
 )
-from .positional import PositionalContext, RelativeBias, UntiedPositions, apply_rotary, build_scheme, scheme_class
+from .positional import (
+    PositionalContext,
+    RelativeBias,
+    UntiedPositions,
+    apply_rotary,
+    build_scheme,
+    scheme_class,
+)
 
 
 def resolve_attention_kernel(
@@ -68,7 +75,12 @@ def resolve_attention_kernel(
 
 
 def _select_kernel(
-    config: TupeConfig, device: torch.device, dtype: torch.dtype, training: bool, grad: bool, probabilities: bool
+    config: TupeConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    training: bool,
+    grad: bool,
+    probabilities: bool,
 ) -> AttentionKernel:
     dropout = training and config.attention_probs_dropout_prob > 0
     terms = scheme_class(config.position_scheme).terms()
@@ -86,8 +98,12 @@ class AttentionInputs:
     """Per-forward tensors shared by all layers: the positional context, the masks built from it once, the kernel."""
 
     ctx: PositionalContext
-    padding: torch.Tensor | None  # (b, 1, 1, n) additive: 0 for tokens, dtype-min for padding; None: no padding
-    mask: torch.Tensor | None  # what every layer's kernel gets: `kernel.prepare(ctx, padding, dtype)`, else padding
+    padding: (
+        torch.Tensor | None
+    )  # (b, 1, 1, n) additive: 0 for tokens, dtype-min for padding; None: no padding
+    mask: (
+        torch.Tensor | None
+    )  # what every layer's kernel gets: `kernel.prepare(ctx, padding, dtype)`, else padding
     kernel: AttentionKernel  # the registry entry resolved for this pass (`resolve_attention_kernel`)
     probabilities: bool = False  # output_attentions
 
@@ -274,7 +290,11 @@ class TupePreTrainedModel(PreTrainedModel):
         return output_cls(loss=loss, logits=logits, hidden_states=hidden_states, attentions=attentions)
 
     def _check_and_adjust_attn_implementation(
-        self, attn_implementation: str | None, is_init_check: bool = False, allow_all_kernels: bool = False, **kwargs
+        self,
+        attn_implementation: str | None,
+        is_init_check: bool = False,
+        allow_all_kernels: bool = False,
+        **kwargs,
     ) -> str:
         """transformers' door to the kernel registry (`from_pretrained(..., attn_implementation=K)`,
         `set_attn_implementation(K)`): K is "eager", "sdpa" (transformers' default: the config's
@@ -332,7 +352,9 @@ class TupeModel(TupePreTrainedModel):
                 f"which cut at the tokenizer's model_max_length"
             )
 
-    def resolve_attention_kernel(self, dtype: torch.dtype | None = None, *, probabilities: bool = False) -> str:
+    def resolve_attention_kernel(
+        self, dtype: torch.dtype | None = None, *, probabilities: bool = False
+    ) -> str:
         """The kernel this model's next forward pass runs (see the module-level `resolve_attention_kernel`)."""
         return resolve_attention_kernel(self, dtype=dtype, probabilities=probabilities)
 
@@ -341,7 +363,9 @@ class TupeModel(TupePreTrainedModel):
     ) -> AttentionInputs:
         ctx = self.positional(n)
         device = self.embeddings.word_embeddings.weight.device
-        kernel = _select_kernel(self.config, device, dtype, self.training, torch.is_grad_enabled(), probabilities)
+        kernel = _select_kernel(
+            self.config, device, dtype, self.training, torch.is_grad_enabled(), probabilities
+        )
         padding = None
         # Without padding no mask at all (faster kernels); traced or compiled, the padding term is always built:
         # whether a mask has zeros is a tensor's value, and export/compile need one graph for every mask.
@@ -385,7 +409,9 @@ class TupeModel(TupePreTrainedModel):
             if torch.is_autocast_enabled(source.device.type)
             else self.embeddings.word_embeddings.weight.dtype
         )
-        inputs = self._attention_inputs(n, attention_mask, compute_dtype, probabilities=bool(output_attentions))
+        inputs = self._attention_inputs(
+            n, attention_mask, compute_dtype, probabilities=bool(output_attentions)
+        )
 
         x = self.embeddings(input_ids, inputs.ctx, inputs_embeds)
         all_hidden = (x,) if output_hidden_states else None

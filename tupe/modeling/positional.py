@@ -329,7 +329,9 @@ class TupeA(PositionalScheme):
         """Query `[s p U^Q, 1]` (zero for [CLS]), key `[p U^K, 0]` with `[0, theta_2]` for [CLS]: exact because the
         [CLS] query row is a constant (`theta_1`) that cancels in the softmax."""
         h, n, _ = q.shape
-        first = (torch.arange(n, device=q.device) == 0)[:, None]  # (n, 1): the [CLS] row, selected, not sliced
+        first = (torch.arange(n, device=q.device) == 0)[
+            :, None
+        ]  # (n, 1): the [CLS] row, selected, not sliced
         q_extra = torch.cat([q * self.logit_scale, q.new_ones(h, n, 1)], dim=-1).masked_fill(first, 0.0)
         k_extra = torch.cat([k, k.new_zeros(h, n, 1)], dim=-1)
         k_cls = torch.cat([k.new_zeros(h, 1, k.shape[-1]), theta[:, 1].reshape(h, 1, 1)], dim=-1)

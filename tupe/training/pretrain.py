@@ -114,7 +114,7 @@ def _pretrain(config: PretrainConfig) -> dict[str, Any]:
     from tupe.data.tokenizer import tokenizer_fingerprint
 
     t_start = time.perf_counter()
-    check_scheme(config.scheme)
+    check_scheme(config.scheme, config.attention_kernel)
     v = config.resolved()
     if config.threads:
         torch.set_num_threads(int(config.threads))
