@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tupe.evaluation.command",
         "masked-LM loss, perplexity and pseudo-perplexity of checkpoints on text, with bootstrap intervals",
     ),
+    "convert": (
+        "tupe.convert",
+        "convert a checkpoint of the authors' released TUPE code (fairseq) into a tupe model folder",
+    ),
     "bench": (
         "tupe.bench.command",
         "time training steps of each scheme and backend against transformers' BERT",

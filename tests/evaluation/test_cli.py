@@ -151,7 +151,7 @@ def test_bad_options(tmp_path, tokenizer, text_file, capsys):
     for flag, value, allowed in (
         ("--threads", "0", ">= 1"),
         ("--batch-size", "-3", ">= 1"),
-        ("--bootstrap", "x", ">= 0"),
+        ("--bootstrap", "x", "from 0 to 100000"),
     ):
         err = cli_error(capsys, "--model", str(model), "--text", str(text_file), flag, value)
         assert f"argument {flag}: must be an integer {allowed}, got" in err, err
@@ -172,7 +172,8 @@ def test_numeric_flags_are_checked_when_parsed_with_the_range_in_help(tmp_path, 
         ("--batch-size", "-3", "must be an integer >= 1, got -3"),
         ("--seed", "-1", "must be an integer from 0 to 4294967295, got -1"),
         ("--pppl-tokens", "many", "must be an integer >= 0, got 'many'"),
-        ("--bootstrap", "-1", "must be an integer >= 0, got -1"),
+        ("--bootstrap", "-1", "must be an integer from 0 to 100000, got -1"),
+        ("--bootstrap", "1000000000", "must be an integer from 0 to 100000, got 1000000000"),
         ("--threads", "0", "must be an integer >= 1, got 0"),
         ("--mlm-probability", "nan", "must be a finite number > 0 and < 1, got nan"),
         ("--json", "", "must be a path, got an empty string"),

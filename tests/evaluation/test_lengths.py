@@ -186,3 +186,22 @@ def test_plot_draws_every_model(tmp_path, tokenizer, text_file):
     m = load_model(save_tupe(tmp_path / "a", tokenizer, "tupe-a", max_len=32))
     r = evaluate_lengths([m], resolve_corpus([str(text_file)]), [16, 32], Settings(**FAST), **QUIET)
     assert plot_lengths(r, tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("scheme", ["tupe-a", "tupe-r"])
+def test_table_row_0_is_never_used_under_the_cls_reset_and_extension_keeps_it(tmp_path, tokenizer, scheme):
+    """docs/evaluation.md: with the [CLS] reset, row 0 gets no gradient (it never reaches the output), and the
+    extension methods leave it where it is instead of mixing it into stream positions."""
+    from tupe.modeling.positional import SCHEMES
+
+    assert SCHEMES[scheme].resets_cls
+    m = load_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=32))
+    ids = torch.randint(5, len(tokenizer), (2, 32))
+    ids[:, 0] = tokenizer.cls_token_id
+    m.model.train()
+    m.model(ids, labels=ids).loss.backward()
+    grad = m.model.get_parameter(table_key(m)).grad
+    assert grad[0].abs().max() == 0 and grad[1:].abs().max() > 0
+    for method in ("interpolate", "repeat"):
+        longer, _ = at_length(m, 70, method)
+        assert torch.equal(longer.model.state_dict()[table_key(m)][0], m.model.state_dict()[table_key(m)][0])

@@ -809,7 +809,7 @@ CASES: list[Case] = [
         "evaluate-bootstrap-negative",
         "`tupe evaluate --bootstrap -1`",
         lambda c: c.evaluate("--bootstrap", "-1"),
-        ("argument --bootstrap: must be an integer >= 0, got -1",),
+        ("argument --bootstrap: must be an integer from 0 to 100000, got -1",),
     ),
     Case(
         "analyze-second-writer",

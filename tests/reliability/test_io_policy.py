@@ -20,7 +20,7 @@ def test_a_fifo_is_refused_by_name_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(fifo)  # no writer: open() without O_NONBLOCK would block forever
     t0 = time.monotonic()
     with pytest.raises(
-        TupeError, match=r"metrics.jsonl: the metrics log is a FIFO \(named pipe\), not a regular"
+        TupeError, match=r"metrics.jsonl: a FIFO \(named pipe\), not a regular file \(metrics log\)"
     ):
         list(iter_lines(fifo, "metrics log"))
     with pytest.raises(TupeError, match="FIFO"):
@@ -31,28 +31,28 @@ def test_a_fifo_is_refused_by_name_without_blocking(tmp_path: Path) -> None:
 def test_a_link_to_dev_zero_is_refused_and_a_huge_file_is_bounded(tmp_path: Path) -> None:
     link = tmp_path / "results.json"
     link.symlink_to("/dev/zero")
-    with pytest.raises(TupeError, match="results.json: the results is a character device"):
+    with pytest.raises(TupeError, match="results.json: a character device, not a regular file"):
         read_json(link, "results")
     big = tmp_path / "big.json"
     with big.open("wb") as fh:  # sparse: 1 GiB without using the disk
         fh.truncate(1 << 30)
-    with pytest.raises(TupeError, match=r"big.json: the run record is larger than 1.0 MiB"):
+    with pytest.raises(TupeError, match=r"big.json: larger than 1.0 MiB, far more than a run record holds"):
         read_text(big, 1 << 20, "run record")
     long_line = tmp_path / "m.jsonl"
     long_line.write_bytes(b"x" * 5000)
-    with pytest.raises(TupeError, match="line 1 of the metrics log is longer than"):
+    with pytest.raises(TupeError, match="m.jsonl:1: a line longer than"):
         list(iter_lines(long_line, "metrics log", line_limit=1000))
 
 
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
-        ("null", "must hold an object, not null"),
-        ("42", "must hold an object, not a number"),
-        ("[1, 2]", "must hold an object, not a list"),
+        ("null", "expected an object (run record), got null"),
+        ("42", "expected an object (run record), got a number"),
+        ("[1, 2]", "expected an object (run record), got a list"),
         ("[" * 200_000 + "]" * 200_000, "nested too deeply"),
-        ('{"a": ', "line 1: the run record is not valid JSON"),
-        (b"\xe9t\xe9", "not UTF-8 text (byte 0xe9 at offset 0)"),
+        ('{"a": ', "tupe_run.json:1: not valid JSON"),
+        (b"\xe9t\xe9", "not UTF-8 text (byte 0xe9 at offset 0"),
     ],
 )
 def test_json_of_the_wrong_shape_is_one_line_naming_the_file(tmp_path: Path, content, needle: str) -> None:  # noqa: ANN001

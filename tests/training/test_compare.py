@@ -91,6 +91,10 @@ def test_demo_runs_end_to_end_on_a_small_corpus(tiny_corpus: Path, tmp_path: Pat
     assert "tupe-a - bert-a" in printed and "paired" in printed
     # 4 steps: still above the unigram baseline, and the verdict says so from the numbers
     assert "bert-a had not yet learned even the token frequencies after 4 steps" in printed
+    assert "held-out validation blocks of the training corpus" in printed
+    # by default both models are judged on the shipped out-of-domain book too, paired
+    assert "On built-in evaluation text (Great Astronomers" in printed and "paired on the same blocks" in printed
+    assert json.loads((out / "eval_text.json").read_text())["eval_text"] == ["built-in"]
     assert (out / "valid_loss.png").exists()
     run = json.loads((out / "tupe-a" / "tupe_run.json").read_text())
     assert run["model"]["hidden_size"] == 128 and run["optim"]["warmup_steps"] == 100

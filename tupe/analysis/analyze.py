@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.io.outputs import OutputFolder
 
 if TYPE_CHECKING:  # torch and the analysis modules are imported where used: `tupe analyze --help` stays fast
     import torch
@@ -184,13 +185,25 @@ def analyze(
         figures["offset_profile"] = offset_profile_figure(offsets, profile, pats, title)
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    OutputFolder(out, "tupe analyze").claim(
+        *(f"{name}.png" for name in figures), "analysis.json", "analysis.html"
+    )
     for name, png in figures.items():  # atomic: a kill or a full disk never leaves half a figure
         atomic_write_bytes(out / f"{name}.png", png)
     atomic_write_text(out / "analysis.json", json.dumps(result, indent=1))
     atomic_write_text(out / "analysis.html", render_html(result, figures))
     result["files"] = sorted([f"{name}.png" for name in figures] + ["analysis.json", "analysis.html"])
     return result
+
+
+ANALYSIS_FILES = (
+    "analysis.json",
+    "analysis.html",
+    "decomposition.png",
+    "patterns.png",
+    "patterns_zoom.png",
+    "offset_profile.png",
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tokenizer is not None:
         V.check_path_kind("--tokenizer", args.tokenizer, "folder")
     V.apply_threads(args.threads)
+    # a user's (or another command's) file where the analysis goes stops it before any work
+    OutputFolder(args.out, "tupe analyze").check(*ANALYSIS_FILES)
     with folder_lock(args.out, "tupe analyze"), hushed_libraries(progress=args.progress):
         with failed_writes_reported(args.out, "rerun after freeing space (the figures are rewritten)"):
             result = _analyze_from_args(args)

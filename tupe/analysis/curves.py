@@ -19,6 +19,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.io.reading import read_json
 
 
 def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -28,19 +29,27 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
         raise TupeError(f"{run_dir}: no metrics.jsonl (not a `tupe pretrain` output folder?)")
     train: dict[int, dict] = {}
     valid: dict[int, dict] = {}
-    text = path.read_text()
-    lines = text.splitlines()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
+    from tupe.io.reading import iter_lines
+
+    lines = list(iter_lines(path, "metrics log"))  # a FIFO, a device or a huge line: one line naming the file
+    ends_with_newline = _ends_with_newline(path)
+    for lineno, raw in lines:
+        if not raw.strip():
             continue
+        line = raw.decode("utf-8", errors="replace")
         try:
-            rec = json.loads(line)
+            rec = json.loads(raw)
             step = int(rec["step"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            if lineno == len(lines) and not text.endswith("\n"):  # cut by a kill: the run wrote it last
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError, OverflowError):
+            if lineno == len(lines) and not ends_with_newline:  # cut by a kill: the run wrote it last
                 print(f"warning: {path}:{lineno}: ignoring a cut last line", file=sys.stderr)
                 continue
             raise TupeError(f"{path}:{lineno}: not a metrics record: {line[:80]!r}") from None
+        if step < 0:
+            raise TupeError(f"{path}:{lineno}: step {step} is negative: not a metrics record of tupe's")
+        for key in ("eval_loss", "loss"):
+            if key in rec and (isinstance(rec[key], bool) or not isinstance(rec[key], int | float | None)):
+                raise TupeError(f"{path}:{lineno}: {key} {str(rec[key])[:40]!r} is not a number")
         if "eval_loss" in rec:
             valid[step] = rec
         elif "loss" in rec:
@@ -48,11 +57,22 @@ def read_metrics(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
     return [train[s] for s in sorted(train)], [valid[s] for s in sorted(valid)]
 
 
+def _ends_with_newline(path: Path) -> bool:
+    from tupe.io.reading import open_regular
+
+    with open_regular(path, "metrics log") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            return True
+        fh.seek(size - 1)
+        return fh.read(1) == b"\n"
+
+
 def run_label(run_dir: str | Path) -> str:
     """The run's scheme name (from tupe_run.json), else its folder name."""
     try:
-        return json.loads((Path(run_dir) / "tupe_run.json").read_text())["scheme"]
-    except (OSError, json.JSONDecodeError, KeyError):
+        return str(read_json(Path(run_dir) / "tupe_run.json", "run record")["scheme"])
+    except (TupeError, KeyError):
         return Path(run_dir).name
 
 
@@ -74,8 +94,8 @@ def find_runs(path: str | Path) -> list[tuple[Path, str]]:
         )
     order: list[str] = []
     try:
-        order = list(json.loads((path / "compare_summary.json").read_text())["schemes"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        order = [str(x) for x in read_json(path / "compare_summary.json", "comparison summary")["schemes"]]
+    except (TupeError, KeyError, TypeError):
         pass
     children = sorted(
         (c for c in path.iterdir() if c.is_dir() and not c.name.startswith(".")),
@@ -217,8 +237,8 @@ def plot_curves(
 def compare_baseline(path: str | Path) -> float | None:
     """The unigram baseline a `tupe compare` folder recorded (compare_summary.json), else None."""
     try:
-        value = json.loads((Path(path) / "compare_summary.json").read_text())["stats"]["unigram_loss"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        value = read_json(Path(path) / "compare_summary.json", "comparison summary")["stats"]["unigram_loss"]
+    except (TupeError, KeyError, TypeError):
         return None
     return float(value) if isinstance(value, int | float) else None
 
@@ -247,6 +267,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tupe.io.outputs import claim_file
+
     V.check_out_file("--out", args.out)
     groups = [find_runs(src) for src in args.runs]
     run_dirs = [d for runs in groups for d, _ in runs]
@@ -262,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
         labels = [rename[lab] for lab in labels]
     # the unigram baseline only when every source is a comparison that measured the same one (the same data)
     baselines = {compare_baseline(src) for src in args.runs}
+    claim_file(args.out, "tupe plot", "--out")  # a figure of the user's is never replaced
     path = plot_curves(
         run_dirs,
         args.out,

@@ -3,6 +3,7 @@ fixed-length blocks of text."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -48,22 +49,54 @@ def text_blocks(text: str, tokenizer, length: int, max_blocks: int, source: str 
 
 
 def read_text(path: str | Path, max_chars: int = 2_000_000) -> str:
+    """At most `max_chars` characters of text from a file or a folder's `.txt` files, read incrementally (never
+    more than about 4 bytes per character), regular files only; a file with NUL bytes is not text and is refused."""
+    from tupe.io.reading import check_regular
+
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*.txt") if f.is_file())
         if not files:
             raise TupeError(f"{p}: directory has no .txt files")
-        parts, total = [], 0
-        for f in files:
-            parts.append(f.read_text(encoding="utf-8", errors="replace"))
-            total += len(parts[-1])
-            if total >= max_chars:
-                break
-        text = "\n".join(parts)
-    elif p.is_file():
-        text = p.read_text(encoding="utf-8", errors="replace")
+    elif os.path.lexists(p):
+        check_regular(p, "--text file")
+        files = [p]
     else:
         raise TupeError(f"--text {str(p)!r} does not exist")
+    parts, total = [], 0
+    for f in files:
+        part = _read_prefix(f, max_chars - total)
+        parts.append(part)
+        total += len(part) + 1
+        if total >= max_chars:
+            break
+    text = "\n".join(parts)
     if not text.strip():
         raise TupeError(f"{p}: no text")
     return text[:max_chars]
+
+
+def _read_prefix(path: Path, max_chars: int) -> str:
+    """The first `max_chars` characters of a UTF-8 file (invalid bytes replaced), read in 1 MiB pieces."""
+    import codecs
+
+    from tupe.io.reading import open_regular
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    out: list[str] = []
+    n = 0
+    offset = 0
+    with open_regular(path, "--text file") as fh:
+        while n < max_chars:
+            chunk = fh.read(1 << 20)
+            if not chunk:
+                break
+            nul = chunk.find(b"\0")
+            if nul >= 0:
+                raise TupeError(f"{path}: NUL byte at offset {offset + nul}: a binary file, not text")
+            offset += len(chunk)
+            piece = decoder.decode(chunk)
+            out.append(piece)
+            n += len(piece)
+        out.append(decoder.decode(b"", final=True))
+    return "".join(out)[:max_chars]

@@ -382,4 +382,42 @@ def run(args: argparse.Namespace) -> int:
     print(f"plot: {summary['plot']}")
     if summary.get("warning"):
         print(summary["warning"], file=sys.stderr)
+    if args.eval_text:
+        with hushed_libraries(args.progress, args.quiet):
+            evaluate_on_text(Path(args.out).expanduser(), summary, args.eval_text, args, log)
     return 0
+
+
+def evaluate_on_text(
+    out: Path,
+    summary: dict[str, Any],
+    texts: list[str],
+    args: argparse.Namespace,
+    log,  # noqa: ANN001
+) -> dict[str, Any]:
+    """`--eval-text`: `tupe evaluate` of every finished run on another text; prints its table and the paired
+    verdict against the first scheme, writes `out/eval_text.json`."""
+    from tupe.evaluation.command import versions, write_json
+    from tupe.evaluation.report import format_report
+    from tupe.evaluation.runs import EVAL_TEXT_FILE, evaluate_runs, verdict_lines
+
+    runs = {name: Path(d) for name, d in summary["runs"].items()}
+    log(f"evaluating {len(runs)} run(s) on --eval-text {' '.join(texts)}")
+    progress = getattr(args, "progress", True) and not getattr(args, "quiet", False)
+    result = evaluate_runs(
+        runs,
+        texts,
+        seed=getattr(args, "seed", 0) or 0,
+        text_column=getattr(args, "text_column", "text"),
+        cache_dir=getattr(args, "cache_dir", None),
+        progress=progress,
+        log=log if progress else (lambda m: None),
+    )
+    write_json(out / EVAL_TEXT_FILE, {"eval_text": texts, "versions": versions(), **result})
+    print()
+    print(format_report(result))
+    print()
+    for line in verdict_lines(result, next(iter(runs))):
+        print(line)
+    print(f"wrote {out / EVAL_TEXT_FILE}")
+    return result

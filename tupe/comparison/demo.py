@@ -8,7 +8,10 @@ seeds with the `mini` recipe, and prints:
 - the paired difference with a 95% bootstrap interval over the validation blocks (same blocks, same masks);
 - the step at which each model left the "bag of words" plateau and the steps each needed to reach bert-a's
   final loss;
-- a closing verdict worded from those numbers; and the loss-curve plot.
+- a closing verdict worded from those numbers, which says that they are measured on held-out blocks of the
+  training books; and the loss-curve plot;
+- the same models judged on text of another kind (`--eval-text`, by default the shipped out-of-domain book,
+  tupe/data/eval_text/): `tupe evaluate`'s loss, paired interval and word-order check.
 
 Running it again reuses finished runs and continues interrupted ones (`--overwrite` starts from scratch).
 """
@@ -29,7 +32,9 @@ def _off_plateau(row: dict[str, Any]) -> int | None:
     return exits[0]
 
 
-def verdict(stats: dict[str, Any], paired: dict[str, dict[str, float | None]], steps: int) -> list[str]:
+def verdict(
+    stats: dict[str, Any], paired: dict[str, dict[str, float | None]], steps: int, eval_text: bool = False
+) -> list[str]:
     """The closing sentences, worded from the measured numbers (they may say that TUPE did not help)."""
     ref = stats["reference"]
     rows = stats["schemes"]
@@ -79,6 +84,10 @@ def verdict(stats: dict[str, Any], paired: dict[str, dict[str, float | None]], s
             )
         else:
             lines.append(f"{scheme} never reached {ref}'s final loss in {steps:,} steps.")
+    lines.append(
+        "All of this is measured on held-out validation blocks of the training corpus (the same books), so it says how well each model fits that kind of text, not text of another kind"
+        + (": the evaluation on --eval-text below does." if eval_text else " (--eval-text FILE judges that).")
+    )
     return lines
 
 
@@ -126,8 +135,15 @@ def run(args: argparse.Namespace) -> int:
         )
     print()
     print(summary["table"])
-    for line in verdict(stats, paired, steps):
+    for line in verdict(stats, paired, steps, eval_text=bool(args.eval_text)):
         print(line)
+    if args.eval_text:
+        from pathlib import Path
+
+        from tupe.comparison.compare import evaluate_on_text
+
+        with hushed_libraries(args.progress):
+            evaluate_on_text(Path(args.out).expanduser(), summary, args.eval_text, args, print)
     minutes = (time.perf_counter() - t0) / 60
     print(f"\nplot: {summary['plot']}")
     if summary.get("warning"):

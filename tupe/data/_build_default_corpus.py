@@ -1,4 +1,4 @@
-"""Rebuild the built-in default corpus from Project Gutenberg plain-text books (a maintainer tool, not run by users).
+"""Rebuild the built-in default corpus (and the built-in evaluation text) from Project Gutenberg plain-text books (a maintainer tool, not run by users).
 
     python -m tupe.data._build_default_corpus /path/to/gutenberg/books
 
@@ -44,6 +44,12 @@ BOOKS: list[tuple[str, int, str, str]] = [
     ("244-0.txt", 244, "A Study in Scarlet", "Arthur Conan Doyle"),
 ]
 
+# The built-in out-of-domain evaluation text (`tupe demo`, `--eval-text built-in`): expository science prose, a kind
+# of English the novels above do not contain, written to tupe/data/eval_text/.
+EVAL_BOOKS: list[tuple[str, int, str, str]] = [
+    ("pg2298.txt", 2298, "Great Astronomers", "Robert S. Ball"),
+]
+
 _START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*?\*\*\*", re.M | re.I | re.S)
 _END = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.M | re.I)
 _END_OLD = re.compile(r"^\s*End of (the )?Project Gutenberg.*$", re.M | re.I)
@@ -72,9 +78,13 @@ def clean_gutenberg(text: str) -> str:
 
 
 def main(src: str) -> None:
-    out_dir = Path(__file__).parent / "default_corpus"
+    for books, folder in ((BOOKS, "default_corpus"), (EVAL_BOOKS, "eval_text")):
+        write_books(src, books, Path(__file__).parent / folder)
+
+
+def write_books(src: str, books: list[tuple[str, int, str, str]], out_dir: Path) -> None:
     rows = []
-    for fname, pg, title, author in BOOKS:
+    for fname, pg, title, author in books:
         raw = (Path(src) / fname).read_bytes()
         cleaned = clean_gutenberg(raw.decode("utf-8"))
         slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40]

@@ -30,6 +30,10 @@ from tupe.data import tables
 from tupe.errors import TupeError
 
 DEFAULT_CORPUS_DIR = Path(__file__).parent / "default_corpus"
+BUILTIN_EVAL_TEXT = "built-in"  # the name `--eval-text` takes for the text below
+DEFAULT_EVAL_TEXT_DIR = (
+    Path(__file__).parent / "eval_text"
+)  # out-of-domain text, never trained on (PROVENANCE.md)
 _READ_CHUNK = 8 << 20  # bytes per read; lines never straddle chunks (we cut at the last newline)
 _TEXT_SUFFIXES_SKIPPED = {".md"}  # PROVENANCE.md and similar notes next to a corpus are not training text
 # Bounds that keep memory and time independent of line length: a line longer than MAX_LINE_CHARS is split (at a

@@ -20,6 +20,10 @@ from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.evaluation import EXTEND_METHODS
 
+MAX_BOOTSTRAP = (
+    100_000  # each resample keeps 8 bytes per statistic; 10^5 is far past any interval's precision
+)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -37,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=V.nonempty_path,
         metavar="PATH",
         help="text file(s), folders of them (recursive), globs, .gz, parquet/JSON/JSONL files, a saved `datasets` "
-        "folder or a cached `datasets` name NAME[:CONFIG], as `tupe pretrain --corpus`; all together are one text",
+        "folder or a cached `datasets` name NAME[:CONFIG], as `tupe pretrain --corpus`; all together are one text; "
+        "built-in: the shipped out-of-domain book (Great Astronomers, 1895 popular science, never trained on)",
     )
     p.add_argument(
         "--text-column", default="text", help="column of parquet/JSON/`datasets` text (default: text)"
@@ -100,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--bootstrap",
-        type=V.nonneg_int,
+        type=V.int_range(0, MAX_BOOTSTRAP),
         default=1000,
         metavar="R",
         help="bootstrap resamples of blocks for the 95%% intervals (default 1000, 0 = no intervals)",
@@ -209,11 +214,17 @@ def check_paths(args: argparse.Namespace) -> None:
         V.check_out_folder("--cache-dir", args.cache_dir)
     if args.json is not None:
         V.check_out_file("--json", args.json)
+        from tupe.io.outputs import check_file
+
+        check_file(args.json, "tupe evaluate", "--json")  # a file tupe did not write is never replaced
     if getattr(args, "lengths", None):
         if args.max_length is not None:
             raise TupeError("--max-length and --lengths exclude each other: give the lengths in --lengths")
         if plot_path(args) is not None:
             V.check_out_file("--plot", plot_path(args))
+            from tupe.io.outputs import check_file
+
+            check_file(plot_path(args), "tupe evaluate", "--plot")
     elif getattr(args, "plot", None) or getattr(args, "extend_positions", "none") != "none":
         raise TupeError("--plot and --extend-positions go with --lengths")
 
@@ -228,17 +239,17 @@ def plot_path(args: argparse.Namespace) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tupe.data.corpus import resolve_corpus
     from tupe.runtime import hushed_libraries
 
     from .evaluate import Settings, evaluate, format_report, load_model
+    from .runs import resolve_text
 
     def log(msg: str) -> None:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
     V.apply_threads(args.threads)
-    corpus = resolve_corpus(list(args.text), args.text_column, skip_bad_text=args.skip_bad_text)
+    corpus = resolve_text(list(args.text), args.text_column, skip_bad_text=args.skip_bad_text)
     models = []
     with hushed_libraries(args.progress and not args.quiet, args.quiet):
         for path in args.model:
@@ -266,6 +277,9 @@ def _run(args: argparse.Namespace) -> int:
         result = evaluate_lengths(models, corpus, lengths, settings, args.extend_positions, log=log)
         png = plot_path(args)
         if png is not None:
+            from tupe.io.outputs import claim_file
+
+            claim_file(png, "tupe evaluate", "--plot")
             result["plot"] = str(plot_lengths(result, png))
         result = {"command": command_line(args), "versions": versions(), **result}
         print(format_lengths_report(result))
@@ -285,7 +299,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def write_json(path: Path, result: dict[str, Any]) -> None:
     from tupe.io.files import atomic_write_text
+    from tupe.io.outputs import claim_file
 
+    claim_file(path, "tupe evaluate", "--json")
     atomic_write_text(path, json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
 
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
-import shutil
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -46,6 +45,8 @@ from tupe.glue.tasks import TASKS, Split, get_task
 from tupe.glue.trainer import _progress_callback, read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
 from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
+from tupe.io.outputs import OutputFolder
+from tupe.io.reading import CONFIG_LIMIT, RECORD_LIMIT, RESULTS_LIMIT, Refused, read_json, read_text
 from tupe.runtime import hushed_libraries
 from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
@@ -90,6 +91,11 @@ def _run_grid(
     out_dir = Path(out_dir)
     if push_to_hub and not save_models:
         raise TupeError("--push-to-hub pushes the fine-tuned models, which only --save-models keeps: add it")
+    # what this grid writes at the top of --out; anything there that tupe glue did not write stops it here
+    outputs = glue_outputs(out_dir)
+    outputs.claim(
+        "results.json", "README.md", "runs", *(["tensorboard"] if "tensorboard" in (report_to or []) else [])
+    )
     model_dir = _converted_if_bert(model_dir, out_dir, tokenizer_dir, log)
     info, config = inspect_checkpoint(model_dir, scheme)
     lrs_default, epochs_default = settings.lrs is None, settings.epochs is None
@@ -119,17 +125,16 @@ def _run_grid(
     done: dict[tuple[float, int], dict] = {}
     if runs_dir.is_dir():
         for f in sorted(runs_dir.glob("*/result.json")):
-            try:
-                r = json.loads(f.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue  # not finished (result.json is written last, atomically)
+            r = read_run_result(f)  # a FIFO or a huge file is refused by name
+            if r is None:
+                continue  # not finished (result.json is written last, atomically): redone
             if r.get("fingerprint") != fingerprint:
                 if not overwrite:
                     raise TupeError(
                         f"{f}: a run made with other settings, model or data is in {out_dir}; "
                         "use a new --out, or --overwrite to discard those runs"
                     )
-                shutil.rmtree(f.parent)
+                outputs.remove(f.parent.relative_to(out_dir))
                 continue
             done[(r["lr"], r["seed"])] = r
 
@@ -226,8 +231,10 @@ def _run_grid(
                 label = f"run {k}/{len(todo)} lr={lr:g} seed={seed}"
                 bar.set_postfix_str(label)
                 run_dir = runs_dir / run_name(lr, seed)
-                if run_dir.exists():
-                    shutil.rmtree(run_dir)  # an unfinished run from an interrupted grid
+                if os.path.lexists(
+                    run_dir
+                ):  # an unfinished run from an interrupted grid; never through a link
+                    outputs.remove(run_dir.relative_to(out_dir))
                 run_dir.mkdir(parents=True)
                 start = bar.n
                 r = train_one(
@@ -281,6 +288,63 @@ def _run_grid(
     return GridResult(out_dir, results)
 
 
+_GLUE_NAMES = {
+    "results.json",
+    "runs",
+    "README.md",
+    "tensorboard",
+    "converted-bert-a",
+    ".tmp-converted-bert-a",
+}
+
+
+def glue_outputs(out_dir: str | Path) -> OutputFolder:
+    """The output policy of a `tupe glue` folder (tupe/io/outputs.py); a folder written before tupe kept a record
+    is taken for a GLUE folder only if its results.json is one, and then only tupe glue's names are adopted."""
+    return OutputFolder(out_dir, "tupe glue", legacy=_is_legacy_glue_output)
+
+
+def _is_legacy_glue_output(path: Path) -> bool:
+    if path.name not in _GLUE_NAMES:
+        return False
+    try:
+        results = read_json(path.parent / "results.json", "GLUE results", RESULTS_LIMIT)
+    except TupeError:
+        return False
+    if not {"format", "task", "runs", "settings"} <= set(results):
+        return False
+    if path.name == "README.md":  # tupe's model card, not a user's README
+        try:
+            card = read_text(path, CONFIG_LIMIT, "model card")
+        except TupeError:
+            return False
+        return card.startswith("---\nlibrary_name: transformers") and "\n- tupe\n" in card
+    return True
+
+
+def read_run_result(path: Path) -> dict | None:
+    """A finished run's result.json, or None if it is not one (cut, garbage, wrong shape: the run is redone).
+    A FIFO, a device or an absurdly large file is refused by name (a `TupeError`) instead of blocking."""
+    from tupe.io.reading import check_regular
+
+    check_regular(path, "GLUE run result")
+    try:
+        r = read_json(path, "GLUE run result", RECORD_LIMIT)
+    except Refused:
+        raise
+    except TupeError:
+        return None
+    lr, seed = r.get("lr"), r.get("seed")
+    if (
+        not isinstance(lr, float | int)
+        or isinstance(lr, bool)
+        or not isinstance(seed, int)
+        or isinstance(seed, bool)
+    ):
+        return None
+    return r
+
+
 def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) -> str:
     """The Hub repository of one run's model: `--hub-model-id` (default: the --out folder's name) with the run's
     name appended, so the grid's runs do not overwrite one another: `me/tupe-a-rte-lr2e-05_seed1`."""
@@ -295,22 +359,24 @@ def _converted_if_bert(model_dir: Path, out_dir: Path, tokenizer_dir: str | None
 
     config_file = model_dir / "config.json"
     try:
-        model_type = json.loads(config_file.read_text()).get("model_type") if config_file.is_file() else None
-    except (OSError, ValueError, AttributeError):
+        model_type = read_json(config_file, "model config", CONFIG_LIMIT).get("model_type")
+    except TupeError:
         return model_dir  # inspect_checkpoint gives the one-line error
     if model_type != "bert":
         return model_dir
+    outputs = glue_outputs(out_dir)
+    outputs.claim("converted-bert-a", ".tmp-converted-bert-a")
     target = out_dir / "converted-bert-a"
     log(f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a in {target}")
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
     model, _ = load_model(model_dir)
     staging = out_dir / ".tmp-converted-bert-a"
-    shutil.rmtree(staging, ignore_errors=True)
+    outputs.remove(staging.name)
     model.save_pretrained(str(staging))
     if tokenizer_dir is None:
         load_tokenizer(model_dir, model.config, explicit=False).save_pretrained(str(staging))
-    shutil.rmtree(target, ignore_errors=True)
+    outputs.remove(target.name)
     staging.rename(target)
     return target
 

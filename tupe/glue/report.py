@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,10 +140,9 @@ def find_results(paths: list[str]) -> list[Path]:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise TupeError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    from tupe.io.reading import RESULTS_LIMIT, read_json
+
+    data = read_json(path, "GLUE results", RESULTS_LIMIT)  # a FIFO, /dev/zero or a list: one line naming it
     for key in ("task", "model", "best", "scheme"):
         if key not in data:
             raise TupeError(f"{path}: missing {key!r}; not a `tupe glue` results.json")
@@ -156,54 +154,13 @@ def build_rows(paths: list[Path]) -> list[Row]:
     rows: dict[str, Row] = {}
     seen: dict[tuple[str, str], Path] = {}
     for path in paths:
-        data = _load(path)
-        model = data["model"]
-        key = model.get("weights_sha256") or model["path"]
-        if (key, data["task"]) in seen:
+        try:
+            _add_row(path, rows, seen)
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError) as err:
+            # a hand-edited or foreign results.json: one line naming it, not a traceback
             raise TupeError(
-                f"{path}: a second {data['task']} result for {model['path']} (first: {seen[(key, data['task'])]}); "
-                "name one of them"
-            )
-        seen[(key, data["task"])] = path
-        row = rows.get(key)
-        if row is None:
-            steps = data.get("pretrain_steps")
-            name = scheme_display_name(data["scheme"])
-            row = rows[key] = Row(name, data["scheme"], steps, "ours", model["path"])
-        _add_majority(data)
-        best = data["best"]
-        if best is None:
-            continue
-        subset = any((data.get("settings") or {}).get(k) for k in ("max_train_samples", "max_eval_samples"))
-        best_lr = next((e for e in (data.get("per_lr") or {}).values() if e.get("lr") == best["lr"]), None)
-        for col, task, split, metric in task_columns():
-            if task == data["task"]:
-                value = best["median"].get(split, {}).get(metric)
-                if value is not None:
-                    row.cells[col] = 100.0 * value
-                    if not data.get("complete", False):
-                        row.incomplete.add(col)
-                    if subset:  # an MNLI subset is not MNLI-m: the cell says so
-                        row.incomplete.add(col + "#subset")
-                main = (split, metric) == (data.get("main_split"), data.get("main_metric"))
-                if main and best_lr and best_lr.get("main_scores"):
-                    row.seed_scores[col] = [None if v is None else 100.0 * v for v in best_lr["main_scores"]]
-        others = [
-            f"{split.replace('dev_', '')} {m} {100 * v:.2f}"
-            if len(best["median"]) > 1
-            else f"{m} {100 * v:.2f}"
-            for split, ms in best["median"].items()
-            for m, v in ms.items()
-            if v is not None
-        ]
-        diffs = protocol_differences(data)
-        if diffs:
-            row.off_protocol.add(data["task"])
-        row.details[data["task"]] = (
-            f"best lr {best['lr']:g}, median of {best['n_seeds']} seeds: {', '.join(others)}"
-            + ("" if data.get("complete", False) else " (grid not finished)")
-            + (f"; differs from the paper's protocol: {'; '.join(diffs)}" if diffs else "")
-        )
+                f"{path}: not a `tupe glue` results.json of the expected shape ({type(err).__name__}: {err})"
+            ) from None
     out = list(rows.values())
     # Disambiguate rows that would print the same name.
     names: dict[tuple[str, str], int] = {}
@@ -216,6 +173,56 @@ def build_rows(paths: list[Path]) -> list[Row]:
 
 
 _MAJORITY: dict[str, float] = {}
+
+
+def _add_row(path: Path, rows: dict[str, Row], seen: dict[tuple[str, str], Path]) -> None:
+    """Add one results.json to the rows (its model's row, its task's cells)."""
+    data = _load(path)
+    model = data["model"]
+    key = model.get("weights_sha256") or model["path"]
+    if (key, data["task"]) in seen:
+        raise TupeError(
+            f"{path}: a second {data['task']} result for {model['path']} (first: {seen[(key, data['task'])]}); "
+            "name one of them"
+        )
+    seen[(key, data["task"])] = path
+    row = rows.get(key)
+    if row is None:
+        steps = data.get("pretrain_steps")
+        name = scheme_display_name(data["scheme"])
+        row = rows[key] = Row(name, data["scheme"], steps, "ours", model["path"])
+    _add_majority(data)
+    best = data["best"]
+    if best is None:
+        return
+    subset = any((data.get("settings") or {}).get(k) for k in ("max_train_samples", "max_eval_samples"))
+    best_lr = next((e for e in (data.get("per_lr") or {}).values() if e.get("lr") == best["lr"]), None)
+    for col, task, split, metric in task_columns():
+        if task == data["task"]:
+            value = best["median"].get(split, {}).get(metric)
+            if value is not None:
+                row.cells[col] = 100.0 * value
+                if not data.get("complete", False):
+                    row.incomplete.add(col)
+                if subset:  # an MNLI subset is not MNLI-m: the cell says so
+                    row.incomplete.add(col + "#subset")
+            main = (split, metric) == (data.get("main_split"), data.get("main_metric"))
+            if main and best_lr and best_lr.get("main_scores"):
+                row.seed_scores[col] = [None if v is None else 100.0 * v for v in best_lr["main_scores"]]
+    others = [
+        f"{split.replace('dev_', '')} {m} {100 * v:.2f}" if len(best["median"]) > 1 else f"{m} {100 * v:.2f}"
+        for split, ms in best["median"].items()
+        for m, v in ms.items()
+        if v is not None
+    ]
+    diffs = protocol_differences(data)
+    if diffs:
+        row.off_protocol.add(data["task"])
+    row.details[data["task"]] = (
+        f"best lr {best['lr']:g}, median of {best['n_seeds']} seeds: {', '.join(others)}"
+        + ("" if data.get("complete", False) else " (grid not finished)")
+        + (f"; differs from the paper's protocol: {'; '.join(diffs)}" if diffs else "")
+    )
 
 
 def _add_majority(data: dict[str, Any]) -> None:
@@ -407,16 +414,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tupe.io.files import atomic_write_text
+    from tupe.io.outputs import check_file, claim_file
 
     if args.out:
         out = Path(args.out)
         md_path = out.with_suffix(".md") if out.suffix.lower() == ".csv" else out
         csv_path = out.with_suffix(".csv")
-        for path in (md_path, csv_path):  # before any work
+        for path in (md_path, csv_path):  # before any work; a user's file beside --out is never replaced
             V.check_out_file("--out", path)
+            check_file(path, "tupe report", "--out")
     md, csv_text = make_report(args.run_dirs, include_paper=args.paper)
     print(md, end="")
     if args.out:
+        claim_file(md_path, "tupe report", "--out")
+        claim_file(csv_path, "tupe report", "--out")
         atomic_write_text(md_path, md)
         atomic_write_text(csv_path, csv_text)
         print(f"wrote {md_path} and {csv_path}")

@@ -60,6 +60,7 @@ def model_card(
     command: str | None = None,
     model_path: str = "PATH",
     notes: str = "",
+    mask_token: str = "[MASK]",
 ) -> str:
     """The card's Markdown. `kind`: "fill-mask" (a pre-trained model) or "text-classification" (GLUE)."""
     name, equation = scheme_description(scheme)
@@ -68,7 +69,7 @@ def model_card(
     if kind == "fill-mask":
         use = (
             f'fill = pipeline("fill-mask", model="{model_path}", trust_remote_code=True)\n'
-            'print(fill("The man [MASK] the door.", tokenizer_kwargs={"truncation": True}))'
+            f'print(fill("The man {mask_token} the door.", tokenizer_kwargs={{"truncation": True}}))'
         )
     else:
         use = (

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tupe.errors import TupeError
 from tupe.io.files import atomic_write_json
-from tupe.io.reading import RECORD_LIMIT, read_json
+from tupe.io.reading import RECORD_LIMIT, Refused, read_json
 
 RECORD_NAME = "tupe_files.json"
 RECORD_FORMAT = 1
@@ -55,9 +55,9 @@ def read_record(folder: str | os.PathLike) -> dict[str, str] | None:
         return None
     try:
         data = read_json(path, "record of tupe's files", RECORD_LIMIT, expect=dict)
-    except TupeError as err:
-        if "not a regular file" in str(err) or "larger than" in str(err):
-            raise
+    except Refused:
+        raise
+    except TupeError:
         return None
     names, owners = data.get("files"), data.get("owners") or {}
     if (
@@ -239,27 +239,32 @@ def remove_tree(path: str | os.PathLike) -> None:
         path.unlink()
 
 
-def claim_file(path: str | os.PathLike, command: str, flag: str) -> Path:
-    """An output file named by the user (`--json FILE`): refused (one line) if it exists and tupe did not write
-    it; recorded in its folder's `tupe_files.json` before it is written. Returns the path."""
+def check_file(path: str | os.PathLike, command: str, flag: str) -> Path:
+    """Refuse (one line) an output file named by the user that exists and that `command` did not write (a user's
+    file, a symbolic link, another tupe command's file); nothing is recorded. Returns the path."""
     path = Path(path).expanduser()
-    out = OutputFolder(path.parent, command, flag)
-    name = path.name
-    if os.path.lexists(path):
-        who = out.owner(name)
-        if path.is_symlink():
-            raise TupeError(
-                f"{flag} {path} is a symbolic link; tupe does not write through it: give the file itself"
-            )
-        if who is None:
-            raise TupeError(
-                f"{flag} {path} exists and tupe did not write it; tupe does not write over it: "
-                "choose another file or move it away"
-            )
-        if who != command:
-            raise TupeError(
-                f"{flag} {path} was written by `{who}`; `{command}` does not write over it: choose another file"
-            )
-    if out.owner(name) != command:
-        update_record(path.parent, add={name: command})
+    if not os.path.lexists(path):
+        return path
+    if path.is_symlink():
+        raise TupeError(
+            f"{flag} {path} is a symbolic link; tupe does not write through it: give the file itself"
+        )
+    who = OutputFolder(path.parent, command, flag).owner(path.name)
+    if who is None:
+        raise TupeError(
+            f"{flag} {path} exists and tupe did not write it; tupe does not write over it: "
+            "choose another file or move it away"
+        )
+    if who != command:
+        raise TupeError(
+            f"{flag} {path} was written by `{who}`; `{command}` does not write over it: choose another file"
+        )
+    return path
+
+
+def claim_file(path: str | os.PathLike, command: str, flag: str) -> Path:
+    """`check_file`, then record the file in its folder's `tupe_files.json` as `command`'s, before it is written."""
+    path = check_file(path, command, flag)
+    if OutputFolder(path.parent, command, flag).owner(path.name) != command:
+        update_record(path.parent, add={path.name: command})
     return path

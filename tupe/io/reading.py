@@ -26,6 +26,12 @@ RESULTS_LIMIT = 256 * MiB  # results.json of a GLUE grid, analysis.json, compare
 TOKENIZER_LIMIT = 512 * MiB  # tokenizer.json, vocab.txt (a 250 k-entry vocabulary is about 20 MB)
 LINE_LIMIT = 16 * MiB  # one line of metrics.jsonl or of a JSONL input file
 
+
+class Refused(TupeError):
+    """A file tupe will not read at all (not a regular file, or far too large): unlike garbage content, which a
+    caller may treat as 'not written yet', this always stops the command."""
+
+
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -55,8 +61,8 @@ def check_regular(path: str | os.PathLike, what: str = "file") -> os.stat_result
     except OSError as err:
         raise TupeError(f"{path}: cannot read the {what} ({err.strerror or err})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise TupeError(
-            f"{path}: the {what} is {kind_of(st.st_mode)}, not a regular file; tupe reads only regular files"
+        raise Refused(
+            f"{path}: {kind_of(st.st_mode)}, not a regular file ({what}); tupe reads only regular files"
         )
     return st
 
@@ -71,8 +77,8 @@ def open_regular(path: str | os.PathLike, what: str = "file") -> IO[bytes]:
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):  # replaced between the stat and the open
         os.close(fd)
-        raise TupeError(
-            f"{path}: the {what} is {kind_of(st.st_mode)}, not a regular file; tupe reads only regular files"
+        raise Refused(
+            f"{path}: {kind_of(st.st_mode)}, not a regular file ({what}); tupe reads only regular files"
         )
     if hasattr(os, "set_blocking"):
         os.set_blocking(fd, True)
@@ -84,9 +90,8 @@ def read_bytes(path: str | os.PathLike, limit: int = RECORD_LIMIT, what: str = "
     with open_regular(path, what) as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:
-        raise TupeError(
-            f"{path}: the {what} is larger than {human_bytes(limit)}, far more than such a file holds; "
-            "is it the right file?"
+        raise Refused(
+            f"{path}: larger than {human_bytes(limit)}, far more than a {what} holds; is it the right file?"
         )
     return data
 
@@ -97,7 +102,7 @@ def decode_utf8(data: bytes, path: str | os.PathLike, what: str = "file") -> str
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise TupeError(
-            f"{path}: the {what} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})"
+            f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}; {what})"
         ) from None
 
 
@@ -124,12 +129,12 @@ def parse_json(text: str, path: str | os.PathLike, what: str = "file", expect: t
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise TupeError(f"{path}: line {err.lineno}: the {what} is not valid JSON ({err.msg})") from None
+        raise TupeError(f"{path}:{err.lineno}: not valid JSON ({err.msg}; {what})") from None
     except RecursionError:
-        raise TupeError(f"{path}: the {what} is nested too deeply to be read") from None
+        raise TupeError(f"{path}: JSON nested too deeply to be read ({what})") from None
     if expect is not None and not isinstance(value, expect):
         want = "an object" if expect is dict else json_type_name(expect())
-        raise TupeError(f"{path}: the {what} must hold {want}, not {json_type_name(value)}")
+        raise TupeError(f"{path}: expected {want} ({what}), got {json_type_name(value)}")
     return value
 
 
@@ -153,9 +158,8 @@ def iter_lines(
                 return
             lineno += 1
             if len(line) > line_limit and not line.endswith(b"\n"):
-                raise TupeError(
-                    f"{path}: line {lineno} of the {what} is longer than {human_bytes(line_limit)}; "
-                    "is it the right file?"
+                raise Refused(
+                    f"{path}:{lineno}: a line longer than {human_bytes(line_limit)} ({what}); is it the right file?"
                 )
             yield lineno, line.rstrip(b"\r\n")
 

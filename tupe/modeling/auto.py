@@ -11,7 +11,10 @@ def register_auto_classes() -> None:
         AutoModel,
         AutoModelForMaskedLM,
         AutoModelForSequenceClassification,
+        AutoTokenizer,
     )
+
+    from tupe.data.fairseq_tokenizer import FairseqMosesBPETokenizer
 
     from .configuration_tupe import TupeConfig
     from .modeling_tupe import TupeForMaskedLM, TupeForSequenceClassification, TupeModel
@@ -25,3 +28,8 @@ def register_auto_classes() -> None:
     TupeModel.register_for_auto_class("AutoModel")
     TupeForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
     TupeForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+
+    # The released TUPE pipeline's tokenizer (`tupe convert fairseq`), a slow tokenizer: `AutoTokenizer` finds it by
+    # the class name in tokenizer_config.json; saved folders carry its code for users without tupe.
+    AutoTokenizer.register(TupeConfig, tokenizer_class=FairseqMosesBPETokenizer, exist_ok=True)
+    FairseqMosesBPETokenizer.register_for_auto_class("AutoTokenizer")

@@ -533,6 +533,18 @@ class TupeForMaskedLM(TupePreTrainedModel):
                 )
         return self._head_output(MaskedLMOutput, loss, logits, outputs, return_dict)
 
+    @classmethod
+    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype = torch.float32) -> TupeForMaskedLM:
+        """The authors' released TUPE checkpoint (fairseq format, `guolinke/TUPE`): `tupe-r` or `tupe-a`, its
+        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last).
+        `dictionary`: its `dict.txt`, checked against the vocabulary. Loaded without running pickled code; see
+        `tupe.modeling.fairseq` and docs/released-checkpoint.md."""
+        try:  # absolute and in a try: the converter is not part of the modeling code saved with a model
+            from tupe.modeling.fairseq import masked_lm_from_fairseq
+        except ImportError as err:  # pragma: no cover - remote-code copies without the tupe package
+            raise ImportError("from_fairseq needs the tupe package (pip install tupe)") from err
+        return masked_lm_from_fairseq(checkpoint, dictionary, dtype)
+
 
 class TupeClassificationHead(nn.Module):
     """The released code's sentence head on token 0 ([CLS]): dense -> tanh -> dropout -> out_proj (BERT's pooler,

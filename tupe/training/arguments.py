@@ -370,6 +370,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resume", action="store_true", help="keep finished runs, continue interrupted ones")
     p.add_argument("--overwrite", action="store_true", help="start every run again")
+    add_eval_text_argument(p, default=None)
     # also annotates the ranges in --help
     add_model_data_arguments(p, quiet_help="print the result tables only (no log lines, no progress bars)")
     p.epilog = (
@@ -378,6 +379,24 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
         "over seeds. A warning says when the validation set is too small for the differences: fewer than 100 "
         "validation blocks, or (one seed) a difference whose interval includes 0; --valid-every sets its size."
     )
+
+
+def add_eval_text_argument(p: argparse.ArgumentParser, default: list[str] | None) -> None:
+    """`--eval-text`: after training, `tupe evaluate` of every run on another text."""
+    shipped = "the shipped out-of-domain text (Great Astronomers, 1895 popular science)"
+    p.add_argument(
+        "--eval-text",
+        nargs="+",
+        metavar="PATH",
+        default=default,
+        help="after training, evaluate every run on this text as `tupe evaluate` does (loss, paired 95%% interval "
+        f"from the first scheme, word-order check; written to eval_text.json): files, folders, globs, or built-in, "
+        f"{shipped}" + ("" if default is None else f" (default: {' '.join(default)})"),
+    )
+    if default is not None:
+        p.add_argument(
+            "--no-eval-text", dest="eval_text", action="store_const", const=None, help="skip that evaluation"
+        )
 
 
 DEMO_STEPS = 1400  # fits 15 minutes on a quiet 2-core machine with two runs side by side (README)
@@ -412,5 +431,6 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         default=2,
         help="runs trained at once, one thread each (default 2: both schemes side by side)",
     )
+    add_eval_text_argument(p, default=["built-in"])
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     V.annotate_ranges(p)

@@ -1,0 +1,223 @@
+"""`tupe convert fairseq` / `TupeForMaskedLM.from_fairseq` on checkpoints of the released format (built in
+tests/convert/released.py), against the released forward written there: float64, 1e-10."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from tests.convert.bpe import write_codes_and_dict
+from tests.convert.released import (
+    ENC,
+    fairseq_args,
+    random_state_dict,
+    released_forward,
+    save_checkpoint,
+)
+from tupe.errors import TupeError
+from tupe.modeling.fairseq import read_dict_txt
+
+TOL = 1e-10
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    return write_codes_and_dict(tmp_path_factory.mktemp("bpe"))
+
+
+def _checkpoint(tmp_path, bpe, heads=None, **arg_overrides):
+    args = fairseq_args(**arg_overrides)
+    vocab = 7 + len(read_dict_txt(bpe[1])) + 1
+    sd = random_state_dict(args, vocab, heads=heads)
+    path = tmp_path / "checkpoint_best.pt"
+    save_checkpoint(path, args, sd)
+    return path, args, sd, vocab
+
+
+def _tokens(vocab, lengths, total):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(7, vocab - 1, (len(lengths), total), generator=g)
+    ids[:, 0] = 0  # <s>
+    for row, n in enumerate(lengths):
+        ids[row, n - 1] = 2  # </s>
+        ids[row, n:] = 1  # <pad>
+    return ids
+
+
+@pytest.mark.parametrize("rel_pos", [True, False], ids=["tupe-r", "tupe-a"])
+def test_masked_lm_logits_equal_the_released_forward(tmp_path, bpe, rel_pos):
+    from tupe import TupeForMaskedLM
+
+    path, args, sd, vocab = _checkpoint(tmp_path, bpe, rel_pos=rel_pos)
+    model = TupeForMaskedLM.from_fairseq(path, bpe[1], dtype=torch.float64)
+    assert model.config.position_scheme == ("tupe-r" if rel_pos else "tupe-a")
+    # no padding, at the full length (every position row, every relative bucket the length reaches)
+    ids = _tokens(vocab, [24, 24], 24)
+    with torch.no_grad():
+        got = model(ids).logits
+    assert (got - released_forward(sd, args, ids)).abs().max().item() < TOL
+    # right padding: the released code zeroes padded embeddings, which changes padded outputs only
+    ids = _tokens(vocab, [19, 7, 13], 19)
+    mask = (ids != 1).long()
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask).logits
+    assert (got - released_forward(sd, args, ids))[mask.bool()].abs().max().item() < TOL
+
+
+def test_config_carries_the_fairseq_ids_and_shape(tmp_path, bpe):
+    from tupe import TupeForMaskedLM
+
+    path, args, _, vocab = _checkpoint(tmp_path, bpe)
+    config = TupeForMaskedLM.from_fairseq(path, bpe[1]).config
+    assert (config.cls_token_id, config.pad_token_id, config.sep_token_id) == (0, 1, 2)
+    assert config.mask_token_id == vocab - 1 and config.vocab_size == vocab
+    assert config.max_position_embeddings == args.max_positions
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (2, 16, 4)
+    assert config.relative_attention_num_buckets == 32 and config.embedding_layer_norm
+
+
+def test_classification_head_equals_the_released_head(tmp_path, bpe):
+    from tupe.modeling.fairseq import classifiers_from_fairseq
+
+    path, args, sd, vocab = _checkpoint(tmp_path, bpe, heads={"sentence_classification_head": 3})
+    heads = classifiers_from_fairseq(path, dtype=torch.float64)
+    model = heads["sentence_classification_head"]
+    assert model.config.num_labels == 3
+    ids = _tokens(vocab, [15, 9], 15)
+    mask = (ids != 1).long()
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask).logits
+    want = released_forward(sd, args, ids, head="sentence_classification_head")
+    assert (got - want).abs().max().item() < TOL
+
+
+def test_convert_command_writes_a_complete_folder(tmp_path, bpe):
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+
+    import tupe  # noqa: F401
+    from tupe.cli import main
+    from tupe.io.checkpoints import load_model_and_tokenizer
+
+    path, args, sd, _ = _checkpoint(tmp_path, bpe, heads={"sentence_classification_head": 2})
+    out = tmp_path / "converted"
+    codes, dict_txt, _ = bpe
+    argv = [
+        "convert",
+        "fairseq",
+        str(path),
+        "--dict",
+        str(dict_txt),
+        "--bpe-codes",
+        str(codes),
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    for f in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer_config.json",
+        "vocab.json",
+        "merges.txt",
+        "README.md",
+    ):
+        assert (out / f).is_file(), f
+    assert (out / "heads" / "sentence_classification_head" / "model.safetensors").is_file()
+    assert (
+        "checkpoint_best.pt" in (out / "README.md").read_text()
+        and "guolinke/TUPE" in (out / "README.md").read_text()
+    )
+    assert json.loads((out / "config.json").read_text())["pretrain_steps"] == 1000
+
+    model = AutoModelForMaskedLM.from_pretrained(out, dtype=torch.float64).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    enc = tok(
+        ["The lazy dog jumps.", "Mr. Smith went to Washington, and the fox followed."],
+        padding=True,
+        return_tensors="pt",
+    )
+    with torch.no_grad():
+        got = model(**enc).logits
+    want = released_forward(sd, args, enc["input_ids"])
+    assert (got - want)[enc["attention_mask"].bool()].abs().max().item() < TOL
+    fill = pipeline("fill-mask", model=model, tokenizer=tok)
+    assert len(fill(f"The lazy {tok.mask_token} jumps.", top_k=3)) == 3
+    # what `tupe glue`, `tupe evaluate` and `tupe analyze` load (checks: pad token, <s> first, vocabulary)
+    model2, tok2 = load_model_and_tokenizer(out)
+    assert tok2("a", "b")["input_ids"][0] == model2.config.cls_token_id == 0
+
+    # an existing folder is never overwritten
+    assert main(argv) == 2
+
+
+def test_a_pickle_that_would_run_a_command_is_refused_and_nothing_runs(tmp_path, bpe, capsys):
+    from tupe.cli import main
+    from tupe.modeling.fairseq import load_fairseq_checkpoint
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    args = fairseq_args()
+    bad = tmp_path / "hostile.pt"
+    torch.save({"args": args, "model": {}, "extra_state": {"x": Payload()}}, str(bad))
+    with pytest.raises(TupeError, match=r"hostile.pt: refused to load.*(posix|os)\.system"):
+        load_fairseq_checkpoint(bad)
+    codes, dict_txt, _ = bpe
+    out = tmp_path / "out"
+    argv = [
+        "convert",
+        "fairseq",
+        str(bad),
+        "--dict",
+        str(dict_txt),
+        "--bpe-codes",
+        str(codes),
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 2
+    assert "refused to load" in capsys.readouterr().err
+    assert not marker.exists() and not out.exists()
+
+
+def test_missing_and_unknown_tensors_are_refused_by_name(tmp_path, bpe):
+    from tupe import TupeForMaskedLM
+
+    args = fairseq_args()
+    vocab = 7 + len(read_dict_txt(bpe[1])) + 1
+    sd = random_state_dict(args, vocab)
+    missing = dict(sd)
+    del missing[ENC + "layers.1.fc2.bias"]
+    save_checkpoint(tmp_path / "missing.pt", args, missing)
+    with pytest.raises(TupeError, match=r"missing tensor decoder\.sentence_encoder\.layers\.1\.fc2\.bias"):
+        TupeForMaskedLM.from_fairseq(tmp_path / "missing.pt", bpe[1])
+    unknown = dict(sd)
+    unknown[ENC + "segment_embeddings.weight"] = torch.zeros(2, 16)
+    save_checkpoint(tmp_path / "unknown.pt", args, unknown)
+    with pytest.raises(
+        TupeError, match=r"unknown tensor decoder\.sentence_encoder\.segment_embeddings\.weight"
+    ):
+        TupeForMaskedLM.from_fairseq(tmp_path / "unknown.pt", bpe[1])
+
+
+def test_what_tupe_cannot_represent_is_refused_by_name(tmp_path, bpe):
+    from tupe import TupeForMaskedLM
+
+    path, *_ = _checkpoint(tmp_path, bpe, encoder_normalize_before=True)
+    with pytest.raises(TupeError, match="encoder_normalize_before=True"):
+        TupeForMaskedLM.from_fairseq(path, bpe[1])
+    path, *_ = _checkpoint(tmp_path, bpe, activation_fn="swish")
+    with pytest.raises(TupeError, match="activation_fn='swish'"):
+        TupeForMaskedLM.from_fairseq(path)
+    # a dictionary of another model
+    path, *_ = _checkpoint(tmp_path, bpe)
+    short = tmp_path / "short.txt"
+    short.write_text("the 5\n")
+    with pytest.raises(TupeError, match=r"short.txt: 1 entries do not fit the checkpoint's"):
+        TupeForMaskedLM.from_fairseq(path, short)

@@ -1,0 +1,29 @@
+"""`tupe compare --eval-text`: every finished run evaluated on another text at the end, paired against the first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.training.conftest import tiny_cli_args
+from tupe.cli import main
+
+
+@pytest.mark.slow
+def test_compare_eval_text(
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path, capsys
+):
+    other = tmp_path / "other.txt"
+    other.write_text("The orbit of the planet was computed by Kepler from the observations of Tycho.\n" * 60)
+    out = tmp_path / "cmp"
+    args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "2"]
+    rc = main(["compare", "--schemes", "bert-a,tupe-a", "--out", str(out), *args, "--eval-text", str(other)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    result = json.loads((out / "eval_text.json").read_text())
+    assert result["eval_text"] == [str(other)] and result["text"]["files"] == [str(other)]
+    assert [m["name"] for m in result["models"]] == ["bert-a", "tupe-a"]
+    assert [m["path"] for m in result["models"]] == [str(out / "bert-a"), str(out / "tupe-a")]
+    assert "bert-a - tupe-a" in printed and "paired on the same blocks and masks" in printed

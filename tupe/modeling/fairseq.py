@@ -1,0 +1,666 @@
+"""The authors' released TUPE checkpoints (fairseq format, `guolinke/TUPE`) as tupe models, exactly.
+
+A released checkpoint is a `torch.save` of a dict: `args` (an `argparse.Namespace`), `model` (the state dict of
+the released `BertModel`: `decoder.sentence_encoder.*`, `decoder.lm_head.*`, `classification_heads.*`), plus
+optimizer and training state, which are ignored. It is unpickled with `torch.load(weights_only=True)` and an
+allow-list of the few types the format holds, so a checkpoint that would run code is refused without running it.
+
+How the released positional side maps onto tupe's (`positional.py`), for `T` tokens, `H` hidden:
+- `pos` has `max_positions + 1` rows; the released forward uses `pos_ln(pos[:T+1])`, gives token `t` row `t + 1`
+  and takes the [CLS] reset values from rows 0 (`theta_1`, [CLS] -> others) and 1 (`theta_2`, others -> [CLS]).
+  So `UntiedPositions.theta_positions = pos[0:2]` and `UntiedPositions.embeddings = pos[1:]` (token t on row t; row
+  0 is token 0's, which the reset always overrides), `LayerNorm = pos_ln`.
+- `pos_proj` (H -> 2H) is `U^Q` (output rows `:H`) and `U^K` (rows `H:`), each split into heads like `W^Q`/`W^K`.
+- `relative_attention_bias` (33 rows for 32 buckets) is `RelativeBias(cls_bucket=True).bias` row for row: row 32
+  holds others -> [CLS] (column 0) in both. The released code gives [CLS] -> others (row 0) row 16, which T5's
+  bucketing never produces; tupe gives row 0 row 32 too. Row 0 of the logits is one constant per head across
+  all keys, so it cancels in the softmax: the outputs are the same.
+- Content logits: the released code scales `q = x W^Q + b^Q` by `(2d)^-1/2`, tupe scales `q k^T` by the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tupe.errors import TupeError, one_line
+
+if TYPE_CHECKING:
+    from .modeling_tupe import TupeForMaskedLM, TupeForSequenceClassification
+
+ENC = "decoder.sentence_encoder."
+HEAD = "decoder.lm_head."
+CLS_HEADS = "classification_heads."
+
+# fairseq's names for activations -> transformers' ACT2FN names of the same function
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_accurate": "gelu_new",
+    "gelu_fast": "gelu_new",
+    "relu": "relu",
+    "tanh": "tanh",
+}
+
+
+class _InertTrainingRecord:
+    """Stand-in for the fairseq training meters a checkpoint may hold (`extra_state["train_meters"]`): plain data
+    (counts, sums, times), restored as attributes and never used. No method of fairseq runs."""
+
+
+# The only globals a released checkpoint's pickle may name. Tensors, dicts, lists and numbers are allowed by
+# `weights_only` itself; these are data records. Anything else (e.g. `os.system`) is refused before it is called.
+_SAFE_GLOBALS: list[Any] = [
+    argparse.Namespace,
+    (_InertTrainingRecord, "fairseq.meters.AverageMeter"),
+    (_InertTrainingRecord, "fairseq.meters.TimeMeter"),
+    (_InertTrainingRecord, "fairseq.meters.StopwatchMeter"),
+]
+
+
+def _numpy_scalar_globals() -> list[Any]:
+    """numpy scalars (a validation loss saved as `numpy.float64`): the names numpy 1 and 2 pickle them under."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or np.core
+    scalar = core.multiarray.scalar
+    allowed: list[Any] = [
+        np.dtype,
+        (scalar, "numpy.core.multiarray.scalar"),
+        (scalar, "numpy._core.multiarray.scalar"),
+    ]
+    for t in (np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_):
+        allowed.append(type(np.dtype(t)))
+    return allowed
+
+
+def load_fairseq_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Unpickle a released checkpoint without running code: `weights_only=True` plus the format's allow-list.
+
+    A pickle that names any other global (a function to call, a class of another library) is refused with a
+    one-line `TupeError` naming it; nothing it names is imported or called.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TupeError(
+            f"fairseq checkpoint {str(path)!r} does not exist" if not path.exists() else f"{path}: not a file"
+        )
+    try:
+        with torch.serialization.safe_globals(_SAFE_GLOBALS + _numpy_scalar_globals()):
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        try:
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        except Exception:  # noqa: BLE001 - the names are for the message only
+            names = []
+        allowed = {
+            "argparse.Namespace",
+            "fairseq.meters.AverageMeter",
+            "fairseq.meters.TimeMeter",
+            "fairseq.meters.StopwatchMeter",
+            "numpy.dtype",
+            "numpy.core.multiarray.scalar",
+            "numpy._core.multiarray.scalar",
+        }
+        named = [n for n in names if n not in allowed and not n.startswith("numpy.dtypes.")]
+        what = f"it names {', '.join(named[:3])}" if named else one_line(err)
+        raise TupeError(
+            f"{path}: refused to load: the pickle needs a type a fairseq checkpoint does not hold ({what}); "
+            "loading it could run code, so nothing in it was run"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        raise TupeError(f"{path}: not a readable torch checkpoint ({one_line(err)})") from None
+    if not isinstance(state, dict) or "model" not in state or "args" not in state:
+        keys = sorted(state)[:5] if isinstance(state, dict) else type(state).__name__
+        raise TupeError(
+            f"{path}: not a fairseq checkpoint (expected a dict with 'args' and 'model', got {keys})"
+        )
+    if not isinstance(state["args"], argparse.Namespace):
+        raise TupeError(
+            f"{path}: 'args' is a {type(state['args']).__name__}, not the argparse.Namespace fairseq saves"
+        )
+    if not isinstance(state["model"], dict):
+        raise TupeError(f"{path}: 'model' is a {type(state['model']).__name__}, not a state dict")
+    return state
+
+
+# ------------------------------------------------------------------------------------------------ dictionary
+
+
+@dataclass
+class FairseqDictionary:
+    """The fairseq dictionary of a checkpoint: ids are list positions (specials, dict.txt, `<mask>` last)."""
+
+    symbols: list[str]
+    specials: list[str]
+    path: str = ""
+    extra_specials: list[str] = field(default_factory=list)
+
+    def index(self, symbol: str) -> int:
+        return self.symbols.index(symbol)
+
+
+def read_dict_txt(path: str | os.PathLike) -> list[str]:
+    """The symbols of a fairseq `dict.txt` (`<symbol> <count>` per line), in order; one-line errors naming the line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TupeError(f"--dict {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as err:
+        raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    symbols: list[str] = []
+    seen: dict[str, int] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        word, sep, count = line.rstrip("\r").rpartition(" ")
+        if not sep or not word or not count.lstrip("-").isdigit():
+            raise TupeError(f"{path}: line {n}: expected '<symbol> <count>', got {line[:60]!r}")
+        if word in seen:
+            raise TupeError(f"{path}: line {n}: symbol {word!r} repeats line {seen[word]}")
+        seen[word] = n
+        symbols.append(word)
+    if not symbols:
+        raise TupeError(f"{path}: no entries")
+    return symbols
+
+
+def build_dictionary(dict_txt: str | os.PathLike, vocab_size: int) -> FairseqDictionary:
+    """The checkpoint's full dictionary: fairseq's specials, dict.txt, `<mask>` (added last by the masked-LM task).
+
+    Stock fairseq has 4 specials (`<s> <pad> </s> <unk>`); the released fork adds `<file> <email> <url>` (7). Which
+    one the checkpoint used follows from its embedding rows."""
+    from tupe.data.fairseq_tokenizer import FAIRSEQ_SPECIALS, MASK, RELEASED_EXTRA_SPECIALS
+
+    entries = read_dict_txt(dict_txt)
+    n_special = vocab_size - len(entries) - 1
+    if n_special == len(FAIRSEQ_SPECIALS):
+        extra: list[str] = []
+    elif n_special == len(FAIRSEQ_SPECIALS) + len(RELEASED_EXTRA_SPECIALS):
+        extra = list(RELEASED_EXTRA_SPECIALS)
+    else:
+        raise TupeError(
+            f"{dict_txt}: {len(entries)} entries do not fit the checkpoint's {vocab_size} embedding rows (fairseq's "
+            f"4 specials, or the released fork's 7, + dict.txt + <mask> would need {vocab_size - 5} or "
+            f"{vocab_size - 8} entries): is it the dictionary this checkpoint was trained with?"
+        )
+    specials = list(FAIRSEQ_SPECIALS) + extra
+    clash = [s for s in entries if s in specials or s == MASK]
+    if clash:
+        raise TupeError(f"{dict_txt}: lists the special symbol {clash[0]!r}, which fairseq adds itself")
+    return FairseqDictionary(specials + entries + [MASK], specials, str(dict_txt), extra)
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def _arg(args: argparse.Namespace, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default)
+
+
+def _shape(sd: dict[str, torch.Tensor], key: str, ckpt: str) -> tuple[int, ...]:
+    if key not in sd:
+        raise TupeError(f"{ckpt}: missing tensor {key}")
+    return tuple(sd[key].shape)
+
+
+def config_from_fairseq(
+    args: argparse.Namespace, sd: dict[str, torch.Tensor], ckpt: str = "checkpoint"
+) -> Any:
+    """The `TupeConfig` of a released checkpoint, from its `args` and tensor shapes; what tupe cannot represent is
+    refused, named."""
+    from .configuration_tupe import TupeConfig
+
+    if _arg(args, "encoder_normalize_before", False):
+        raise TupeError(
+            f"{ckpt}: encoder_normalize_before=True (pre-LayerNorm layers) cannot be represented: tupe's layers "
+            "are post-LayerNorm, as the released BERT-Base"
+        )
+    if any(k.startswith(ENC + "emb_out_layer_norm.") for k in sd):
+        raise TupeError(
+            f"{ckpt}: tensor {ENC}emb_out_layer_norm.weight (pre-LayerNorm encoder) cannot be represented"
+        )
+    act = _arg(args, "activation_fn", "gelu")
+    if act not in ACTIVATIONS:
+        raise TupeError(f"{ckpt}: activation_fn={act!r} is not one tupe has ({', '.join(ACTIVATIONS)})")
+    if _arg(args, "embed_scale") not in (None, 1, 1.0):
+        raise TupeError(f"{ckpt}: embed_scale={args.embed_scale!r} cannot be represented (tupe scales by 1)")
+    vocab, hidden = _shape(sd, ENC + "embed_tokens.weight", ckpt)
+    pos_rows = _shape(sd, ENC + "pos.weight", ckpt)[0]
+    layers = sorted(
+        {int(k[len(ENC + "layers.") :].split(".")[0]) for k in sd if k.startswith(ENC + "layers.")}
+    )
+    if layers != list(range(len(layers))) or not layers:
+        raise TupeError(f"{ckpt}: encoder layers {layers[:5]}... are not numbered 0..n-1")
+    n_layers = len(layers)
+    if _arg(args, "encoder_layers", n_layers) != n_layers:
+        raise TupeError(
+            f"{ckpt}: args.encoder_layers={args.encoder_layers} but the weights hold {n_layers} layers"
+        )
+    if _arg(args, "encoder_embed_dim", hidden) != hidden:
+        raise TupeError(
+            f"{ckpt}: args.encoder_embed_dim={args.encoder_embed_dim} but the embeddings are {hidden} wide"
+        )
+    heads = _arg(args, "encoder_attention_heads")
+    if not isinstance(heads, int) or heads <= 0 or hidden % heads:
+        raise TupeError(
+            f"{ckpt}: args.encoder_attention_heads={heads!r} does not divide the hidden size {hidden}"
+        )
+    ffn = _shape(sd, ENC + "layers.0.fc1.weight", ckpt)[0]
+    rel_pos = bool(_arg(args, "rel_pos", False))
+    has_rel = ENC + "relative_attention_bias.weight" in sd
+    if rel_pos != has_rel:
+        raise TupeError(
+            f"{ckpt}: args.rel_pos={rel_pos} but the tensor {ENC}relative_attention_bias.weight is "
+            f"{'present' if has_rel else 'missing'}"
+        )
+    buckets = 32
+    if rel_pos:
+        rows, cols = _shape(sd, ENC + "relative_attention_bias.weight", ckpt)
+        if cols != heads or rows < 3 or (rows - 1) % 2:
+            raise TupeError(
+                f"{ckpt}: {ENC}relative_attention_bias.weight is {rows} x {cols}, expected (even buckets + 1) x {heads}"
+            )
+        buckets = rows - 1
+    max_positions = pos_rows - 1
+    if _arg(args, "max_positions", max_positions) != max_positions:
+        raise TupeError(
+            f"{ckpt}: args.max_positions={args.max_positions} but {ENC}pos.weight has {pos_rows} rows "
+            f"(max_positions + 1)"
+        )
+    dropout = float(_arg(args, "dropout", 0.1))
+    return TupeConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=n_layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        hidden_act=ACTIVATIONS[act],
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=float(_arg(args, "attention_dropout", 0.1)),
+        max_position_embeddings=max_positions,
+        position_scheme="tupe-r" if rel_pos else "tupe-a",
+        relative_attention_num_buckets=buckets,
+        relative_attention_max_distance=int(_arg(args, "max_rel_pos", 128)),
+        embedding_layer_norm=ENC + "emb_layer_norm.weight" in sd,
+        layer_norm_eps=1e-5,  # fairseq's LayerNorm (and apex's FusedLayerNorm) default
+        classifier_dropout=float(_arg(args, "pooler_dropout", dropout)),
+        pad_token_id=1,  # fairseq Dictionary: <s> 0, <pad> 1, </s> 2, <unk> 3
+        cls_token_id=0,
+        sep_token_id=2,
+        bos_token_id=0,
+        eos_token_id=2,
+        mask_token_id=vocab - 1,  # the masked-LM task adds <mask> last
+    )
+
+
+# ------------------------------------------------------------------------------------------------ weights
+
+
+def _released_buckets(n: int, buckets: int, max_distance: int) -> torch.Tensor:
+    """The released `rp_bucket` table for n positions: T5 buckets of `j - i`, column 0 -> `buckets`, row 0 ->
+    `buckets // 2` ([CLS] -> others, the bucket T5 never produces)."""
+    from .positional import relative_position_bucket
+
+    pos = torch.arange(n)
+    table = relative_position_bucket(pos[None, :] - pos[:, None], buckets, max_distance)
+    table[:, 0] = buckets
+    table[0, :] = buckets // 2
+    return table
+
+
+def encoder_tensors(
+    sd: dict[str, torch.Tensor], config: Any, ckpt: str = "checkpoint"
+) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """The tupe tensors (`tupe.*` and `lm_head.*`) of a released state dict, and the released keys they used."""
+    used: set[str] = set()
+
+    def take(key: str) -> torch.Tensor:
+        if key not in sd:
+            raise TupeError(f"{ckpt}: missing tensor {key}")
+        used.add(key)
+        return sd[key]
+
+    H = config.hidden_size
+    out: dict[str, torch.Tensor] = {}
+    emb = take(ENC + "embed_tokens.weight")
+    out["tupe.embeddings.word_embeddings.weight"] = emb
+    if config.embedding_layer_norm:
+        for p in ("weight", "bias"):
+            out[f"tupe.embeddings.LayerNorm.{p}"] = take(ENC + f"emb_layer_norm.{p}")
+    pos = take(ENC + "pos.weight")
+    out["tupe.positional.untied.theta_positions"] = pos[0:2]  # rows 0, 1: theta_1, theta_2
+    out["tupe.positional.untied.embeddings.weight"] = pos[1:]  # token t: released row t + 1
+    for p in ("weight", "bias"):
+        out[f"tupe.positional.untied.LayerNorm.{p}"] = take(ENC + f"pos_ln.{p}")
+        proj = take(ENC + f"pos_proj.{p}")
+        out[f"tupe.positional.untied.pos_query.{p}"] = proj[:H]  # U^Q
+        out[f"tupe.positional.untied.pos_key.{p}"] = proj[H:]  # U^K
+    if config.position_scheme == "tupe-r":
+        out["tupe.positional.relative.bias.weight"] = take(ENC + "relative_attention_bias.weight")
+        if ENC + "rp_bucket" in sd:  # a parameter in the released code, so saved; rebuilt here, checked equal
+            saved = take(ENC + "rp_bucket")
+            expected = _released_buckets(
+                saved.shape[0], config.relative_attention_num_buckets, config.relative_attention_max_distance
+            )
+            if saved.shape != expected.shape or not torch.equal(saved.long(), expected):
+                raise TupeError(
+                    f"{ckpt}: {ENC}rp_bucket is not T5's bucketing with {config.relative_attention_num_buckets} "
+                    f"buckets and max distance {config.relative_attention_max_distance} (+ the [CLS] rows): "
+                    "cannot be represented"
+                )
+    for i in range(config.num_hidden_layers):
+        src, dst = f"{ENC}layers.{i}.", f"tupe.layers.{i}."
+        out[dst + "attention.qkv.weight"] = take(src + "self_attn.in_proj_weight")
+        out[dst + "attention.qkv.bias"] = take(src + "self_attn.in_proj_bias")
+        for p in ("weight", "bias"):
+            out[dst + f"attention_output.{p}"] = take(src + f"self_attn.out_proj.{p}")
+            out[dst + f"attention_norm.{p}"] = take(src + f"self_attn_layer_norm.{p}")
+            out[dst + f"intermediate.{p}"] = take(src + f"fc1.{p}")
+            out[dst + f"output.{p}"] = take(src + f"fc2.{p}")
+            out[dst + f"output_norm.{p}"] = take(src + f"final_layer_norm.{p}")
+    if HEAD + "weight" in sd:  # the tied projection, saved under both names
+        if not torch.equal(take(HEAD + "weight"), emb):
+            raise TupeError(
+                f"{ckpt}: {HEAD}weight differs from the token embeddings: an untied LM head cannot be represented"
+            )
+    for p in ("weight", "bias"):
+        out[f"lm_head.dense.{p}"] = take(HEAD + f"dense.{p}")
+        out[f"lm_head.LayerNorm.{p}"] = take(HEAD + f"layer_norm.{p}")
+    out["lm_head.bias"] = take(HEAD + "bias")
+    out["lm_head.decoder.weight"] = emb
+    return out, used
+
+
+def classification_head_names(sd: dict[str, torch.Tensor]) -> list[str]:
+    return sorted({k[len(CLS_HEADS) :].split(".")[0] for k in sd if k.startswith(CLS_HEADS)})
+
+
+def _head_tensors(sd: dict[str, torch.Tensor], name: str, ckpt: str) -> tuple[dict, set]:
+    """A released `BertClassificationHead` (dense -> tanh -> dropout -> out_proj) onto tupe's sentence head."""
+    src = f"{CLS_HEADS}{name}."
+    if src + "dense.weight" not in sd:
+        raise TupeError(
+            f"{ckpt}: classification head {name!r} has no {src}dense.weight (the early released head, dropout -> "
+            "out_proj, without dense and tanh): tupe's sentence head cannot represent it"
+        )
+    out, used = {}, set()
+    for p in ("weight", "bias"):
+        for s, d in ((f"dense.{p}", f"classifier.dense.{p}"), (f"out_proj.{p}", f"classifier.out_proj.{p}")):
+            if src + s not in sd:
+                raise TupeError(f"{ckpt}: missing tensor {src}{s}")
+            out[d] = sd[src + s]
+            used.add(src + s)
+    return out, used
+
+
+def _check_all_used(sd: dict[str, torch.Tensor], used: set[str], ckpt: str) -> None:
+    unknown = sorted(k for k in sd if k not in used and not k.startswith(CLS_HEADS))
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise TupeError(f"{ckpt}: unknown tensor {unknown[0]}{more}: not part of the released TUPE encoder")
+
+
+def _load(model: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str) -> None:
+    target = model.state_dict()
+    for name, t in tensors.items():
+        if name not in target:
+            raise RuntimeError(f"tupe has no tensor {name} ({what})")  # a bug in this module, not user input
+        if tuple(t.shape) != tuple(target[name].shape):
+            raise TupeError(
+                f"{what}: tensor for {name} has shape {list(t.shape)}, tupe expects {list(target[name].shape)}"
+            )
+    missing, unexpected = model.load_state_dict(
+        {k: v.to(target[k].dtype) for k, v in tensors.items()}, strict=False
+    )
+    missing = [k for k in missing if k != "lm_head.decoder.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"conversion left tensors unset: missing={missing} unexpected={unexpected}")
+
+
+def _state(checkpoint: str | os.PathLike | dict) -> tuple[dict[str, Any], str]:
+    if isinstance(checkpoint, dict):
+        return checkpoint, "checkpoint"
+    return load_fairseq_checkpoint(checkpoint), str(checkpoint)
+
+
+def masked_lm_from_fairseq(
+    checkpoint: str | os.PathLike | dict,
+    dictionary: str | os.PathLike | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> TupeForMaskedLM:
+    """`TupeForMaskedLM` with the weights of a released checkpoint (a path, or the loaded dict).
+
+    `dictionary`: the checkpoint's `dict.txt`, checked against the embedding rows (and recorded in the config as
+    `fairseq_dictionary`); the ids are fairseq's either way (`<pad>` 1, `<s>` 0, `</s>` 2, `<mask>` last)."""
+    from .modeling_tupe import TupeForMaskedLM
+
+    state, ckpt = _state(checkpoint)
+    sd = state["model"]
+    config = config_from_fairseq(state["args"], sd, ckpt)
+    if dictionary is not None:
+        build_dictionary(dictionary, config.vocab_size)
+    model = TupeForMaskedLM(config)
+    tensors, used = encoder_tensors(sd, config, ckpt)
+    _check_all_used(sd, used, ckpt)
+    _load(model, tensors, ckpt)
+    model.tie_weights()
+    return model.to(dtype).eval()
+
+
+def classifiers_from_fairseq(
+    checkpoint: str | os.PathLike | dict, dtype: torch.dtype = torch.float32
+) -> dict[str, TupeForSequenceClassification]:
+    """One `TupeForSequenceClassification` per classification head of a released (fine-tuned) checkpoint."""
+    from .modeling_tupe import TupeForSequenceClassification
+
+    state, ckpt = _state(checkpoint)
+    sd, args = state["model"], state["args"]
+    names = classification_head_names(sd)
+    if names and _arg(args, "pooler_activation_fn", "tanh") != "tanh":
+        raise TupeError(
+            f"{ckpt}: pooler_activation_fn={args.pooler_activation_fn!r}: tupe's sentence head uses tanh"
+        )
+    heads = {}
+    for name in names:
+        config = config_from_fairseq(args, sd, ckpt)
+        config.num_labels = int(sd[f"{CLS_HEADS}{name}.out_proj.weight"].shape[0])
+        model = TupeForSequenceClassification(config)
+        tensors, _ = encoder_tensors(sd, config, ckpt)
+        tensors = {k: v for k, v in tensors.items() if k.startswith("tupe.")}
+        head, _ = _head_tensors(sd, name, ckpt)
+        _load(model, {**tensors, **head}, f"{ckpt} head {name}")
+        heads[name] = model.to(dtype).eval()
+    return heads
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer
+
+
+def read_bpe_codes(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """The merges of a fastBPE codes file (`first second count` per line), in rank order; errors name the line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TupeError(f"--bpe-codes {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as err:
+        raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    merges, seen = [], {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = line.split(" ")
+        if len(parts) not in (2, 3) or not all(parts[:2]):
+            raise TupeError(f"{path}: line {n}: expected fastBPE's 'first second count', got {line[:60]!r}")
+        pair = (parts[0], parts[1])
+        if pair in seen:
+            raise TupeError(f"{path}: line {n}: merge {' '.join(pair)!r} repeats line {seen[pair]}")
+        seen[pair] = n
+        merges.append(pair)
+    if not merges:
+        raise TupeError(f"{path}: no BPE codes")
+    return merges
+
+
+def build_tokenizer(
+    dictionary: FairseqDictionary,
+    bpe_codes: str | os.PathLike,
+    lowercase: bool = False,
+    model_max_length: int = 512,
+) -> Any:
+    """The released pipeline's tokenizer (`FairseqMosesBPETokenizer`) for a dictionary and its BPE codes."""
+    import json
+
+    from tupe.data.fairseq_tokenizer import FairseqMosesBPETokenizer, fairseq_to_xlm_piece
+
+    merges = read_bpe_codes(bpe_codes)
+    specials = set(dictionary.specials) | {dictionary.symbols[-1]}
+    vocab: dict[str, int] = {}
+    for i, sym in enumerate(dictionary.symbols):
+        key = sym if sym in specials else fairseq_to_xlm_piece(sym)
+        if key in vocab:
+            raise TupeError(
+                f"{dictionary.path}: entries {dictionary.symbols[vocab[key]]!r} and {sym!r} are the same piece"
+            )
+        vocab[key] = i
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file, merges_file = Path(tmp) / "vocab.json", Path(tmp) / "merges.txt"
+        vocab_file.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        merges_file.write_text("".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+        tok = FairseqMosesBPETokenizer(
+            str(vocab_file),
+            str(merges_file),
+            lowercase=lowercase,
+            additional_special_tokens=dictionary.extra_specials,
+            model_max_length=model_max_length,
+        )
+    return tok
+
+
+# ------------------------------------------------------------------------------------------------ folder
+
+
+def _card_notes(ckpt: str, state: dict[str, Any], dictionary: FairseqDictionary, lowercase: bool) -> str:
+    args = state["args"]
+    lines = [
+        "## Source",
+        "",
+        f"Converted by `tupe convert fairseq` from the fairseq checkpoint `{Path(ckpt).name}` of the authors' "
+        "released TUPE code (https://github.com/guolinke/TUPE; the TUPE-R checkpoint of its README is "
+        "`tupe_ckp.tar.gz`). The encoder's outputs equal the released forward's (see `docs/released-checkpoint.md` "
+        "of the `tupe` package); weights were stored in float32.",
+        "",
+        f"Tokenizer: Moses (`tokenizer.perl -no-escape -l en`, via sacremoses){' after lower-casing' if lowercase else ''}"
+        f", the fastBPE codes, the fairseq dictionary `{Path(dictionary.path).name}` "
+        f"({len(dictionary.specials)} specials, {len(dictionary.symbols) - len(dictionary.specials) - 1} entries, "
+        "`<mask>` last). The released preprocessing also ran clean-up scripts (punctuation normalisation, "
+        "non-printing characters, punctuation splitting, lower-casing) that this tokenizer does not.",
+    ]
+    act_dropout = float(_arg(args, "activation_dropout", 0.0) or 0.0)
+    if act_dropout:
+        lines += [
+            "",
+            f"The checkpoint was trained with `--activation-dropout {act_dropout}`, which tupe does not have "
+            "(fine-tuning here applies no dropout after the FFN activation).",
+        ]
+    return "\n".join(lines)
+
+
+def convert_fairseq_checkpoint(
+    checkpoint: str | os.PathLike,
+    dict_txt: str | os.PathLike,
+    bpe_codes: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    lowercase: bool = False,
+    log: Any = print,
+) -> Path:
+    """Write a complete tupe model folder for a released checkpoint: safetensors, config, the released pipeline's
+    tokenizer, a model card naming the source; each classification head as its own folder under `heads/NAME`.
+
+    Written into a staging folder next to `out_dir` and renamed at the end, so a refusal leaves nothing behind and
+    an existing folder is never touched."""
+    import shutil
+
+    from tupe.io.model_card import model_card
+
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TupeError(f"--out {out} already exists and is not an empty folder; choose a new folder")
+    state = load_fairseq_checkpoint(checkpoint)
+    ckpt = str(checkpoint)
+    model = masked_lm_from_fairseq(state, None)
+    config = model.config
+    dictionary = build_dictionary(dict_txt, config.vocab_size)
+    tokenizer = build_tokenizer(dictionary, bpe_codes, lowercase, config.max_position_embeddings)
+    heads = classifiers_from_fairseq(state)
+    steps = None
+    history = state.get("optimizer_history")
+    if isinstance(history, list) and history and isinstance(history[-1], dict):
+        steps = history[-1].get("num_updates")
+    for m in [model, *heads.values()]:
+        m.config.fairseq_checkpoint = Path(ckpt).name
+        if isinstance(steps, int):
+            m.config.pretrain_steps = steps
+    log(
+        f"convert: {config.position_scheme}, {config.num_hidden_layers} layers x {config.hidden_size} hidden, "
+        f"{config.num_attention_heads} heads, {config.max_position_embeddings} positions, vocabulary "
+        f"{config.vocab_size} ({len(dictionary.specials)} fairseq specials, <mask> = {config.mask_token_id})"
+        + (f", {len(heads)} classification head(s): {', '.join(heads)}" if heads else "")
+    )
+    if float(_arg(state["args"], "activation_dropout", 0.0) or 0.0):
+        log(
+            f"convert: note: --activation-dropout {state['args'].activation_dropout} has no tupe counterpart "
+            "(no effect on outputs; fine-tuning here has no dropout after the FFN activation)"
+        )
+    uncased = not any(ch.isupper() for s in dictionary.symbols for ch in s)
+    if uncased and not lowercase:
+        log(
+            "convert: note: the dictionary has no upper-case entry (the released preprocessing lower-cases its text); "
+            "pass --lowercase to lower-case input text before Moses"
+        )
+
+    def write(folder: Path, m: Any, kind: str) -> None:
+        m.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+        recipe = {
+            "source": f"fairseq checkpoint {Path(ckpt).name} (guolinke/TUPE)",
+            "pre-training updates": steps,
+            "layers x hidden x heads": f"{config.num_hidden_layers} x {config.hidden_size} x {config.num_attention_heads}",
+            "max positions": config.max_position_embeddings,
+            "vocabulary": f"{config.vocab_size} (fairseq dictionary)",
+        }
+        card = model_card(
+            kind=kind,
+            scheme=config.position_scheme,
+            recipe=recipe,
+            metrics={},
+            data="The authors' pre-training data (the paper: English Wikipedia + BookCorpus, 16 GB).",
+            model_path=str(out),
+            notes=_card_notes(ckpt, state, dictionary, lowercase),
+            mask_token=tokenizer.mask_token,
+        )
+        (folder / "README.md").write_text(card, encoding="utf-8")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        write(staging, model, "fill-mask")
+        for name, head in heads.items():
+            (staging / "heads" / name).mkdir(parents=True)
+            write(staging / "heads" / name, head, "text-classification")
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"convert: wrote {out} (model.safetensors, config.json, tokenizer, README.md)")
+    return out
