@@ -25,6 +25,25 @@ def t5_bucket(rel: int, num_buckets: int = 32, max_distance: int = 128) -> int:
     return base + min(value, half - 1)
 
 
+def alibi_slopes(heads: int) -> list[float]:
+    """Press et al.'s `get_slopes` (ALiBi, ICLR 2022), as in their released code."""
+
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(heads).is_integer():
+        return power_of_2(heads)
+    closest = 2 ** math.floor(math.log2(heads))
+    return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: heads - closest]
+
+
+def sinusoid(pos: int, k: int, hidden: int) -> float:
+    """Vaswani et al. (2017): PE(pos, 2i) = sin(pos / 10000^(2i / hidden)), PE(pos, 2i + 1) = cos(same angle)."""
+    angle = pos / 10000 ** (2 * (k // 2) / hidden)
+    return math.sin(angle) if k % 2 == 0 else math.cos(angle)
+
+
 def layer_norm(x, weight, bias, eps):
     mean = x.mean(-1, keepdim=True)
     var = ((x - mean) ** 2).mean(-1, keepdim=True)
@@ -52,6 +71,12 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     x = g("embeddings.word_embeddings.weight")[input_ids]
     if scheme in ("bert-a", "bert-r"):
         x = x + g("positional.embeddings.weight")[:n]
+    if scheme == "sinusoidal":
+        H = cfg.hidden_size
+        table = torch.tensor([[sinusoid(t, k, H) for k in range(H)] for t in range(n)], dtype=torch.float64)
+        x = (
+            x + cfg.initializer_range * table
+        )  # scaled as Vaswani et al.'s sqrt(d) on the words (docs/model.md)
     if cfg.embedding_layer_norm:
         x = layer_norm(x, g("embeddings.LayerNorm.weight"), g("embeddings.LayerNorm.bias"), eps)
 
@@ -72,6 +97,8 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             TQ, TK = project(g("positional.untied.theta_positions"))
             theta1 = (TQ[0] * TK[0]).sum(-1) / math.sqrt(2 * d)  # (h,)
             theta2 = (TQ[1] * TK[1]).sum(-1) / math.sqrt(2 * d)
+
+    slopes = alibi_slopes(heads)
 
     def relative(h, i, j):
         table = g("positional.relative.bias.weight")  # (buckets [+1], h)
@@ -110,10 +137,12 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
                 for i in range(n):
                     for j in range(n):
                         word = q[i] @ k[j]
-                        if scheme in ("bert-a", "rope"):
+                        if scheme in ("bert-a", "rope", "nope", "sinusoidal"):
                             a = word / math.sqrt(d)
-                        elif scheme == "bert-r":
+                        elif scheme in ("bert-r", "t5"):
                             a = word / math.sqrt(d) + relative(h, i, j)
+                        elif scheme == "alibi":
+                            a = word / math.sqrt(d) - slopes[h] * abs(j - i)
                         elif scheme == "bert-a-d":
                             a = (word + q[i] @ PK[j, h] + PQ[i, h] @ k[j] + PQ[i, h] @ PK[j, h]) / math.sqrt(
                                 4 * d

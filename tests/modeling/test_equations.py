@@ -6,9 +6,11 @@ from transformers.models.t5.modeling_t5 import T5Attention
 
 import tupe
 from tupe import TupeForMaskedLM
-from tupe.modeling.positional import relative_position_bucket
+from tupe.modeling.positional import SCHEMES as SCHEME_CLASSES
+from tupe.modeling.positional import alibi_slopes, relative_position_bucket
 
 from ..helpers import tiny_config
+from .reference import alibi_slopes as reference_slopes
 from .reference import naive_forward, t5_bucket
 
 SCHEMES = list(tupe.POSITION_SCHEMES)
@@ -54,13 +56,14 @@ def test_positional_logits_match_naive_first_layer(scheme):
     """positional_logits == the first layer's logits minus its content part, per the spec's table."""
     model = _perturb(TupeForMaskedLM(tiny_config(scheme))).eval()
     bias = model.tupe.positional_logits(9)
-    if scheme in ("bert-a", "bert-a-d", "rope"):
+    cls = SCHEME_CLASSES[scheme]
+    if not cls.content_free:
         assert bias is None
         return
     assert bias.shape == (2, 9, 9)
     # With identical tokens the content logits are constant per query, so the first layer's attention is the
     # softmax of the content-free term (exactly, for every scheme with such a term and no input positions).
-    if scheme.startswith("tupe"):
+    if not cls.absolute_input:
         ids = torch.full((1, 9), 7)
         _, attentions, _ = naive_forward(model, ids)
         torch.testing.assert_close(torch.softmax(bias.double(), -1), attentions[0][0], atol=1e-6, rtol=1e-5)
@@ -87,3 +90,64 @@ def test_relative_bias_is_toeplitz_in_offsets():
     for i in range(30):
         for j in range(30):
             torch.testing.assert_close(bias[:, i, j], table[t5_bucket(j - i)])
+
+
+@pytest.mark.parametrize("heads", [1, 2, 3, 6, 8, 12, 16, 24])
+def test_alibi_slopes_follow_press_et_al(heads):
+    """Geometric 2^(-8k/h) for powers of two; the interleaving rule of the paper's code otherwise."""
+    torch.testing.assert_close(
+        alibi_slopes(heads), torch.tensor(reference_slopes(heads), dtype=torch.float64)
+    )
+    if heads == 8:
+        assert alibi_slopes(8).tolist() == [2.0**-k for k in range(1, 9)]
+    if heads == 12:  # the first 8 of 8 heads, then every other of 16 heads' 2^(-k/2): k = 1, 3, 5, 7
+        assert alibi_slopes(12)[8:].tolist() == pytest.approx([2 ** (-k / 2) for k in (1, 3, 5, 7)])
+
+
+def test_alibi_bias_is_symmetric_distance_times_slope():
+    model = TupeForMaskedLM(tiny_config("alibi", hidden_size=24, num_attention_heads=6))
+    bias = model.tupe.positional_logits(17)
+    slopes = reference_slopes(6)
+    for h in range(6):
+        for i in range(17):
+            for j in range(17):
+                assert bias[h, i, j].item() == pytest.approx(-slopes[h] * abs(j - i), rel=1e-6)
+    assert not list(model.tupe.positional.parameters())  # nothing learned
+
+
+def test_alibi_with_a_head_count_that_is_not_a_power_of_two_matches_naive():
+    model = _perturb(TupeForMaskedLM(tiny_config("alibi", hidden_size=18, num_attention_heads=3))).eval()
+    ids, mask = _inputs()
+    hiddens, _, mlm = naive_forward(model, ids, mask)
+    out = model(ids, attention_mask=mask, output_hidden_states=True)
+    torch.testing.assert_close(out.hidden_states[-1].double(), hiddens[-1], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out.logits.double(), mlm, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("buckets, max_distance", [(32, 128), (8, 16)])
+def test_t5_bias_matches_transformers_compute_bias(buckets, max_distance):
+    """The `t5` scheme's term is transformers' own bidirectional `T5Attention.compute_bias` given the same table."""
+    from transformers import T5Config
+
+    config = tiny_config(
+        "t5",
+        relative_attention_num_buckets=buckets,
+        relative_attention_max_distance=max_distance,
+        max_position_embeddings=300,
+    )
+    model = _perturb(TupeForMaskedLM(config)).eval()
+    t5_config = T5Config(
+        d_model=16,
+        d_kv=8,
+        num_heads=2,
+        relative_attention_num_buckets=buckets,
+        relative_attention_max_distance=max_distance,
+        is_decoder=False,
+    )
+    t5 = T5Attention(t5_config, has_relative_attention_bias=True).eval()
+    with torch.no_grad():
+        t5.relative_attention_bias.weight.copy_(model.tupe.positional.relative.bias.weight)
+    for n in (1, 9, 300):
+        torch.testing.assert_close(
+            model.tupe.positional_logits(n)[None], t5.compute_bias(n, n), atol=0, rtol=0
+        )

@@ -43,6 +43,9 @@ class Ctx:
             args += ["--data-dir", self.glue_data]
         return [*args, "--lrs", "1e-4", "--seeds", "1", "--epochs", "1", *extra]
 
+    def evaluate_model(self, model: Path) -> list[str]:
+        return ["evaluate", "--model", model, "--text", self.corpus]
+
     def evaluate(self, *extra: object) -> list[str]:
         return ["evaluate", "--model", self.glue_model, "--text", self.corpus, *extra]
 
@@ -420,7 +423,7 @@ CASES: list[Case] = [
         "out-run-file-corrupt",
         "`--out` with a corrupt tupe_run.json",
         lambda c: c.pretrain(out=_write(_copy_run(c) / "tupe_run.json", '{"scheme": ').parent, resume=True),
-        ("tupe_run.json", "unreadable"),
+        ("tupe_run.json:1: not valid JSON", "--overwrite"),
     ),
     Case(
         "resume-all-checkpoints-corrupt",
@@ -515,7 +518,7 @@ CASES: list[Case] = [
         "glue-config-corrupt",
         "config.json that is not JSON",
         lambda c: c.glue(model=_write(c.copy_model() / "config.json", "{ not json").parent),
-        ("config.json", "cannot read the model config"),
+        ("config.json:1: not valid JSON", "model config"),
     ),
     Case(
         "glue-weights-truncated",
@@ -830,6 +833,90 @@ CASES: list[Case] = [
         ("argument --max-length: must be an integer >= 4, got 3",),
     ),
 ]
+
+# Hostile config.json values (issue 26): each refused before a model is built, in one line naming the field.
+_HOSTILE_CONFIG = [
+    ("num_attention_heads", 0, "num_attention_heads must be an integer from 1"),
+    ("num_attention_heads", 3, "hidden_size 32 is not a multiple of num_attention_heads 3"),
+    ("hidden_size", "32", "hidden_size must be an integer from 1 to 65536, got a string '32'"),
+    ("hidden_size", -32, "hidden_size must be an integer from 1 to 65536, got -32"),
+    ("num_hidden_layers", 2.5, "num_hidden_layers must be an integer from 1 to 1024, got a number 2.5"),
+    ("num_hidden_layers", 0, "num_hidden_layers must be an integer"),
+    ("intermediate_size", None, "intermediate_size must be an integer"),
+    ("vocab_size", 10**12, "vocab_size must be an integer from 1 to"),
+    ("max_position_embeddings", 0, "max_position_embeddings must be an integer"),
+    ("hidden_act", "bogus_act", "hidden_act 'bogus_act' is not an activation"),
+    ("hidden_act", ["gelu"], "hidden_act ['gelu'] is not an activation"),
+    ("dtype", "bogus", "dtype 'bogus' is not a dtype"),
+    ("torch_dtype", 7, "torch_dtype 7 is not a dtype"),
+    ("pad_token_id", 10**6, "pad_token_id 1000000 is not a token id of the vocabulary"),
+    ("cls_token_id", -1, "cls_token_id -1 is not a token id"),
+    ("layer_norm_eps", -1, "layer_norm_eps must be a finite number > 0"),
+    ("hidden_dropout_prob", 1.5, "hidden_dropout_prob must be a finite number >= 0 and < 1"),
+    ("attention_probs_dropout_prob", "0.1", "attention_probs_dropout_prob must be a finite number"),
+    ("position_scheme", "tupe-z", "position_scheme 'tupe-z' is not one of"),
+    ("relative_attention_num_buckets", 0, "relative_attention_num_buckets must be an integer from 1"),
+    ("model_type", None, "no model_type"),
+    ("id2label", [1, 2], "id2label must be an object, got a list"),
+]
+
+
+def _config_holding(ctx: Ctx, text: str) -> Path:
+    m = ctx.copy_model()
+    (m / "config.json").write_text(text)
+    return m
+
+
+CASES += [
+    Case(
+        f"config-{key}-{str(value)[:12]}",
+        f"config.json with `{key}: {json.dumps(value)}`",
+        (lambda k, v: lambda c: c.glue(model=_edit_config(c, **{k: v})))(key, value),
+        ("config.json", needle),
+    )
+    for key, value, needle in _HOSTILE_CONFIG
+] + [
+    Case(
+        "config-null",
+        "config.json holding `null`",
+        lambda c: c.glue(model=_config_holding(c, "null")),
+        ("config.json: expected a JSON object (model config), got null",),
+    ),
+    Case(
+        "config-deeply-nested",
+        "config.json holding a 200,000-deep nested array",
+        lambda c: c.evaluate_model(_config_holding(c, "[" * 200_000 + "]" * 200_000)),
+        ("config.json: JSON nested too deeply",),
+    ),
+    Case(
+        "config-fifo",
+        "config.json that is a FIFO (`tupe analyze`)",
+        lambda c: ["analyze", "--model", _fifo_config(c), "--out", c.tmp / "a"],
+        ("config.json: a FIFO (named pipe), not a regular file",),
+    ),
+    Case(
+        "tokenizer-custom-code",
+        "tokenizer_config.json whose auto_map names a .py in the folder",
+        lambda c: c.glue(model=_custom_code_model(c)),
+        ("tokenizer_config.json: auto_map asks to run custom code", "evil_tok.py", "tupe never runs code"),
+    ),
+]
+
+
+def _fifo_config(ctx: Ctx) -> Path:
+    m = ctx.copy_model()
+    (m / "config.json").unlink()
+    os.mkfifo(m / "config.json")
+    return m
+
+
+def _custom_code_model(ctx: Ctx) -> Path:
+    m = ctx.copy_model()
+    (m / "evil_tok.py").write_text(f"open({str(ctx.tmp / 'RAN')!r}, 'w').write('ran')\n")
+    cfg = json.loads((m / "tokenizer_config.json").read_text())
+    cfg["auto_map"] = {"AutoTokenizer": ["evil_tok.EvilTokenizer", None]}
+    (m / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return m
 
 
 def _locked(ctx: Ctx, kind: str, path: Path, command: str, argv: list) -> list:

@@ -157,7 +157,9 @@ def analyze(
             dec = decompose(encoder, blocks, batch_size=batch_size)
             result["decomposition"] = {
                 "convention": "LayerNorm split with per-token statistics of w+p; LayerNorm bias, query/key "
-                "biases" + (" and relative bias" if scheme == "bert-r" else "") + " on the position side",
+                "biases"
+                + (" and relative bias" if scheme_class(scheme).relative_bias else "")
+                + " on the position side",
                 "max_abs_error": dec.max_abs_error,
                 "stats": dec.stats,
             }

@@ -110,7 +110,7 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
 
     w = emb.word_embeddings(input_ids).to(dt)  # (b, n, hidden)
     if scheme_class(scheme).absolute_input:
-        p = model.positional.embeddings.weight[:n].to(dt).expand(b, n, hidden)
+        p = ctx.input_embedding[:n].to(dt).expand(b, n, hidden)  # the learned or fixed table
     else:
         p = torch.zeros_like(w)  # bert-a-d, tupe-*: positions do not enter the input
 

@@ -124,6 +124,10 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
 
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
+        from tupe.io.reading import TOKENIZER_LIMIT, check_regular
+
+        if check_regular(path, "tokenizer file").st_size > TOKENIZER_LIMIT:
+            raise TupeError(f"{path}: far larger than a tokenizer file; is it the right file?")
         try:
             tok = _wrap(Tokenizer.from_file(str(path)))
         except Exception as err:  # noqa: BLE001
@@ -170,7 +174,7 @@ def get_or_train_tokenizer(
     target = Path(cache_dir) / "tokenizers" / key
     if (target / "tokenizer.json").exists():
         log(f"tokenizer: reusing cached BPE ({vocab_size} entries) from {target}")
-        return AutoTokenizer.from_pretrained(str(target))
+        return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
     log(f"tokenizer: training byte-level BPE with {vocab_size} entries on {corpus.describe()}")
     tok = train_tokenizer(corpus, vocab_size, min_frequency, max_bytes, show_progress=progress)
     tmp = None
@@ -190,4 +194,4 @@ def get_or_train_tokenizer(
         os.replace(tmp, target)
     except OSError:  # another process won the race: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
-    return AutoTokenizer.from_pretrained(str(target))
+    return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)

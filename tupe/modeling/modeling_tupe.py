@@ -131,7 +131,7 @@ class TupeEmbeddings(nn.Module):
     ) -> torch.Tensor:
         x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (b, n, hidden)
         if ctx.input_embedding is not None:
-            x = x + ctx.input_embedding.to(x.dtype)
+            x = x + ctx.input_embedding.to(x.device, x.dtype)  # a no-op for learned tables
         if self.LayerNorm is not None:
             x = self.LayerNorm(x)
         return self.dropout(x)

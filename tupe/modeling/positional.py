@@ -208,6 +208,8 @@ class PositionalScheme(nn.Module):
     rotary: ClassVar[bool] = False  # queries and keys rotated by position (RoPE)
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
     position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
+    uses_position: ClassVar[bool] = True  # False only for the position-blind control (nope)
+    directional: ClassVar[bool] = True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
 
     def __init__(self, config: TupeConfig):
         super().__init__()
@@ -394,6 +396,125 @@ class Rope(PositionalScheme):
         return PositionalContext(self.logit_scale, rotary=(angles.cos(), angles.sin()))
 
 
+class Nope(PositionalScheme):
+    """No positional information at all (Kazemnejad et al., NeurIPS 2023): the bag-of-words control.
+
+    Without positions a bidirectional encoder is permutation-equivariant, so this scheme gives word-order
+    checks their zero and tells how much of a task needs order at all.
+    """
+
+    name = "nope"
+    display_name = "NoPE"
+    uses_position = False
+
+    def forward(self, n: int) -> PositionalContext:
+        return PositionalContext(self.logit_scale)
+
+
+def sinusoid_table(n: int, hidden: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """(n, hidden) table of Vaswani et al. (2017): `PE[t, 2k] = sin(t / 10000^(2k/hidden))`, `PE[t, 2k+1] = cos(..)`."""
+    position = torch.arange(n, dtype=torch.float64)[:, None]
+    inv_freq = 10000.0 ** (-torch.arange(0, hidden, 2, dtype=torch.float64) / hidden)
+    angles = position * inv_freq  # (n, ceil(hidden / 2))
+    table = torch.empty(n, hidden, dtype=torch.float64)
+    table[:, 0::2] = angles.sin()
+    table[:, 1::2] = angles.cos()[:, : hidden // 2]
+    return table.to(dtype)
+
+
+class Sinusoidal(PositionalScheme):
+    """BERT-A with the fixed sine/cosine table of Vaswani et al. (NeurIPS 2017) instead of a learned one.
+
+    The input is `w_i + sigma PE_i` with `sigma = initializer_range`: Vaswani et al. scale the word embeddings
+    (init std d^-0.5) by sqrt(d) instead; both put words (std 1 vs sigma) and the table (rms 0.71 vs 0.71 sigma)
+    in the same ratio, which is all the input LayerNorm sees. Unscaled, the table would drown BERT's
+    std-0.02 word embeddings (at d = 768 it is 35 times their norm).
+    """
+
+    name = "sinusoidal"
+    display_name = "Sinusoidal"
+    absolute_input = True
+    decomposable = True
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.hidden_size = config.hidden_size
+        self.scale = config.initializer_range
+        self._table: torch.Tensor | None = None  # cache of the largest table built so far (not a parameter)
+
+    def forward(self, n: int) -> PositionalContext:
+        # Built on demand (not a buffer a checkpoint load could leave stale), in float64, cast where it is added.
+        if self._table is None or self._table.shape[0] < n:
+            self._table = sinusoid_table(n, self.hidden_size) * self.scale
+        return PositionalContext(self.logit_scale, input_embedding=self._table[:n])
+
+
+class T5Bias(PositionalScheme):
+    """T5's relative bias alone (Raffel et al., JMLR 2020): `b_{j-i}` per head and bucket, shared by all layers,
+    no absolute positions. Unlike T5 the content logits keep BERT's 1/sqrt(d) (T5 folds it into its init)."""
+
+    name = "t5"
+    display_name = "T5 bias"
+    relative_bias = True
+    content_free = True
+    decomposable = True
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.relative = RelativeBias(config)
+
+    def forward(self, n: int) -> PositionalContext:
+        ctx = PositionalContext(self.logit_scale)
+        ctx.bias_fn = lambda: self.relative(n)
+        return ctx
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """Press et al. (ICLR 2022): the geometric sequence `2^(-8k/h)`, k = 1..h, for a power-of-two `h`; otherwise
+    the slopes of the nearest smaller power of two `c`, then every other slope of `2c` heads for the rest."""
+
+    def power_of_two(h: int) -> list[float]:
+        start = 2.0 ** (-8.0 / h)
+        return [start ** (k + 1) for k in range(h)]
+
+    closest = 2 ** int(math.floor(math.log2(heads)))
+    slopes = power_of_two(closest)
+    if closest != heads:
+        slopes += power_of_two(2 * closest)[0::2][: heads - closest]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+class Alibi(PositionalScheme):
+    """Symmetric ALiBi for encoders (Press et al., ICLR 2022; MosaicBERT's form): `-m_h |j - i|` on every layer's
+    logits, fixed geometric slopes `m_h`, nothing learned, no absolute positions. It knows distance, not
+    direction: the whole encoder is equivariant under reversing the input (left and right differ only through
+    the sequence's ends)."""
+
+    name = "alibi"
+    display_name = "ALiBi"
+    directional = False  # the bias depends on |j - i| only: reversing the input reverses the output
+    relative_bias = True
+    content_free = True
+    decomposable = True
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.heads = config.num_attention_heads
+        # Nothing is learned; this empty buffer only follows the model's device (`.to`, `from_pretrained`).
+        self.register_buffer("device_anchor", torch.empty(0), persistent=False)
+
+    def forward(self, n: int) -> PositionalContext:
+        def bias() -> torch.Tensor:
+            distance = torch.arange(n, dtype=torch.float64)
+            distance = (distance[None, :] - distance[:, None]).abs()  # |j - i|
+            bias = -alibi_slopes(self.heads)[:, None, None] * distance  # (h, n, n), exact in float64
+            return bias.to(self.device_anchor.device, torch.float32)
+
+        ctx = PositionalContext(self.logit_scale)
+        ctx.bias_fn = bias
+        return ctx
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate (..., n, d) by position: pairs (x_k, x_{k + d/2}) turn by angle t * inv_freq_k."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -402,7 +523,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 SCHEMES: dict[str, type[PositionalScheme]] = {
-    cls.name: cls for cls in (BertA, BertR, BertAd, TupeA, TupeATieCls, TupeR, TupeRTieCls, Rope)
+    cls.name: cls
+    for cls in (
+        BertA,
+        BertR,
+        BertAd,
+        TupeA,
+        TupeATieCls,
+        TupeR,
+        TupeRTieCls,
+        Rope,
+        Nope,
+        Sinusoidal,
+        T5Bias,
+        Alibi,
+    )
 }
 
 

@@ -306,7 +306,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--scheme",
         default="tupe-a",
         help="positional scheme: bert-a, bert-r, bert-a-d, tupe-a, tupe-r, "
-        "tupe-a-tie-cls, tupe-r-tie-cls, rope, or hf-bert (transformers' own BertForMaskedLM, a control) "
+        "tupe-a-tie-cls, tupe-r-tie-cls, rope, nope, sinusoidal, t5, alibi, "
+        "or hf-bert (transformers' own BertForMaskedLM, a control) "
         "(default tupe-a)",
     )
     p.add_argument(
