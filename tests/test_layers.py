@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tupe.data",),
     ("tupe.training",),
     ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench"),
+    ("tupe.finetuning",),
     ("tupe.comparison",),
     ("tupe.cli",),
     ("tupe.__main__", "tupe"),
@@ -163,7 +164,7 @@ def test_the_checks_catch_what_they_are_for() -> None:
     }
     assert upward_imports(graph) == [
         "tupe.glue.finetune imports tupe.bench.flops (tupe.glue: layer 6, tupe.bench: layer 6)",
-        "tupe.training.pretrain imports tupe.comparison.compare (tupe.training: layer 5, tupe.comparison: layer 7)",
+        "tupe.training.pretrain imports tupe.comparison.compare (tupe.training: layer 5, tupe.comparison: layer 8)",
     ]
     assert _cycles(graph) == [["tupe.comparison.compare", "tupe.comparison.demo"]]
     # function-level imports count; TYPE_CHECKING ones do not

@@ -7,7 +7,10 @@ from .kernels import (
 )
 from .modeling_tupe import (
     TupeForMaskedLM,
+    TupeForMultipleChoice,
+    TupeForQuestionAnswering,
     TupeForSequenceClassification,
+    TupeForTokenClassification,
     TupeModel,
     TupePreTrainedModel,
     resolve_attention_kernel,
@@ -19,7 +22,10 @@ __all__ = [
     "POSITION_SCHEMES",
     "TupeConfig",
     "TupeForMaskedLM",
+    "TupeForMultipleChoice",
+    "TupeForQuestionAnswering",
     "TupeForSequenceClassification",
+    "TupeForTokenClassification",
     "TupeModel",
     "TupePreTrainedModel",
     "register_attention_kernel",
