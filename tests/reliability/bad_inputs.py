@@ -358,7 +358,7 @@ CASES: list[Case] = [
         "steps-zero",
         "`--max-steps 0`",
         lambda c: c.pretrain(max_steps=0),
-        ("--max-steps", "an integer >= 1, got 0"),
+        ("--max-steps", "an integer from 1 to 2147483647, got 0"),
     ),
     Case(
         "heads-not-dividing",
@@ -366,7 +366,12 @@ CASES: list[Case] = [
         lambda c: c.pretrain(num_heads=3),
         ("hidden_size (32) must be a multiple of num_attention_heads (3)",),
     ),
-    Case("max-length-1", "`--max-length 1`", lambda c: c.pretrain(max_length=1), ("--max-length", ">= 2")),
+    Case(
+        "max-length-1",
+        "`--max-length 1`",
+        lambda c: c.pretrain(max_length=1),
+        ("--max-length", "from 2 to 1048576"),
+    ),
     Case(
         "vocab-too-small",
         "`--vocab-size` too small for a byte-level BPE",
@@ -724,12 +729,23 @@ CASES: list[Case] = [
     ),
     Case("grad-accum-0", "`--grad-accum 0`", lambda c: c.pretrain(grad_accum=0), ("--grad-accum", ">= 1")),
     Case(
-        "threads-negative", "`--threads -2`", lambda c: c.pretrain(threads=-2), ("--threads", ">= 1, got -2")
+        "threads-negative",
+        "`--threads -2`",
+        lambda c: c.pretrain(threads=-2),
+        ("--threads", "from 1 to 1024, got -2"),
     ),
     Case(
-        "hidden-size-0", "`--hidden-size 0`", lambda c: c.pretrain(hidden_size=0), ("--hidden-size", ">= 1")
+        "hidden-size-0",
+        "`--hidden-size 0`",
+        lambda c: c.pretrain(hidden_size=0),
+        ("--hidden-size", "from 1 to 65536"),
     ),
-    Case("num-heads-0", "`--num-heads 0`", lambda c: c.pretrain(num_heads=0), ("--num-heads", ">= 1")),
+    Case(
+        "num-heads-0",
+        "`--num-heads 0`",
+        lambda c: c.pretrain(num_heads=0),
+        ("--num-heads", "from 1 to 65536"),
+    ),
     Case("lr-nan", "`--lr nan`", lambda c: c.pretrain(lr="nan"), ("--lr", "finite number > 0")),
     Case("dropout-1", "`--dropout 1`", lambda c: c.pretrain(dropout=1), ("--dropout", ">= 0 and < 1")),
     Case(
@@ -901,6 +917,35 @@ CASES += [
         ("tokenizer_config.json: auto_map asks to run custom code", "evil_tok.py", "tupe never runs code"),
     ),
 ]
+
+# values that multiply memory or time: refused when parsed, or before any work by a memory estimate
+CASES += [
+    Case("max-steps-huge", "`--max-steps 10^24`", lambda c: c.pretrain(max_steps=10**24),
+         ("argument --max-steps: must be an integer from 1 to 2147483647",)),
+    Case("hidden-size-huge", "`--hidden-size 1000000`", lambda c: c.pretrain(hidden_size=1_000_000),
+         ("argument --hidden-size: must be an integer from 1 to 65536",)),
+    Case("vocab-size-huge", "`--vocab-size 100000000000`", lambda c: c.pretrain(tokenizer=None, vocab_size=10**11),
+         ("argument --vocab-size: must be an integer from 8 to 4194304",)),
+    Case("threads-huge", "`--threads 100000`", lambda c: c.pretrain(threads=100_000),
+         ("argument --threads: must be an integer from 1 to 1024",)),
+    Case("model-beyond-memory", "`--hidden-size 65536 --num-layers 1024` (more memory than the machine has)",
+         lambda c: c.pretrain(hidden_size=65536, num_layers=1024, num_heads=64, intermediate_size=65536),
+         ("--hidden-size 65536, --num-layers 1024", "GiB of memory, more than this machine's")),
+    Case("bench-shape-huge", "`tupe bench --shape 1x10000000`",
+         lambda c: ["bench", "--shape", "1x10000000", "--schemes", "bert-a"],
+         ("--shape '1x10000000': layers must be from 1 to 1024 and width from 1 to 65536",)),
+    Case("bench-seq-len-huge", "`tupe bench --seq-len 100000000`", lambda c: ["bench", "--seq-len", "100000000"],
+         ("argument --seq-len: must be an integer from 2 to 1048576",)),
+    Case("bench-seq-len-beyond-memory", "`tupe bench --seq-len 1000000` (attention scores beyond memory)",
+         lambda c: ["bench", "--seq-len", "1000000", "--preset", "mini", "--schemes", "bert-a"],
+         ("--seq-len 1000000", "GiB of memory, more than this machine's")),
+    Case("bench-device-bogus", "`tupe bench --device 'cuda:99;rm'`", lambda c: ["bench", "--device", "cuda:99;rm"],
+         ("--device 'cuda:99;rm' is not a device",)),
+    Case("plot-negative-step", "`tupe plot` of a metrics.jsonl with a negative step",
+         lambda c: ["plot", _write(c.tmp / "r" / "metrics.jsonl", '{"step": -3, "eval_loss": 1.0}\n').parent,
+                    "--out", c.tmp / "p.png"],
+         ("metrics.jsonl:1: step -3 is negative",)),
+]  # fmt: skip
 
 
 def _fifo_config(ctx: Ctx) -> Path:

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seq-len",
-        type=V.int_range(2),
+        type=V.int_range(2, V.MAX_LENGTH),
         default=None,
         help="default: the preset's block length (128 mini, 512 base)",
     )
@@ -165,8 +165,10 @@ def parse_shapes(text: str | None, preset: str, layers: int | None = None) -> li
                 n_layers, width = (int(v) for v in spec.split("x"))
             except ValueError:
                 raise TupeError(f"--shape {spec!r}: expected LxH, e.g. 4x256, or a preset name") from None
-            if n_layers < 1 or width < 1:
-                raise TupeError(f"--shape {spec!r}: layers and width must be positive")
+            if not (1 <= n_layers <= V.MAX_LAYERS and 1 <= width <= V.MAX_WIDTH):
+                raise TupeError(
+                    f"--shape {spec!r}: layers must be from 1 to {V.MAX_LAYERS} and width from 1 to {V.MAX_WIDTH}"
+                )
             heads = max(1, width // 64)
             if width % heads:
                 raise TupeError(f"--shape {spec!r}: width {width} is not a multiple of {heads} heads")
@@ -375,12 +377,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json:  # checked before the minutes of timing, not after
         args.json = V.check_out_file("--json", args.json)
+        from tupe.io.outputs import check_file
+
+        check_file(args.json, "tupe bench", "--json")  # a file tupe did not write is never replaced
     V.apply_threads(args.threads)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TupeError("--device cuda: no CUDA device is available")
+    device = V.parse_device(args.device)
     schemes = _parse_list(args.schemes, POSITION_SCHEMES, "scheme")
     backends = _parse_list(
         args.backends, (*ATTENTION_KERNELS, *KERNEL_ALIASES), "attention kernel", "--attention-kernel"
@@ -392,6 +395,15 @@ def run(args: argparse.Namespace) -> int:
     if args.seq_len < 2 or args.batch_size < 1 or args.rounds < 1:
         raise TupeError("--seq-len must be >= 2, --batch-size and --rounds >= 1")
     shapes = parse_shapes(args.shape, args.preset, args.layers)
+    for (
+        spec,
+        sh,
+    ) in shapes:  # weights, gradients, Adam state and one layer's attention scores must fit in memory
+        V.check_memory(
+            f"--shape {spec} with --seq-len {args.seq_len} and --batch-size {args.batch_size}",
+            V.model_bytes(sh.vocab_size, sh.hidden_size, sh.num_hidden_layers, sh.intermediate_size)
+            + 3 * 4 * args.batch_size * sh.num_attention_heads * args.seq_len**2,
+        )
     shape = shapes[0][1]
     log = (lambda m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     result: dict = {
@@ -457,6 +469,9 @@ def run(args: argparse.Namespace) -> int:
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json:
         from tupe.io.files import atomic_write_text
+        from tupe.io.outputs import claim_file
+
+        claim_file(args.json, "tupe bench", "--json")
 
         atomic_write_text(args.json, json.dumps(result, indent=2))
         print(f"wrote {args.json}")

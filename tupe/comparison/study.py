@@ -92,12 +92,19 @@ def _write(path: Path, result: dict[str, Any]) -> None:
     write_json(path, {"command": " ".join(sys.argv), "versions": versions(), **result})
 
 
+def _command(module: Any, argv: list[str]) -> int:
+    """A `tupe` sub-command run in this process from its own module (its options, then its `run`)."""
+    parser = argparse.ArgumentParser(prog=f"tupe {module.__name__.rsplit('.', 1)[-1]}")
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(argv)) or 0)
+
+
 def run(args: argparse.Namespace) -> int:
-    from tupe import POSITION_SCHEMES
     from tupe.comparison.compare import compare, parse_schemes, parse_seeds
     from tupe.evaluation.evaluate import Settings, load_model
     from tupe.evaluation.lengths import evaluate_lengths, plot_lengths
     from tupe.evaluation.runs import evaluate_runs, resolve_text
+    from tupe.modeling import POSITION_SCHEMES
     from tupe.runtime import hushed_libraries
     from tupe.training.pretrain import PretrainConfig
 
@@ -171,18 +178,19 @@ def run(args: argparse.Namespace) -> int:
                 result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
                 _write(path, result)
         if "glue" in stages and args.glue_data:
-            from tupe.cli import main as cli
+            from tupe.glue import finetune, report
 
             for name, d in runs.items():
                 dest = out / "glue" / f"SST-2-{name.replace('/', '-')}"
-                code = cli(
-                    ["glue", "--model", str(d), "--task", "SST-2", "--data-dir", str(args.glue_data), "--out",
-                     str(dest), "--seeds", "1,2,3", "--max-train-samples", str(args.glue_train_samples),
-                     "--threads", "1", *([] if args.progress else ["--no-progress"])]
-                )  # fmt: skip
-                if code != 0:
-                    raise TupeError(f"tupe glue failed for {name} (exit {code}); rerun with --resume")
-            cli(["report", str(out / "glue"), "--out", str(out / "glue" / "table.md")])
+                try:
+                    _command(finetune,
+                        ["--model", str(d), "--task", "SST-2", "--data-dir", str(args.glue_data), "--out",
+                         str(dest), "--seeds", "1,2,3", "--max-train-samples", str(args.glue_train_samples),
+                         "--threads", "1", *([] if args.progress else ["--no-progress"])]
+                    )  # fmt: skip
+                except (TupeError, ValueError, OSError) as err:
+                    raise TupeError(f"tupe glue failed for {name} ({err}); rerun with --resume") from err
+            _command(report, [str(out / "glue"), "--out", str(out / "glue" / "table.md")])
         if "summary" in stages:
             summary = summarize(out, schemes, seeds, list(texts))
             log(f"wrote {out / 'study.md'}")

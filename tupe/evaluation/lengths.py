@@ -30,6 +30,8 @@ from tupe.errors import TupeError
 from . import EXTEND_METHODS
 from .evaluate import EvalModel, Settings, evaluate
 
+_PAST = {"interpolate": "interpolated", "repeat": "repeated"}  # for the table's notes
+
 
 def table_key(m: EvalModel) -> str | None:
     """State-dict key of the model's learned row-per-position table, or None when it has none (any length)."""
@@ -87,7 +89,7 @@ def at_length(m: EvalModel, length: int, method: str) -> tuple[EvalModel | None,
     table = m.model.state_dict()[key][:rows]
     return _rebuilt(
         m, length, (key, extend_table(table, length, method))
-    ), f"table {method}d from {rows} rows"
+    ), f"table {_PAST[method]} from {rows} rows"
 
 
 def _extends(m: EvalModel, length: int, method: str) -> bool:

@@ -8,7 +8,7 @@ def register_auto_classes() -> None:
     modeling code) so users without `tupe` installed can load them with `trust_remote_code=True`."""
     import transformers
 
-    from tupe.data.fairseq_tokenizer import FairseqMosesBPETokenizer
+    from tupe.modeling.tokenization_fairseq import FairseqMosesBPETokenizer
 
     from . import modeling_tupe
     from .configuration_tupe import TupeConfig

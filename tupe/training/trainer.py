@@ -419,3 +419,86 @@ def save_final_model(trainer: Trainer, out: Path) -> None:
         fsync_dir(str(out))
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
+
+
+def build_trainer(run: Any, args: Any, data: Any, model: Any, nonfinite_skipped: int = 0):  # noqa: ANN201
+    """The `PretrainTrainer` of a run (`run`: its `ResolvedConfig`; `args`: its `TrainingArguments`; `data`: the
+    `PreparedData`) with the datasets, sampler, masking, callbacks and TensorBoard folder; returns it with the
+    signal handler (`StopOnSignal`) among its callbacks."""
+    import math
+
+    from tupe.data.mlm import TRAIN_SPLIT, VALID_SPLIT, BlockDataset, EpochShuffleSampler, MaskedLMCollator
+    from tupe.io.checkpoints import list_checkpoints
+    from tupe.training.checkpointing import StopOnSignal
+    from tupe.training.reporting import point_tensorboard
+    from tupe.training.run_folder import METRICS_FILE
+
+    out, train_blocks = run.out_dir, len(data.train_idx)
+    epochs = max(1, math.ceil(run.max_steps * run.batch_size / train_blocks))
+    stop = StopOnSignal()  # pre-emption (SIGTERM) or Ctrl-C: checkpoint at the end of the step, then stop
+    callbacks: list[TrainerCallback] = [MetricsCallback(out / METRICS_FILE), LogLastStepCallback(), stop]
+    if run.save_at:
+        callbacks.append(SaveAtStepsCallback(list(run.save_at)))
+    trainer = PretrainTrainer(
+        model=model,
+        args=args,
+        train_dataset=BlockDataset(data.packed, data.train_idx, TRAIN_SPLIT, epochs=epochs),
+        eval_dataset=BlockDataset(data.packed, data.valid_idx, VALID_SPLIT),
+        data_collator=MaskedLMCollator(
+            len(data.tokenizer), seed=run.seed, mlm_probability=run.mlm_probability
+        ),
+        processing_class=data.tokenizer,
+        callbacks=callbacks,
+        train_sampler=EpochShuffleSampler(train_blocks, epochs, run.seed),
+        skip_nonfinite=run.skip_nonfinite,
+        positional_lr_scale=run.positional_lr_scale,
+        positional_weight_decay=run.positional_weight_decay,
+        passes_per_step=run.batch_size / train_blocks,
+    )
+    trainer.nonfinite_skipped = nonfinite_skipped
+
+    def kept() -> str:  # what a failed TensorBoard write leaves (it stops the run)
+        last = list_checkpoints(out)
+        where = f"the latest checkpoint {last[0]}" if last else "no checkpoint yet"
+        return (
+            f"the run stopped at step {trainer.state.global_step}; {where} and {METRICS_FILE} are kept: free "
+            "space and rerun with --resume"
+        )
+
+    # --report-to tensorboard: the Trainer's callback, our folder
+    if point_tensorboard(trainer, out / "tensorboard", kept) and trainer.is_world_process_zero():
+        record_written(out, "tensorboard")
+    if run.quiet or not trainer.is_world_process_zero():
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+    return trainer, stop
+
+
+def train_or_stop(trainer: PretrainTrainer, stop: Any, resume_from: Path | None, warn: Any) -> Any:
+    """`trainer.train()` from `resume_from`; a stop by signal ends the process (128 + the signal) after saying
+    which checkpoint to continue from."""
+    import pickle
+    import signal
+
+    from tupe.errors import one_line
+
+    try:
+        train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except pickle.UnpicklingError as err:  # weights_only refused a pickled object in optimizer.pt & co.
+        raise TupeError(
+            f"{resume_from}: a state file (optimizer.pt, scheduler.pt or rng_state*.pth) holds objects that are not "
+            f"plain tensors, refused by torch.load(weights_only=True) ({one_line(err)[:120]}); delete that checkpoint "
+            "to resume from an earlier one"
+        ) from None
+    finally:
+        stop.restore()
+    if stop.received is not None:
+        step = trainer.state.global_step
+        warn(
+            f"tupe pretrain: stopped by {signal.Signals(stop.received).name} after step {step}; saved "
+            f"{trainer.args.output_dir}/checkpoint-{step}: continue with the same command and --resume"
+        )
+        raise SystemExit(128 + int(stop.received))
+    return train_out
