@@ -44,6 +44,7 @@ from .kernels import (
 )
 from .positional import (
     PositionalContext,
+    PositionalScheme,
     RelativeBias,
     UntiedPositions,
     apply_rotary,
@@ -280,6 +281,17 @@ class TupePreTrainedModel(PreTrainedModel):
         from .conversion import bert_to_tupe
 
         return bert_to_tupe(cls, model_or_path, **config_overrides)
+
+    def positional_parameter_names(self) -> list[str]:
+        """Names (as `named_parameters()` gives them) of the positional scheme's parameters: position tables,
+        U^Q/U^K, theta, the relative bias table. Optimizers give them groups of their own (`--positional-lr-scale`,
+        `--positional-weight-decay`)."""
+        return [
+            f"{prefix}.{name}"
+            for prefix, module in self.named_modules()
+            if isinstance(module, PositionalScheme)
+            for name, _ in module.named_parameters()
+        ]
 
     def _head_output(
         self,

@@ -199,7 +199,12 @@ def read_run_result(path: Path) -> dict | None:
     except TupeError:
         return None
     lr, seed = r.get("lr"), r.get("seed")
-    if not isinstance(lr, float | int) or isinstance(lr, bool) or not isinstance(seed, int) or isinstance(seed, bool):
+    if (
+        not isinstance(lr, float | int)
+        or isinstance(lr, bool)
+        or not isinstance(seed, int)
+        or isinstance(seed, bool)
+    ):
         return None
     return r
 

@@ -87,6 +87,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 COMMON: dict[str, Any] = dict(
+    optimizer="adamw",  # the paper's; tupe.training.optimizers.OPTIMIZERS has the others
     adam_beta1=0.9,
     adam_beta2=0.999,
     adam_epsilon=1e-6,
