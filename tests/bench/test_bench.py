@@ -176,7 +176,7 @@ def test_backends_are_registry_kernels_refused_where_they_cannot_run(capsys):
     assert "'fold' needs a low-rank content-free term" in err and "position_scheme 'tupe-r'" in err
     assert main(["bench", "--backends", "flash"]) == 2  # the old flag name still works
     assert (
-        "unknown attention kernel 'flash'; valid: auto, eager, sdpa, fold, fused, flex"
+        "unknown attention kernel 'flash' in --attention-kernel; choose from: auto, eager, sdpa, fold, fused, flex"
         in capsys.readouterr().err
     )
 

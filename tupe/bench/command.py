@@ -35,8 +35,6 @@ from .flops import Shape, preset_shape
 if TYPE_CHECKING:
     import torch
 
-HF_BERT = "hf-bert"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -195,16 +193,6 @@ def default_batch(preset: str, seq_len: int | None, batch_size: int | None) -> t
     return seq, batch
 
 
-def _parse_list(value: str, valid, what: str, flag: str | None = None) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    for item in items:
-        if item not in valid:
-            raise TupeError(f"unknown {what} {item!r}; valid: {', '.join(valid)}")
-    if not items:
-        raise TupeError(f"{flag or f'--{what}s'} is empty")
-    return items
-
-
 def machine_description(device: torch.device) -> dict:
     import torch
 
@@ -249,6 +237,8 @@ def _fmt_bytes(n: int | None) -> str:
 
 def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
     """Step-time ratios the targets are stated in (medians of the same run)."""
+    from tupe.training.model import HF_BERT
+
     by = {(r["scheme"], r["backend"]): r[key] for r in rows if r.get(key)}
     out = {}
     hf = by.get((HF_BERT, "sdpa"))
@@ -265,6 +255,7 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
 
 def _print_steps(result: dict, rows: list[dict], shape: Shape, args: argparse.Namespace, peak: float) -> None:
     from tupe.runtime import cpu_allocator_tuned
+    from tupe.training.model import HF_BERT
 
     print(
         f"training step, batch {args.batch_size} x {args.seq_len}, {shape.num_hidden_layers} x "
@@ -384,10 +375,9 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = V.parse_device(args.device)
-    schemes = _parse_list(args.schemes, POSITION_SCHEMES, "scheme")
-    backends = _parse_list(
-        args.backends, (*ATTENTION_KERNELS, *KERNEL_ALIASES), "attention kernel", "--attention-kernel"
-    )
+    schemes = V.name_list(args.schemes, POSITION_SCHEMES, "--schemes", "scheme")
+    kernels = (*ATTENTION_KERNELS, *KERNEL_ALIASES)
+    backends = V.name_list(args.backends, kernels, "--attention-kernel", "attention kernel")
     for s in schemes:  # a kernel that cannot run a scheme: refused now, with the reason, before any timing
         for b in backends:
             backend_kernel(b, s)
@@ -458,7 +448,7 @@ def run(args: argparse.Namespace) -> int:
         if args.end_to_end:
             from .endtoend import compare_end_to_end
 
-            e2e_schemes = _parse_list(args.e2e_schemes, POSITION_SCHEMES, "scheme")
+            e2e_schemes = V.name_list(args.e2e_schemes, POSITION_SCHEMES, "--e2e-schemes", "scheme")
             result["end_to_end"] = compare_end_to_end(
                 groups, args, e2e_schemes, threads=torch.get_num_threads(), log=log
             )

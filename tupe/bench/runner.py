@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .flops import HF_BERT, Shape, train_step_flops
+from tupe.training.model import HF_BERT
+
+from .flops import Shape, train_step_flops
 
 
 def backend_kernel(backend: str, scheme: str) -> str:
@@ -171,7 +173,7 @@ def build_hf_bert(
     torch.manual_seed(0)
     model = BertForMaskedLM(config).to(device=device, dtype=dtype).train()
     b = batch["input_ids"].shape[0]
-    flops = train_step_flops(shape, "hf-bert", b, seq_len, b * seq_len)
+    flops = train_step_flops(shape, HF_BERT, b, seq_len, b * seq_len)
     return Candidate(HF_BERT, HF_BERT, "sdpa", "sdpa", model, _optimizer(model), batch, flops)
 
 
