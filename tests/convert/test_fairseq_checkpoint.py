@@ -173,6 +173,12 @@ def test_a_pickle_that_would_run_a_command_is_refused_and_nothing_runs(tmp_path,
             return (os.system, (f"touch {marker}",))
 
     args = fairseq_args()
+    # torch's legacy (non-zip) format too, and the payload hidden inside the Namespace
+    legacy = tmp_path / "legacy.pt"
+    args_payload = fairseq_args(save_dir=Payload())
+    torch.save({"args": args_payload, "model": {}}, str(legacy), _use_new_zipfile_serialization=False)
+    with pytest.raises(TupeError, match=r"legacy.pt: refused to load.*(posix|os)\.system"):
+        load_fairseq_checkpoint(legacy)
     bad = tmp_path / "hostile.pt"
     torch.save({"args": args, "model": {}, "extra_state": {"x": Payload()}}, str(bad))
     with pytest.raises(TupeError, match=r"hostile.pt: refused to load.*(posix|os)\.system"):
