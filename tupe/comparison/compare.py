@@ -43,6 +43,7 @@ from tupe.io.files import atomic_write_text
 from tupe.io.outputs import OutputFolder
 from tupe.io.reading import Refused, open_regular, read_json
 from tupe.training.arguments import add_compare_arguments as add_arguments  # noqa: F401 - the CLI's hook
+from tupe.training.model import check_scheme
 from tupe.training.pretrain import SUMMARY_FILE, PretrainConfig, config_from_args, pretrain
 
 LOG_DIR = "logs"  # a parallel run's output: DIR/logs/<scheme>[-seed-<s>].log
@@ -405,6 +406,8 @@ def _paired_or_size(
 
 def run(args: argparse.Namespace) -> int:
     schemes = parse_schemes(args.schemes)
+    for scheme in schemes:  # a kernel that cannot run one of them: refused before the first run starts
+        check_scheme(scheme, args.attention_kernel)
     seeds = parse_seeds(args.seeds) if args.seeds else None
     if args.parallel < 1:
         raise TupeError(f"--parallel must be at least 1, got {args.parallel}")
