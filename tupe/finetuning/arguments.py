@@ -9,6 +9,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.training.flags import add_training_flags, precision_flags
 
 FAMILIES = ("ner", "qa", "multiple-choice", "classification")
 DEFAULT_SEEDS = (1, 2, 3)
@@ -114,15 +115,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=list(DEFAULT_SEEDS),
         help="seeds (default 1,2,3); mean over them",
     )
-    p.add_argument("--epochs", type=V.positive_float, default=DEFAULT_EPOCHS, help="epochs (default 3)")
-    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
+    add_training_flags(
+        p,
+        ["epochs", "batch_size"],
+        defaults={"epochs": DEFAULT_EPOCHS, "batch_size": 32},
+        helps={"epochs": "default 3", "batch_size": "default 32"},
+    )
     p.add_argument(
         "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
     )
-    p.add_argument(
-        "--max-seq-len",
-        type=V.int_range(8),
-        help="max tokens per example or window (default min(512, model's max); qa: min(384, model's max))",
+    add_training_flags(
+        p,
+        ["max_seq_len"],
+        helps={
+            "max_seq_len": "per example or window; default min(512, model's max), qa: min(384, model's max)"
+        },
     )
     p.add_argument(
         "--early-stopping",
@@ -154,9 +161,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="SQuAD v2.0: questions may have no answer (predicted when [CLS] outscores every span)",
     )
-    p.add_argument(
-        "--warmup-ratio", type=V.float_range(0, 1, hi_open=True), default=0.06, help="default 0.06"
-    )
+    add_training_flags(
+        p,
+        ["warmup_ratio", "lr_scheduler", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "precision"],
+        defaults={"warmup_ratio": 0.06, "lr_scheduler": "linear", "adam_beta1": 0.9, "adam_beta2": 0.999,
+                  "adam_epsilon": 1e-6, "max_grad_norm": 1.0, "precision": "fp32"},
+        helps={"warmup_ratio": "default 0.06", "lr_scheduler": "default linear", "adam_beta1": "default 0.9",
+               "adam_beta2": "default 0.999", "adam_epsilon": "default 1e-6", "max_grad_norm": "default 1.0",
+               "precision": "default fp32"},
+    )  # fmt: skip
     p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
     p.add_argument(
         "--dropout",
@@ -172,13 +185,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
     V.add_threads_progress(p, "progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     V.annotate_ranges(p)
 
 
 def settings_from(args: argparse.Namespace) -> FinetuneSettings:
+    precision = precision_flags(args.precision)
     return FinetuneSettings(
         task=args.task,
         lrs=args.lrs,
@@ -189,6 +200,11 @@ def settings_from(args: argparse.Namespace) -> FinetuneSettings:
         max_seq_len=args.max_seq_len,
         warmup_ratio=args.warmup_ratio,
         weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_epsilon=args.adam_epsilon,
+        max_grad_norm=args.max_grad_norm,
+        lr_scheduler=args.lr_scheduler,
         dropout=None if args.dropout < 0 else args.dropout,
         early_stopping=args.early_stopping,
         doc_stride=args.doc_stride,
@@ -197,6 +213,6 @@ def settings_from(args: argparse.Namespace) -> FinetuneSettings:
         version_2_with_negative=args.version_2_with_negative,
         max_train_samples=args.max_train_samples,
         max_eval_samples=args.max_eval_samples,
-        fp16=args.fp16,
-        bf16=args.bf16,
+        fp16=precision["fp16"],
+        bf16=precision["bf16"],
     )

@@ -49,6 +49,7 @@ from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import hushed_libraries
 from tupe.training.finetuning import finished_runs, read_run_result  # noqa: F401  (re-exported)
 from tupe.training.finetuning import run_grid as run_grid_loop
+from tupe.training.flags import add_training_flags, precision_flags
 from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
 
@@ -311,7 +312,11 @@ def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) ->
 
 
 def converted_if_bert(
-    model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable, outputs: OutputFolder | None = None
+    model_dir: Path,
+    out_dir: Path,
+    tokenizer_dir: str | None,
+    log: Callable,
+    outputs: OutputFolder | None = None,
 ) -> Path:
     """A `transformers` BERT folder (BertForMaskedLM / BertModel) converted to `bert-a` in OUT/converted-bert-a
     (once; with its tokenizer), with a one-line notice; any other folder is returned as is."""
@@ -412,13 +417,6 @@ def _versions() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------------- CLI
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -464,12 +462,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI; {SMALL_MODEL_EPOCHS:g} for a model "
         f"narrower than {SMALL_MODEL_WIDTH})",
     )
-    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
+    add_training_flags(p, ["batch_size"], defaults={"batch_size": 32}, helps={"batch_size": "default 32"})
     p.add_argument(
         "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
     )
-    p.add_argument(
-        "--max-seq-len", type=V.int_range(8), help="max tokens per example (default min(512, model's max))"
+    add_training_flags(
+        p, ["max_seq_len"], helps={"max_seq_len": "per example; default min(512, model's max)"}
     )
     p.add_argument(
         "--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set"
@@ -479,16 +477,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=V.positive_int,
         help="use a fixed random subset of each dev set (not comparable)",
     )
-    p.add_argument(
-        "--warmup-ratio",
-        type=V.float_range(0, 1, hi_open=True),
-        default=0.06,
-        help="linear warm-up fraction (default 0.06)",
+    add_training_flags(
+        p,
+        ["warmup_ratio", "lr_scheduler"],
+        defaults={"warmup_ratio": 0.06, "lr_scheduler": "linear"},
+        helps={"warmup_ratio": "default 0.06", "lr_scheduler": "default linear"},
     )
     p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
-    p.add_argument("--adam-betas", default="0.9,0.999", help="Adam betas (default the paper's 0.9,0.999)")
-    p.add_argument("--adam-eps", type=V.positive_float, default=1e-6, help="Adam epsilon (default 1e-6)")
-    p.add_argument("--clip", type=V.nonneg_float, default=1.0, help="gradient clipping norm (default 1.0)")
+    add_training_flags(
+        p,
+        ["adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "precision"],
+        defaults={"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-6, "max_grad_norm": 1.0,
+                  "precision": "fp32"},
+        helps={"adam_beta1": "default 0.9, the paper's", "adam_beta2": "default 0.999, the paper's",
+               "adam_epsilon": "default 1e-6", "max_grad_norm": "default 1.0", "precision": "default fp32"},
+    )  # fmt: skip
     p.add_argument(
         "--dropout",
         type=V.float_range(-1, 1, hi_open=True),
@@ -510,21 +513,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         id_help="Hub repository prefix for --push-to-hub; each run adds its name, e.g. "
         "me/tupe-a-rte-lr2e-05_seed1 (default prefix: the --out folder's name)",
     )
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     V.annotate_ranges(p)
 
 
+def settings_from_args(args: argparse.Namespace) -> GlueSettings:
+    """The run settings of `tupe glue`'s options (the shared flag vocabulary, tupe/training/flags.py)."""
+    precision = precision_flags(args.precision)
+    return GlueSettings(
+        task=get_task(args.task).name,
+        lrs=args.lrs,
+        seeds=args.seeds,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        eval_batch_size=args.eval_batch_size,
+        max_seq_len=args.max_seq_len,
+        warmup_ratio=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_epsilon=args.adam_epsilon,
+        max_grad_norm=args.max_grad_norm,
+        lr_scheduler=args.lr_scheduler,
+        dropout=None if args.dropout < 0 else args.dropout,
+        max_train_samples=args.max_train_samples,
+        max_eval_samples=args.max_eval_samples,
+        fp16=precision["fp16"],
+        bf16=precision["bf16"],
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    try:
-        betas = _floats(args.adam_betas)
-    except argparse.ArgumentTypeError as err:
-        raise TupeError(f"--adam-betas: {err}") from None
-    if len(betas) != 2:
-        raise TupeError(f"--adam-betas needs two numbers, got {args.adam_betas!r}")
-    if not all(0 <= b < 1 for b in betas):
-        raise TupeError(f"--adam-betas must be two numbers in [0, 1), got {args.adam_betas!r}")
     V.check_out_folder("--out", args.out)
     for flag, value in (("--data-dir", args.data_dir), ("--train-file", args.train_file)):
         if value is not None and not str(value).startswith("hub"):
@@ -542,26 +560,7 @@ def run(args: argparse.Namespace) -> int:
         raise TupeError(f"--dropout must be in [0, 1) (or -1 for the checkpoint's), got {args.dropout}")
     if args.lrs is not None and any(lr <= 0 for lr in args.lrs):
         raise TupeError(f"learning rates must be positive, got {args.lrs}")
-    settings = GlueSettings(
-        task=get_task(args.task).name,
-        lrs=args.lrs,
-        seeds=args.seeds,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        max_seq_len=args.max_seq_len,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
-        adam_beta1=betas[0],
-        adam_beta2=betas[1],
-        adam_epsilon=args.adam_eps,
-        max_grad_norm=args.clip,
-        dropout=None if args.dropout < 0 else args.dropout,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        fp16=args.fp16,
-        bf16=args.bf16,
-    )
+    settings = settings_from_args(args)
     V.apply_threads(args.threads)
     quiet = args.quiet
 
