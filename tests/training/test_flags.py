@@ -87,7 +87,9 @@ def test_epochs_and_steps_or_both_warmups_are_refused() -> None:
     assert (run.max_steps, run.warmup_steps) == (10, 2)  # 2 x 40 blocks / 8 per step; 0.25 x 10 rounded
 
 
-def test_pretrain_in_epochs_with_a_cosine_schedule_and_gradient_checkpointing(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
+def test_pretrain_in_epochs_with_a_cosine_schedule_and_gradient_checkpointing(
+    tiny_run, tmp_path: Path
+) -> None:  # noqa: ANN001
     from tupe.training.pretrain import pretrain
 
     cfg = tiny_run(tmp_path / "r", max_steps=None, epochs=0.5, warmup_steps=None, warmup_ratio=0.5,
