@@ -47,9 +47,13 @@ from tupe.io.files import atomic_write_json, folder_lock
 from tupe.io.outputs import OutputFolder
 from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import hushed_libraries
-from tupe.training.finetuning import finished_runs, read_run_result  # noqa: F401  (re-exported)
+from tupe.training.finetuning import (
+    add_grid_arguments,
+    add_run_arguments,
+    finished_runs,
+    grid_settings,
+)
 from tupe.training.finetuning import run_grid as run_grid_loop
-from tupe.training.flags import add_training_flags, precision_flags
 from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
 
@@ -449,63 +453,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", required=True, type=V.nonempty_path, help="output directory (results.json, runs/)"
     )
-    p.add_argument(
-        "--lrs",
-        type=V.float_list(0.0),
-        help="learning rates (default: the paper's 2e-5,3e-5,4e-5,5e-5; for a model narrower than "
+    add_grid_arguments(
+        p,
+        lrs_help="learning rates (default: the paper's 2e-5,3e-5,4e-5,5e-5; for a model narrower than "
         f"{SMALL_MODEL_WIDTH}, {','.join(f'{x:g}' for x in SMALL_MODEL_LRS)})",
-    )
-    p.add_argument("--seeds", type=V.int_list(0), default=list(PAPER_SEEDS), help="seeds (default 1,2,3,4,5)")
-    p.add_argument(
-        "--epochs",
-        type=V.positive_float,
-        help=f"epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI; {SMALL_MODEL_EPOCHS:g} for a model "
+        seeds_default=PAPER_SEEDS,
+        epochs_default=None,
+        epochs_help=f"epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI; {SMALL_MODEL_EPOCHS:g} for a model "
         f"narrower than {SMALL_MODEL_WIDTH})",
+        max_seq_len_help="max tokens per example (default min(512, model's max))",
     )
-    add_training_flags(p, ["batch_size"], defaults={"batch_size": 32}, helps={"batch_size": "default 32"})
-    p.add_argument(
-        "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
-    )
-    add_training_flags(
-        p, ["max_seq_len"], helps={"max_seq_len": "per example; default min(512, model's max)"}
-    )
-    p.add_argument(
-        "--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set"
-    )
-    p.add_argument(
-        "--max-eval-samples",
-        type=V.positive_int,
-        help="use a fixed random subset of each dev set (not comparable)",
-    )
-    add_training_flags(
-        p,
-        ["warmup_ratio", "lr_scheduler"],
-        defaults={"warmup_ratio": 0.06, "lr_scheduler": "linear"},
-        helps={"warmup_ratio": "default 0.06", "lr_scheduler": "default linear"},
-    )
-    p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
-    add_training_flags(
-        p,
-        ["adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "precision"],
-        defaults={"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-6, "max_grad_norm": 1.0,
-                  "precision": "fp32"},
-        helps={"adam_beta1": "default 0.9, the paper's", "adam_beta2": "default 0.999, the paper's",
-               "adam_epsilon": "default 1e-6", "max_grad_norm": "default 1.0", "precision": "default fp32"},
-    )  # fmt: skip
-    p.add_argument(
-        "--dropout",
-        type=V.float_range(-1, 1, hi_open=True),
-        default=0.1,
-        help="hidden and attention dropout while fine-tuning (default the paper's 0.1; -1 keeps the checkpoint's)",
-    )
-    p.add_argument("--scheme", help="expected position scheme; an error if the checkpoint's differs")
-    p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
-    p.add_argument(
-        "--save-models", action="store_true", help="keep every run's fine-tuned model (runs/*/model)"
-    )
-    p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
-    V.add_threads_progress(p, "progress bar")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_run_arguments(p)
     add_report_arguments(p)
     add_hub_arguments(
         p,
@@ -518,28 +476,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> GlueSettings:
     """The run settings of `tupe glue`'s options (the shared flag vocabulary, tupe/training/flags.py)."""
-    precision = precision_flags(args.precision)
-    return GlueSettings(
-        task=get_task(args.task).name,
-        lrs=args.lrs,
-        seeds=args.seeds,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        max_seq_len=args.max_seq_len,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
-        adam_beta1=args.adam_beta1,
-        adam_beta2=args.adam_beta2,
-        adam_epsilon=args.adam_epsilon,
-        max_grad_norm=args.max_grad_norm,
-        lr_scheduler=args.lr_scheduler,
-        dropout=None if args.dropout < 0 else args.dropout,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        fp16=precision["fp16"],
-        bf16=precision["bf16"],
-    )
+    return GlueSettings(task=get_task(args.task).name, **grid_settings(args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,7 +48,7 @@ class PretrainConfig:
     intermediate_size: int | None = None
     dropout: float | None = None
     dense_prediction: bool = False
-    attn_implementation: str | None = None
+    attention_kernel: str | None = None  # None: the model's default ("auto"; hf-bert: transformers' "sdpa")
     batch_size: int | None = None
     grad_accum: int = 1
     max_steps: int | None = None
@@ -119,7 +119,7 @@ class ResolvedConfig(PretrainConfig):
     def __post_init__(self) -> None:
         from tupe.training.model import check_scheme
 
-        check_scheme(self.scheme)
+        check_scheme(self.scheme, self.attention_kernel)
         if self.lr_scheduler not in LR_SCHEDULERS:
             raise TupeError(
                 f"unknown --lr-scheduler {self.lr_scheduler!r}; choose one of: {', '.join(LR_SCHEDULERS)}"
@@ -210,6 +210,27 @@ def training_arguments(run: ResolvedConfig):
     )
 
 
+def _attention_kernel(value: str) -> str:
+    """`--attention-kernel`: a name of the kernel registry (checked when given: it imports the model package)."""
+    from tupe.modeling.kernels import canonical_kernel_name
+
+    try:
+        return canonical_kernel_name(value, "attention kernel")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _attn_implementation(value: str) -> str | None:
+    """`--attn-implementation`: as `from_pretrained(attn_implementation=...)` reads it ("sdpa": the default)."""
+    from tupe.modeling.kernels import TRANSFORMERS_DEFAULT, canonical_attn_implementation
+
+    try:
+        name = canonical_attn_implementation(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return None if name == TRANSFORMERS_DEFAULT else name
+
+
 def add_model_data_arguments(
     p: argparse.ArgumentParser, quiet_help: str = "print nothing but errors"
 ) -> None:
@@ -280,7 +301,21 @@ def add_model_data_arguments(
         action="store_true",
         help="LM head on every position (default: masked positions only)",
     )
-    m.add_argument("--attn-implementation", choices=["sdpa", "eager"])
+    m.add_argument(
+        "--attention-kernel",
+        type=_attention_kernel,
+        metavar="NAME",
+        help="attention kernel, saved with the model: auto (default: the fastest exact one for each step) or a "
+        "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS; built in: eager, the reference, "
+        "sdpa, fold, fused, flex), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
+    )
+    m.add_argument(
+        "--attn-implementation",
+        dest="attention_kernel",
+        type=_attn_implementation,
+        metavar="NAME",
+        help="the same, as transformers' attn_implementation: its sdpa means the default kernel",
+    )
     o = p.add_argument_group("optimisation")
     add_training_flags(o, ["batch_size"], helps={"batch_size": "preset: 32 mini/small, 64 base, 256 paper"})
     o.add_argument(

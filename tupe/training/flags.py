@@ -95,7 +95,9 @@ class _AdamBetas(argparse.Action):
         except ValueError:
             betas = []
         if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-            parser.error(f"argument {option_string}: must be two comma-separated numbers in [0, 1), got {values!r}")
+            parser.error(
+                f"argument {option_string}: must be two comma-separated numbers in [0, 1), got {values!r}"
+            )
         setattr(namespace, self.metavar_dests[0], betas[0])
         setattr(namespace, self.metavar_dests[1], betas[1])
 
