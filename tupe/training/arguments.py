@@ -129,6 +129,11 @@ class ResolvedConfig(PretrainConfig):
         for key in _POSITIVE:
             if getattr(self, key) is not None and int(getattr(self, key)) <= 0:
                 raise TupeError(f"--{key.replace('_', '-')} must be positive, got {getattr(self, key)}")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < self.max_length:
+            raise TupeError(
+                f"--max-position-embeddings {self.max_position_embeddings} is smaller than --max-seq-len "
+                f"{self.max_length}: blocks would have no row"
+            )
         per_step = self.world_size * self.grad_accum
         if self.batch_size % per_step:
             raise TupeError(
