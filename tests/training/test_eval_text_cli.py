@@ -35,5 +35,5 @@ def test_a_wrong_eval_text_stops_compare_and_demo_before_any_training(tmp_path: 
         out = tmp_path / cmd[0]
         assert main([*cmd, "--out", str(out), "--eval-text", str(missing), "--no-progress"]) == 2
         err = capsys.readouterr().err.strip()
-        assert str(missing) in err and len(err.splitlines()) == 1, err
+        assert "--eval-text: " in err and str(missing) in err and len(err.splitlines()) == 1, err
         assert not out.exists()

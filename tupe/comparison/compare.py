@@ -441,7 +441,10 @@ def check_eval_text(args: argparse.Namespace) -> None:
     if getattr(args, "eval_text", None):
         from tupe.evaluation.runs import resolve_text
 
-        resolve_text(args.eval_text, getattr(args, "text_column", "text"))
+        try:
+            resolve_text(args.eval_text, getattr(args, "text_column", "text"))
+        except TupeError as err:
+            raise TupeError(f"--eval-text: {err}") from None
 
 
 def evaluate_on_text(
