@@ -216,7 +216,9 @@ class PositionalScheme(nn.Module):
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
     position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
     uses_position: ClassVar[bool] = True  # False only for the position-blind control (nope)
-    directional: ClassVar[bool] = True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
+    directional: ClassVar[bool] = (
+        True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
+    )
 
     def __init__(self, config: TupeConfig):
         super().__init__()
