@@ -27,6 +27,9 @@ class TupeConfig(PretrainedConfig):
             (num_masked, vocab)); off by default, so logits are (batch, seq, vocab) as in every transformers masked
             LM. `tupe pretrain` turns it on for its own training (same loss, much less head work).
         rope_theta: base of the rotary frequencies for `rope`.
+        position_buckets / max_relative_positions: `deberta`'s log buckets of `i - j` (`DebertaV2Config`'s
+            names; the released DeBERTa-v3 values 256 and -1, i.e. `max_position_embeddings`). With
+            `position_buckets <= 0` offsets are not bucketed, only clipped at `max_relative_positions`.
         attention_kernel: the attention path, one of `ATTENTION_KERNELS`, saved with the model so a reloaded
             model runs the kernel it was trained and benchmarked with. "auto" picks per forward pass (see
             `TupeModel`); "eager" is the reference; "fold" needs a low-rank content-free term and "flex" a
@@ -56,6 +59,8 @@ class TupeConfig(PretrainedConfig):
         classifier_dropout: float | None = None,
         sparse_prediction: bool = False,
         rope_theta: float = 10000.0,
+        position_buckets: int = 256,
+        max_relative_positions: int = -1,
         attention_kernel: str = "auto",
         pad_token_id: int = 0,
         cls_token_id: int = 1,
@@ -71,6 +76,12 @@ class TupeConfig(PretrainedConfig):
         if hidden_size % num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})"
+            )
+        relative_limit = max_relative_positions if max_relative_positions >= 1 else max_position_embeddings
+        if position_scheme == "deberta" and position_buckets > 0 and relative_limit - 1 <= position_buckets // 2:
+            raise ValueError(
+                f"deberta's log buckets need max_relative_positions - 1 > position_buckets / 2, got "
+                f"max_relative_positions {relative_limit} and position_buckets {position_buckets}"
             )
         if position_scheme == "rope" and (hidden_size // num_attention_heads) % 2 != 0:
             raise ValueError(f"rope needs an even head dimension, got {hidden_size // num_attention_heads}")
@@ -92,6 +103,8 @@ class TupeConfig(PretrainedConfig):
         self.classifier_dropout = classifier_dropout
         self.sparse_prediction = sparse_prediction
         self.rope_theta = rope_theta
+        self.position_buckets = position_buckets
+        self.max_relative_positions = max_relative_positions
         self.attention_kernel = attention_kernel
         self.validate_attention_kernel()
         self.cls_token_id = cls_token_id

@@ -11,6 +11,7 @@ Notation (see `docs/model.md`, which carries every equation): `d` head dimension
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
@@ -34,6 +35,12 @@ class PositionalContext:
       (which cancels in the softmax), so attention can run without an n x n tensor. Already scaled.
     - bias_fn: builds `bias` on first access (then cached), so a pass that folds never materialises it
       (long sequences on GPU); `has_bias` tells whether there is one without building it.
+    - relative_embeddings (m, hidden): position vectors shared by all layers that each layer projects with its own
+      weights (DeBERTa's relative embeddings, one row per offset `i - j` that occurs).
+    - layer_term: `layer_term(q, k, project) -> (b, h, n, n)`, an additive logit term that depends on the layer's
+      queries and keys and on `project(r) -> (r W^Q, r W^K)`, the layer's own projections (each (h, m, d)).
+      The attention layer calls it once per layer and hands the result to the kernel as `layer_logits`.
+    - layer_logits (b, h, n, n): that term for the layer being run (set on the layer's copy of the context).
     """
 
     def __init__(
@@ -46,6 +53,8 @@ class PositionalContext:
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         fold: tuple[torch.Tensor, torch.Tensor] | None = None,
         bias_fn: Callable[[], torch.Tensor] | None = None,
+        relative_embeddings: torch.Tensor | None = None,
+        layer_term: Callable[..., torch.Tensor] | None = None,
     ):
         self.logit_scale = logit_scale
         self.input_embedding = input_embedding
@@ -54,6 +63,16 @@ class PositionalContext:
         self.rotary = rotary
         self.fold = fold
         self.bias_fn = bias_fn
+        self.relative_embeddings = relative_embeddings
+        self.layer_term = layer_term
+        self.layer_logits: torch.Tensor | None = None
+
+    def for_layer(self, layer_logits: torch.Tensor) -> PositionalContext:
+        """A shallow copy carrying one layer's `layer_logits` (the shared context is never modified)."""
+        _ = self.bias  # build a lazy shared term once, here, not once per layer's copy
+        ctx = copy.copy(self)
+        ctx.layer_logits = layer_logits
+        return ctx
 
     @property
     def bias(self) -> torch.Tensor | None:
@@ -198,6 +217,8 @@ class PositionalScheme(nn.Module):
     position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
     uses_position: ClassVar[bool] = True  # False only for the position-blind control (nope)
     directional: ClassVar[bool] = True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
+    content_position: ClassVar[bool] = False  # a per-layer content x position term (ctx.layer_term, DeBERTa)
+    relative_embeddings: ClassVar[bool] = False  # position vectors projected by every layer's own W^Q, W^K
 
     def __init__(self, config: TupeConfig):
         super().__init__()
@@ -498,6 +519,156 @@ class Alibi(PositionalScheme):
         return ctx
 
 
+def log_bucket_position(relative: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
+    """DeBERTa-v2's log buckets of a relative position `i - j` (query minus key; sign kept).
+
+    Offsets with `|i - j| < buckets / 2` keep their value; larger ones become
+    `sign * (mid + ceil(log(|i - j| / mid) / log((max_position - 1) / mid) * (mid - 1)))`, `mid = buckets / 2`, so
+    `max_position - 1` maps to `buckets - 1`. In float32, as DeBERTa computes it (the released checkpoints were
+    trained with float32 bucket boundaries).
+    """
+    mid = buckets // 2
+    distance = relative.abs()
+    # below mid the exact branch applies; mid - 1 keeps log() finite there
+    safe = torch.where(distance < mid, torch.full_like(distance, mid - 1), distance).float()
+    ratio = torch.log(safe / mid) / torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))
+    logged = (torch.ceil(ratio * (mid - 1)) + mid).long()
+    return torch.where(distance <= mid, relative, logged * relative.sign())
+
+
+def skew(scores: torch.Tensor) -> torch.Tensor:
+    """(..., n, 2n - 1) scores of every row against every offset slot  ->  (..., n, n) with
+    `[a, c] = scores[a, n - 1 - a + c]`: the relative shift of Transformer-XL, by slicing the flat rows (a view;
+    writing through it is how `_RelativeScores` scatters gradients back). Wider rows work too."""
+    n, width = scores.shape[-2:]  # width >= 2n - 1 (extra slots at the end are never read)
+    if n == 1:
+        return scores[..., :1]
+    lead = scores.shape[:-2]
+    flat = scores.reshape(*lead, n * width)
+    return flat[..., n - 1 : n - 1 + n * (width - 1)].view(*lead, n, width - 1)[..., :n]
+
+
+class _RelativeScores(torch.autograd.Function):
+    """`c2p + p2c` of `Deberta`: `[b, h, i, j] = s q_i . kr_u + s k_j . qr_u`, `u` the slot of offset `i - j`.
+
+    Two products against the 2n - 1 offset slots, shifted into place by `skew`, written into one contiguous
+    (b, h, n, n) tensor; backward scatters the gradient into one zeroed (h, b, n, 2n - 1) buffer through the same
+    view (the entries outside it stay zero, so the buffer serves both terms). Plain autograd on the same formula
+    builds two more n x n intermediates and two zero-padded copies per term.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, qr, kr, scale: float):
+        b, h, n, d = q.shape
+        # 2n slots, the last one zero and never read: an even GEMM width (2n - 1 columns ran at half speed in
+        # MKL at the mini shape)
+        pad = q.new_zeros(h, 1, d)
+        kr_pad = torch.cat([kr, pad], 1)
+        qr_rev = torch.cat([qr.flip(1), pad], 1)  # slot u' for offset u' - (n - 1): the same shift per key row
+        qh = (q * scale).transpose(0, 1).reshape(h, b * n, d)  # new, contiguous
+        kh = (k * scale).transpose(0, 1).reshape(h, b * n, d)
+        out = torch.empty(b, h, n, n, dtype=q.dtype, device=q.device)
+        view = out.transpose(0, 1)  # (h, b, n, n)
+        view.copy_(skew(torch.bmm(qh, kr_pad.transpose(1, 2)).view(h, b, n, 2 * n)))
+        view.add_(skew(torch.bmm(kh, qr_rev.transpose(1, 2)).view(h, b, n, 2 * n)).transpose(-1, -2))
+        ctx.save_for_backward(qh, kh, qr_rev, kr_pad)
+        ctx.scale, ctx.shape = scale, (b, h, n, d)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        qh, kh, qr_rev, kr_pad = ctx.saved_tensors
+        b, h, n, d = ctx.shape
+        g = grad.transpose(0, 1)  # (h, b, n, n)
+        full = grad.new_zeros(h, b, n, 2 * n)
+        slots = skew(full)
+        slots.copy_(g)
+        full3 = full.view(h, b * n, 2 * n)
+        dq = torch.bmm(full3, kr_pad).mul_(ctx.scale) if ctx.needs_input_grad[0] else None
+        dkr = torch.bmm(full3.transpose(1, 2), qh)[:, :-1] if ctx.needs_input_grad[3] else None
+        slots.copy_(g.transpose(-1, -2))  # same slots: the rest of `full` is still zero
+        dk = torch.bmm(full3, qr_rev).mul_(ctx.scale) if ctx.needs_input_grad[1] else None
+        dqr = torch.bmm(full3.transpose(1, 2), kh)[:, :-1].flip(1) if ctx.needs_input_grad[2] else None
+        to_bhnd = lambda t: None if t is None else t.view(h, b, n, d).transpose(0, 1)  # noqa: E731
+        return to_bhnd(dq), to_bhnd(dk), dqr, dkr, None
+
+
+def relative_scores(
+    q: torch.Tensor, k: torch.Tensor, qr: torch.Tensor, kr: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """DeBERTa's content-to-position plus position-to-content logits, (b, h, n, n).
+
+    q, k: (b, h, n, d) a layer's queries and keys; qr, kr: (h, 2n - 1, d) its projections of the relative
+    embeddings, slot u for the offset `i - j = n - 1 - u`. `[i, j] = scale * (q_i . kr(i - j) + k_j . qr(i - j))`.
+    """
+    return _RelativeScores.apply(q, k, qr, kr, scale)
+
+
+class DisentangledPositions(nn.Module):
+    """DeBERTa's relative embeddings `P` (2k rows, shared by all layers, LayerNorm-ed) and their offsets.
+
+    `k` is `position_buckets` (log-bucketed offsets) or, with `position_buckets <= 0`, `max_relative_positions`
+    (itself `max_position_embeddings` when < 1). Offset `i - j` reads row `clamp(delta(i - j) + k, 0, 2k - 1)`.
+    """
+
+    def __init__(self, config: TupeConfig):
+        super().__init__()
+        self.buckets = config.position_buckets
+        self.max_relative = (
+            config.max_relative_positions
+            if config.max_relative_positions >= 1
+            else config.max_position_embeddings
+        )
+        self.span = self.buckets if self.buckets > 0 else self.max_relative
+        self.rel_embeddings = nn.Embedding(2 * self.span, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def rows(self, offsets: torch.Tensor) -> torch.Tensor:
+        """Row of `rel_embeddings` that each query-minus-key offset reads."""
+        delta = log_bucket_position(offsets, self.buckets, self.max_relative) if self.buckets > 0 else offsets
+        return (delta + self.span).clamp(0, 2 * self.span - 1)
+
+    def forward(self, n: int) -> torch.Tensor:
+        """(2n - 1, hidden): `LN(P)` for the offsets `i - j = n - 1, n - 2, ..., -(n - 1)`, in that order."""
+        offsets = torch.arange(n - 1, -n, -1, device=self.rel_embeddings.weight.device)
+        return self.LayerNorm(self.rel_embeddings(self.rows(offsets)))  # row-wise: LN of the rows read
+
+
+class Deberta(PositionalScheme):
+    """DeBERTa-v2/v3 disentangled attention (He et al., ICLR 2021; the `transformers` `DebertaV2Model`).
+
+    `alpha_ij = (q_i k_j + q_i kr_{d(i,j)} + k_j qr_{d(i,j)}) / sqrt(3d)` with `qr, kr = LN(P) W^Q, LN(P) W^K` the
+    layer's own query/key projections of the shared relative embeddings (`share_att_key`), `d(i, j)` the
+    log-bucketed `i - j`; no absolute positions (`position_biased_input=False`). Content-to-position and
+    position-to-content depend on the layer's queries and keys, so they are a `layer_term`, one (b, h, n, n) term
+    per layer: two products against the `2n - 1` offsets that occur, shifted into place (`relative_scores`).
+    The relative embeddings take dropout (hidden_dropout_prob) in every layer, as in DeBERTa.
+    """
+
+    name = "deberta"
+    display_name = "DeBERTa"
+    score_dims = 3
+    content_position = True
+    relative_embeddings = True
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.relative = DisentangledPositions(config)
+        self.dropout_p = config.hidden_dropout_prob
+
+    def forward(self, n: int) -> PositionalContext:
+        from .kernels import dropout
+
+        rel = self.relative(n)  # (2n - 1, hidden), offsets n - 1 .. -(n - 1)
+        scale, training, p = self.logit_scale, self.training, self.dropout_p
+
+        def layer_term(q: torch.Tensor, k: torch.Tensor, project) -> torch.Tensor:
+            qr, kr = project(dropout(rel, p, training))  # (h, 2n - 1, d) each
+            return relative_scores(q, k, qr, kr, scale)
+
+        return PositionalContext(scale, relative_embeddings=rel, layer_term=layer_term)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate (..., n, d) by position: pairs (x_k, x_{k + d/2}) turn by angle t * inv_freq_k."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -520,6 +691,7 @@ SCHEMES: dict[str, type[PositionalScheme]] = {
         Sinusoidal,
         T5Bias,
         Alibi,
+        Deberta,
     )
 }
 
