@@ -135,11 +135,15 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             g("positional.relative.LayerNorm.bias"),
             eps,
         )
-        max_rel = cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_position_embeddings
+        max_rel = (
+            cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_position_embeddings
+        )
         span = cfg.position_buckets if cfg.position_buckets > 0 else max_rel
 
         def rel_row(i, j):
-            delta = deberta_bucket(i - j, cfg.position_buckets, max_rel) if cfg.position_buckets > 0 else i - j
+            delta = (
+                deberta_bucket(i - j, cfg.position_buckets, max_rel) if cfg.position_buckets > 0 else i - j
+            )
             return min(max(delta + span, 0), 2 * span - 1)
 
     hiddens, attentions = [], []

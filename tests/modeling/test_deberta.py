@@ -83,7 +83,9 @@ def test_from_deberta_base_model_and_unbucketed_offsets():
     ids, mask = _batch(True)
     expected = deberta(ids, attention_mask=mask).last_hidden_state
     keep = mask.bool()
-    torch.testing.assert_close(model(ids, attention_mask=mask).last_hidden_state[keep], expected[keep], atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        model(ids, attention_mask=mask).last_hidden_state[keep], expected[keep], atol=1e-12, rtol=0
+    )
 
 
 @pytest.mark.parametrize(

@@ -78,7 +78,11 @@ class TupeConfig(PretrainedConfig):
                 f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})"
             )
         relative_limit = max_relative_positions if max_relative_positions >= 1 else max_position_embeddings
-        if position_scheme == "deberta" and position_buckets > 0 and relative_limit - 1 <= position_buckets // 2:
+        if (
+            position_scheme == "deberta"
+            and position_buckets > 0
+            and relative_limit - 1 <= position_buckets // 2
+        ):
             raise ValueError(
                 f"deberta's log buckets need max_relative_positions - 1 > position_buckets / 2, got "
                 f"max_relative_positions {relative_limit} and position_buckets {position_buckets}"

@@ -102,7 +102,11 @@ _DEBERTA_MLM_HEADS = {
         "lm_head.LayerNorm": "transform.LayerNorm",
         "lm_head.bias": "bias",
     },
-    "lm_predictions.lm_head.": {"lm_head.dense": "dense", "lm_head.LayerNorm": "LayerNorm", "lm_head.bias": "bias"},
+    "lm_predictions.lm_head.": {
+        "lm_head.dense": "dense",
+        "lm_head.LayerNorm": "LayerNorm",
+        "lm_head.bias": "bias",
+    },
 }
 
 
@@ -110,7 +114,10 @@ def deberta_refusals(dc) -> list[str]:
     """What of a `DebertaV2Config` the `deberta` scheme cannot represent (empty: it converts exactly)."""
     hidden, heads = dc.hidden_size, dc.num_attention_heads
     checks = [
-        (getattr(dc, "relative_attention", False), "relative_attention=False (no disentangled attention at all)"),
+        (
+            getattr(dc, "relative_attention", False),
+            "relative_attention=False (no disentangled attention at all)",
+        ),
         (
             sorted(dc.pos_att_type or []) == ["c2p", "p2c"],
             f"pos_att_type={dc.pos_att_type!r} (only both c2p and p2c)",
@@ -154,7 +161,8 @@ def deberta_to_tupe(cls, model_or_path, **config_overrides):
     if refusals:
         source = model_or_path if isinstance(model_or_path, str) else type(deberta).__name__
         raise ValueError(
-            f"{source}: the deberta scheme cannot represent this DeBERTa configuration: " + "; ".join(refusals)
+            f"{source}: the deberta scheme cannot represent this DeBERTa configuration: "
+            + "; ".join(refusals)
         )
     config = TupeConfig(
         vocab_size=dc.vocab_size,
@@ -203,17 +211,23 @@ def deberta_to_tupe(cls, model_or_path, **config_overrides):
     if masked_lm:
         head = next((p for p in _DEBERTA_MLM_HEADS if any(k.startswith(p) for k in sd)), None)
         if head is None:
-            raise ValueError(f"{type(deberta).__name__} has no masked-LM head; convert a DebertaV2ForMaskedLM")
+            raise ValueError(
+                f"{type(deberta).__name__} has no masked-LM head; convert a DebertaV2ForMaskedLM"
+            )
         for tupe_name, name in _DEBERTA_MLM_HEADS[head].items():
             found = {k[len(head + name) :]: v for k, v in sd.items() if k.startswith(head + name)}
             new.update({tupe_name + suffix: v for suffix, v in found.items()})
         decoder = sd.get(head + "decoder.weight")
         if decoder is not None and not torch.equal(decoder, sd[emb + "word_embeddings.weight"]):
-            raise ValueError("the DeBERTa decoder is not tied to the word embeddings; tupe's masked-LM head is")
+            raise ValueError(
+                "the DeBERTa decoder is not tied to the word embeddings; tupe's masked-LM head is"
+            )
     tied = set(getattr(cls, "_tied_weights_keys", None) or {})
     missing, unexpected = model.load_state_dict(new, strict=False)
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
-        raise RuntimeError(f"DeBERTa conversion left weights unset: missing={missing} unexpected={unexpected}")
+        raise RuntimeError(
+            f"DeBERTa conversion left weights unset: missing={missing} unexpected={unexpected}"
+        )
     model.tie_weights()
     return model

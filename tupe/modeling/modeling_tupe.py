@@ -485,7 +485,11 @@ class TupeForMaskedLM(TupePreTrainedModel):
 
     _tied_weights_keys = {"lm_head.decoder.weight": "tupe.embeddings.word_embeddings.weight"}
     _bert_class = "BertForMaskedLM"
-    _deberta_head_keys = (("lm_head.dense", "dense"), ("lm_head.LayerNorm", "LayerNorm"), ("lm_head.bias", "bias"))
+    _deberta_head_keys = (
+        ("lm_head.dense", "dense"),
+        ("lm_head.LayerNorm", "LayerNorm"),
+        ("lm_head.bias", "bias"),
+    )
     _bert_head_keys = {
         "lm_head.dense": "cls.predictions.transform.dense",
         "lm_head.LayerNorm": "cls.predictions.transform.LayerNorm",

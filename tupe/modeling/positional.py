@@ -216,7 +216,10 @@ class PositionalScheme(nn.Module):
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
     position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
     uses_position: ClassVar[bool] = True  # False only for the position-blind control (nope)
-    directional: ClassVar[bool] = True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
+    directional: ClassVar[bool] = (
+        True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
+    )
+    transformers_comparator: ClassVar[str | None] = None  # `tupe bench`'s transformers model of this scheme
     content_position: ClassVar[bool] = False  # a per-layer content x position term (ctx.layer_term, DeBERTa)
     relative_embeddings: ClassVar[bool] = False  # position vectors projected by every layer's own W^Q, W^K
 
@@ -245,6 +248,11 @@ class PositionalScheme(nn.Module):
             flops += 2 * 2 * 2 * hidden * hidden  # theta: the two [CLS]-reset vectors through U^Q and U^K
         return flops
 
+    @classmethod
+    def extra_layer_flops(cls, hidden: int, seq_len: int, batch: int) -> float:
+        """Matmul FLOPs of the positional terms inside each layer's forward pass (none for most schemes)."""
+        return 0.0
+
     def forward(self, n: int) -> PositionalContext:
         raise NotImplementedError
 
@@ -254,6 +262,7 @@ class BertA(PositionalScheme):
 
     name = "bert-a"
     display_name = "BERT-A"
+    transformers_comparator = "hf-bert"  # BertForMaskedLM
     absolute_input = True
     decomposable = True
     position_table = "embeddings"
@@ -271,6 +280,7 @@ class BertR(BertA):
 
     name = "bert-r"
     display_name = "BERT-R"
+    transformers_comparator = None
     relative_bias = True
     content_free = True
 
@@ -564,7 +574,9 @@ class _RelativeScores(torch.autograd.Function):
         # MKL at the mini shape)
         pad = q.new_zeros(h, 1, d)
         kr_pad = torch.cat([kr, pad], 1)
-        qr_rev = torch.cat([qr.flip(1), pad], 1)  # slot u' for offset u' - (n - 1): the same shift per key row
+        qr_rev = torch.cat(
+            [qr.flip(1), pad], 1
+        )  # slot u' for offset u' - (n - 1): the same shift per key row
         qh = (q * scale).transpose(0, 1).reshape(h, b * n, d)  # new, contiguous
         kh = (k * scale).transpose(0, 1).reshape(h, b * n, d)
         out = torch.empty(b, h, n, n, dtype=q.dtype, device=q.device)
@@ -647,9 +659,15 @@ class Deberta(PositionalScheme):
 
     name = "deberta"
     display_name = "DeBERTa"
+    transformers_comparator = "hf-deberta"  # DebertaV2ForMaskedLM with the same choices
     score_dims = 3
     content_position = True
     relative_embeddings = True
+
+    @classmethod
+    def extra_layer_flops(cls, hidden: int, seq_len: int, batch: int) -> float:
+        # the layer's W^Q, W^K on the 2n - 1 relative rows; q . kr and k . qr for every (i, j) pair, all heads
+        return 2 * (2 * seq_len - 1) * hidden * 2 * hidden + 2 * 2 * batch * seq_len * seq_len * hidden
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)
