@@ -158,3 +158,23 @@ def test_relative_scores_match_the_gather_formula_and_gradcheck():
     p2c = torch.gather(k @ qr.transpose(-1, -2), -1, slot.t().expand(b, h, n, n)).transpose(-1, -2)
     torch.testing.assert_close(relative_scores(q, k, qr, kr, 0.5), (c2p + p2c) * 0.5, atol=1e-13, rtol=0)
     assert torch.autograd.gradcheck(lambda *t: relative_scores(*t, 0.5), (q, k, qr, kr))
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 64, 67])  # one block, and four blocks of unequal sizes
+def test_relative_scores_in_row_blocks(n):
+    from tupe.modeling.positional import relative_scores
+
+    b, h, d = 2, 2, 3
+    q, k = (torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    qr, kr = (torch.randn(h, 2 * n - 1, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    i = torch.arange(n)
+    slot = n - 1 - (i[:, None] - i[None, :])  # [i, j] -> the slot of offset i - j
+    naive = (q @ kr.transpose(-1, -2)).gather(-1, slot.expand(b, h, n, n))
+    naive = naive + (k @ qr.transpose(-1, -2)).gather(-1, slot.t().expand(b, h, n, n)).transpose(-1, -2)
+    got = relative_scores(q, k, qr, kr, 0.3)
+    torch.testing.assert_close(got, naive * 0.3, atol=1e-12, rtol=0)
+    weights = torch.randn(b, h, n, n, dtype=torch.float64)
+    grads = torch.autograd.grad((got * weights).sum(), (q, k, qr, kr))
+    expected = torch.autograd.grad((naive * 0.3 * weights).sum(), (q, k, qr, kr))
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=0)

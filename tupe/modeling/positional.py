@@ -546,63 +546,101 @@ def log_bucket_position(relative: torch.Tensor, buckets: int, max_position: int)
     return torch.where(distance <= mid, relative, logged * relative.sign())
 
 
-def skew(scores: torch.Tensor) -> torch.Tensor:
-    """(..., n, 2n - 1) scores of every row against every offset slot  ->  (..., n, n) with
-    `[a, c] = scores[a, n - 1 - a + c]`: the relative shift of Transformer-XL, by slicing the flat rows (a view;
-    writing through it is how `_RelativeScores` scatters gradients back). Wider rows work too."""
-    n, width = scores.shape[-2:]  # width >= 2n - 1 (extra slots at the end are never read)
-    if n == 1:
-        return scores[..., :1]
+def skew(scores: torch.Tensor, cols: int | None = None) -> torch.Tensor:
+    """(..., m, w) scores of m rows against w offset slots  ->  (..., m, cols) with `[a, c] = scores[a, m - 1 - a + c]`
+    (`cols` defaults to m; needs `w >= m + cols - 1` and `cols < w`): the relative shift of Transformer-XL, by
+    slicing the flat rows. A view: writing through it is how `_RelativeScores` scatters gradients back."""
+    m, width = scores.shape[-2:]
+    cols = m if cols is None else cols
+    if m == 1:
+        return scores[..., :cols]
     lead = scores.shape[:-2]
-    flat = scores.reshape(*lead, n * width)
-    return flat[..., n - 1 : n - 1 + n * (width - 1)].view(*lead, n, width - 1)[..., :n]
+    flat = scores.reshape(*lead, m * width)
+    return flat[..., m - 1 : m - 1 + m * (width - 1)].view(*lead, m, width - 1)[..., :cols]
+
+
+def _row_blocks(n: int) -> list[tuple[int, int]]:
+    """Query-row blocks for `_RelativeScores`: a block of B rows needs B + n - 1 offset slots, so 4 blocks do
+    62% of the work of one product against all 2n - 1 slots (fewer, larger products below 64 rows)."""
+    count = 4 if n >= 64 else 1
+    bounds = [round(i * n / count) for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _slot_width(rows: int, n: int) -> int:
+    """Offset slots a block of `rows` query rows reads, rounded up to a multiple of 8 (even GEMM widths ran at
+    twice the speed of 2n - 1 in MKL at the mini shape), with one spare so `skew` never runs off a row."""
+    return -(-(rows + n) // 8) * 8
 
 
 class _RelativeScores(torch.autograd.Function):
     """`c2p + p2c` of `Deberta`: `[b, h, i, j] = s q_i . kr_u + s k_j . qr_u`, `u` the slot of offset `i - j`.
 
-    Two products against the 2n - 1 offset slots, shifted into place by `skew`, written into one contiguous
-    (b, h, n, n) tensor; backward scatters the gradient into one zeroed (h, b, n, 2n - 1) buffer through the same
-    view (the entries outside it stay zero, so the buffer serves both terms). Plain autograd on the same formula
-    builds two more n x n intermediates and two zero-padded copies per term.
+    Per block of query rows, one product against the offset slots that block reads, shifted into place by `skew`
+    and written into one contiguous (b, h, n, n) tensor; backward scatters the gradient into a zeroed buffer
+    through the same view (the entries outside it stay zero, so one buffer serves both terms). Plain autograd on
+    DeBERTa's formula (a product against all 2n - 1 slots and a gather) does about twice the multiplications and
+    builds several more n x n intermediates.
     """
 
     @staticmethod
     def forward(ctx, q, k, qr, kr, scale: float):
         b, h, n, d = q.shape
-        # 2n slots, the last one zero and never read: an even GEMM width (2n - 1 columns ran at half speed in
-        # MKL at the mini shape)
-        pad = q.new_zeros(h, 1, d)
+        pad = q.new_zeros(h, 8, d)  # slots beyond 2n - 1: zero, never read
         kr_pad = torch.cat([kr, pad], 1)
         qr_rev = torch.cat(
             [qr.flip(1), pad], 1
         )  # slot u' for offset u' - (n - 1): the same shift per key row
-        qh = (q * scale).transpose(0, 1).reshape(h, b * n, d)  # new, contiguous
-        kh = (k * scale).transpose(0, 1).reshape(h, b * n, d)
+        qs, ks = (q * scale).transpose(0, 1), (k * scale).transpose(0, 1)  # (h, b, n, d)
         out = torch.empty(b, h, n, n, dtype=q.dtype, device=q.device)
         view = out.transpose(0, 1)  # (h, b, n, n)
-        view.copy_(skew(torch.bmm(qh, kr_pad.transpose(1, 2)).view(h, b, n, 2 * n)))
-        view.add_(skew(torch.bmm(kh, qr_rev.transpose(1, 2)).view(h, b, n, 2 * n)).transpose(-1, -2))
-        ctx.save_for_backward(qh, kh, qr_rev, kr_pad)
+        queries, keys = [], []
+        # position-to-content first, as copies (a transposed copy runs at several times the speed of a transposed
+        # add on CPU): blocks of key rows, written to column blocks
+        for i0, i1 in _row_blocks(n):
+            rows, start, width = i1 - i0, n - i1, _slot_width(i1 - i0, n)
+            kb = ks[:, :, i0:i1].reshape(h, b * rows, d)  # contiguous copies of the block's rows
+            p2c = torch.bmm(kb, qr_rev[:, start : start + width].transpose(1, 2)).view(h, b, rows, width)
+            view[:, :, :, i0:i1].copy_(skew(p2c, n).transpose(-1, -2))
+            keys.append(kb)
+        for i0, i1 in _row_blocks(n):  # content-to-position: blocks of query rows, added to row blocks
+            rows, start, width = i1 - i0, n - i1, _slot_width(i1 - i0, n)
+            qb = qs[:, :, i0:i1].reshape(h, b * rows, d)
+            c2p = torch.bmm(qb, kr_pad[:, start : start + width].transpose(1, 2)).view(h, b, rows, width)
+            view[:, :, i0:i1].add_(skew(c2p, n))
+            queries.append(qb)
+        blocks = queries + keys
+        ctx.save_for_backward(kr_pad, qr_rev, *blocks)
         ctx.scale, ctx.shape = scale, (b, h, n, d)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        qh, kh, qr_rev, kr_pad = ctx.saved_tensors
+        kr_pad, qr_rev, *saved = ctx.saved_tensors
         b, h, n, d = ctx.shape
         g = grad.transpose(0, 1)  # (h, b, n, n)
-        full = grad.new_zeros(h, b, n, 2 * n)
-        slots = skew(full)
-        slots.copy_(g)
-        full3 = full.view(h, b * n, 2 * n)
-        dq = torch.bmm(full3, kr_pad).mul_(ctx.scale) if ctx.needs_input_grad[0] else None
-        dkr = torch.bmm(full3.transpose(1, 2), qh)[:, :-1] if ctx.needs_input_grad[3] else None
-        slots.copy_(g.transpose(-1, -2))  # same slots: the rest of `full` is still zero
-        dk = torch.bmm(full3, qr_rev).mul_(ctx.scale) if ctx.needs_input_grad[1] else None
-        dqr = torch.bmm(full3.transpose(1, 2), kh)[:, :-1].flip(1) if ctx.needs_input_grad[2] else None
-        to_bhnd = lambda t: None if t is None else t.view(h, b, n, d).transpose(0, 1)  # noqa: E731
-        return to_bhnd(dq), to_bhnd(dk), dqr, dkr, None
+        dq = grad.new_empty(h, b, n, d)
+        dk = grad.new_empty(h, b, n, d)
+        dkr, dqr = torch.zeros_like(kr_pad), torch.zeros_like(qr_rev)
+        spans = _row_blocks(n)
+        for index, (i0, i1) in enumerate(spans):
+            qb, kb = saved[index], saved[len(spans) + index]
+            rows, start, width = i1 - i0, n - i1, _slot_width(i1 - i0, n)
+            full = grad.new_zeros(h, b, rows, width)
+            slots = skew(full, n)
+            full3 = full.view(h, b * rows, width)
+            slots.copy_(g[:, :, i0:i1])
+            dq[:, :, i0:i1] = torch.bmm(full3, kr_pad[:, start : start + width]).view(h, b, rows, d)
+            dkr[:, start : start + width] += torch.bmm(full3.transpose(1, 2), qb)
+            slots.copy_(g[:, :, :, i0:i1].transpose(-1, -2))  # same slots: the rest of `full` is still zero
+            dk[:, :, i0:i1] = torch.bmm(full3, qr_rev[:, start : start + width]).view(h, b, rows, d)
+            dqr[:, start : start + width] += torch.bmm(full3.transpose(1, 2), kb)
+        scale = ctx.scale
+        dq = dq.mul_(scale).transpose(0, 1) if ctx.needs_input_grad[0] else None
+        dk = dk.mul_(scale).transpose(0, 1) if ctx.needs_input_grad[1] else None
+        dqr = dqr[:, : 2 * n - 1].flip(1) if ctx.needs_input_grad[2] else None
+        dkr = dkr[:, : 2 * n - 1] if ctx.needs_input_grad[3] else None
+        return dq, dk, dqr, dkr, None
 
 
 def relative_scores(
