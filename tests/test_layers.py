@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("tupe.io",),
     ("tupe.data",),
     ("tupe.training",),
-    ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench"),
+    ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench", "tupe.convert"),
+    ("tupe.finetuning",),
     ("tupe.comparison",),
     ("tupe.cli",),
     ("tupe.__main__", "tupe"),
@@ -80,7 +81,8 @@ def layer_of(module: str) -> tuple[int, str]:
     best: tuple[int, str] | None = None
     for i, members in enumerate(LAYERS):
         for member in members:
-            if (module == member or module.startswith(member + ".")) and (
+            inside = module == member or (member != "tupe" and module.startswith(member + "."))
+            if inside and (
                 best is None or len(member) > len(best[1])
             ):
                 best = (i, member)
@@ -163,7 +165,7 @@ def test_the_checks_catch_what_they_are_for() -> None:
     }
     assert upward_imports(graph) == [
         "tupe.glue.finetune imports tupe.bench.flops (tupe.glue: layer 6, tupe.bench: layer 6)",
-        "tupe.training.pretrain imports tupe.comparison.compare (tupe.training: layer 5, tupe.comparison: layer 7)",
+        "tupe.training.pretrain imports tupe.comparison.compare (tupe.training: layer 5, tupe.comparison: layer 8)",
     ]
     assert _cycles(graph) == [["tupe.comparison.compare", "tupe.comparison.demo"]]
     # function-level imports count; TYPE_CHECKING ones do not
@@ -184,3 +186,23 @@ def test_architecture_doc_lists_the_layers_in_this_order() -> None:
         for row in rows
     ]
     assert documented == LAYERS
+
+
+# (importing module, imported private name): left to the GLUE restructuring under way (issue 25, item 5)
+_PRIVATE_IMPORTS_PENDING = {
+    ("tupe.glue.finetune", "_load_data"),
+    ("tupe.glue.finetune", "_subsample"),
+    ("tupe.glue.finetune", "_RUN_SUMMARY_KEYS"),
+    ("tupe.glue.finetune", "_progress_callback"),
+}
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A `_name` is its module's own business: another module that needs it gets a public name."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("tupe")):
+                found |= {(module, a.name) for a in node.names if a.name.startswith("_") and a.name[1] != "_"}
+    assert found - _PRIVATE_IMPORTS_PENDING == set()

@@ -22,7 +22,14 @@ from typing import NoReturn
 # name -> (module, one-line help). Adding a command touches this table and its own module only.
 COMMANDS: dict[str, tuple[str, str]] = {
     "glue": ("tupe.glue.finetune", "fine-tune a checkpoint on a GLUE task (the paper's lr x seed grid)"),
-    "report": ("tupe.glue.report", "GLUE results as a table like the paper's Table 1 (Markdown, CSV)"),
+    "finetune": (
+        "tupe.finetuning.command",
+        "fine-tune a checkpoint on your own files: ner (CoNLL), qa (SQuAD), multiple-choice (SWAG), classification",
+    ),
+    "report": (
+        "tupe.glue.report",
+        "GLUE and finetune results as a table like the paper's Table 1 (Markdown, CSV)",
+    ),
     "pretrain": ("tupe.training.pretrain", "pre-train one positional scheme with masked LM on a corpus"),
     "compare": (
         "tupe.comparison.compare",
@@ -59,6 +66,7 @@ PARSERS: dict[str, str] = {
     "pretrain": "tupe.training.arguments:add_pretrain_arguments",
     "compare": "tupe.training.arguments:add_compare_arguments",
     "demo": "tupe.training.arguments:add_demo_arguments",
+    "finetune": "tupe.finetuning.arguments:add_arguments",
 }
 
 

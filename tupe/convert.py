@@ -9,6 +9,13 @@ loaded without running code. See docs/released-checkpoint.md.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tupe.errors import TupeError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,9 +47,134 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe.modeling.fairseq import convert_fairseq_checkpoint
-
     convert_fairseq_checkpoint(
         args.checkpoint, args.dict_txt, args.bpe_codes, args.out, lowercase=args.lowercase
     )
     return 0
+
+
+# ------------------------------------------------------------------------------------------------ folder
+
+
+def _card_notes(ckpt: str, state: dict[str, Any], dictionary: Any, lowercase: bool) -> str:
+    args = state["args"]
+    lines = [
+        "## Source",
+        "",
+        f"Converted by `tupe convert fairseq` from the fairseq checkpoint `{Path(ckpt).name}` of the authors' "
+        "released TUPE code (https://github.com/guolinke/TUPE; the TUPE-R checkpoint of its README is "
+        "`tupe_ckp.tar.gz`). The encoder's outputs equal the released forward's (see `docs/released-checkpoint.md` "
+        "of the `tupe` package); weights stored in float32 (float64 if the checkpoint's were), widened exactly "
+        "from a half-precision checkpoint.",
+        "",
+        f"Tokenizer: Moses (`tokenizer.perl -no-escape -l en`, via sacremoses){' after lower-casing' if lowercase else ''}"
+        f", the fastBPE codes, the fairseq dictionary `{Path(dictionary.path).name}` "
+        f"({len(dictionary.specials)} specials, {len(dictionary.symbols) - len(dictionary.specials) - 1} entries, "
+        "`<mask>` last). The released preprocessing also ran clean-up scripts (punctuation normalisation, "
+        "non-printing characters, punctuation splitting, lower-casing) that this tokenizer does not.",
+    ]
+    act_dropout = float(getattr(args, "activation_dropout", 0.0) or 0.0)
+    if act_dropout:
+        lines += [
+            "",
+            f"The checkpoint was trained with `--activation-dropout {act_dropout}`, which tupe does not have "
+            "(fine-tuning here applies no dropout after the FFN activation).",
+        ]
+    return "\n".join(lines)
+
+
+def convert_fairseq_checkpoint(
+    checkpoint: str | os.PathLike,
+    dict_txt: str | os.PathLike,
+    bpe_codes: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    lowercase: bool = False,
+    log: Any = print,
+) -> Path:
+    """Write a complete tupe model folder for a released checkpoint: safetensors, config, the released pipeline's
+    tokenizer, a model card naming the source; each classification head as its own folder under `heads/NAME`.
+
+    Written into a staging folder next to `out_dir` and renamed at the end, so a refusal leaves nothing behind and
+    an existing folder is never touched."""
+    from tupe.io.model_card import model_card
+    from tupe.modeling.fairseq import (
+        build_dictionary,
+        build_tokenizer,
+        classifiers_from_fairseq,
+        load_fairseq_checkpoint,
+        masked_lm_from_fairseq,
+    )
+
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TupeError(f"--out {out} already exists and is not an empty folder; choose a new folder")
+    state = load_fairseq_checkpoint(checkpoint)
+    ckpt = str(checkpoint)
+    model = masked_lm_from_fairseq(state, None)
+    config = model.config
+    dictionary = build_dictionary(dict_txt, config.vocab_size)
+    tokenizer = build_tokenizer(dictionary, bpe_codes, lowercase, config.max_position_embeddings)
+    heads = classifiers_from_fairseq(state)
+    steps = None
+    history = state.get("optimizer_history")
+    if isinstance(history, list) and history and isinstance(history[-1], dict):
+        steps = history[-1].get("num_updates")
+    for m in [model, *heads.values()]:
+        m.config.fairseq_checkpoint = Path(ckpt).name
+        if isinstance(steps, int):
+            m.config.pretrain_steps = steps
+    log(
+        f"convert: {config.position_scheme}, {config.num_hidden_layers} layers x {config.hidden_size} hidden, "
+        f"{config.num_attention_heads} heads, {config.max_position_embeddings} positions, vocabulary "
+        f"{config.vocab_size} ({len(dictionary.specials)} fairseq specials, <mask> = {config.mask_token_id})"
+        + (f", {len(heads)} classification head(s): {', '.join(heads)}" if heads else "")
+    )
+    if float(getattr(state["args"], "activation_dropout", 0.0) or 0.0):
+        log(
+            f"convert: note: --activation-dropout {state['args'].activation_dropout} has no tupe counterpart "
+            "(no effect on outputs; fine-tuning here has no dropout after the FFN activation)"
+        )
+    uncased = not any(ch.isupper() for s in dictionary.symbols for ch in s)
+    if uncased and not lowercase:
+        log(
+            "convert: note: the dictionary has no upper-case entry (the released preprocessing lower-cases its text); "
+            "pass --lowercase to lower-case input text before Moses"
+        )
+
+    def write(folder: Path, m: Any, kind: str) -> None:
+        m.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+        recipe = {
+            "source": f"fairseq checkpoint {Path(ckpt).name} (guolinke/TUPE)",
+            "pre-training updates": steps,
+            "layers x hidden x heads": f"{config.num_hidden_layers} x {config.hidden_size} x {config.num_attention_heads}",
+            "max positions": config.max_position_embeddings,
+            "vocabulary": f"{config.vocab_size} (fairseq dictionary)",
+        }
+        card = model_card(
+            kind=kind,
+            scheme=config.position_scheme,
+            recipe=recipe,
+            metrics={},
+            data="The authors' pre-training data (the paper: English Wikipedia + BookCorpus, 16 GB).",
+            model_path=str(out),
+            notes=_card_notes(ckpt, state, dictionary, lowercase),
+            mask_token=tokenizer.mask_token,
+        )
+        (folder / "README.md").write_text(card, encoding="utf-8")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        write(staging, model, "fill-mask")
+        for name, head in heads.items():
+            (staging / "heads" / name).mkdir(parents=True)
+            write(staging / "heads" / name, head, "text-classification")
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"convert: wrote {out} (model.safetensors, config.json, tokenizer, README.md)")
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tupe.errors import TupeError
@@ -74,6 +74,15 @@ def float_range(
     return _typed(parse, text)  # type: ignore[return-value]
 
 
+# upper bounds where a value multiplies memory or time: beyond them a run cannot work on any machine, and numbers
+# that large end in an allocation abort or an overflow deep inside a library instead of one line
+MAX_STEPS = 2**31 - 1
+MAX_VOCAB = 1 << 22
+MAX_WIDTH = 1 << 16
+MAX_LAYERS = 1024
+MAX_LENGTH = 1 << 20
+MAX_THREADS = 1024
+
 positive_int = int_range(1)
 nonneg_int = int_range(0)
 seed_int = int_range(0, 2**32 - 1)
@@ -82,6 +91,20 @@ nonneg_float = float_range(0)
 prob = float_range(0, 1)  # a probability, 0 and 1 included
 open_prob = float_range(0, 1, lo_open=True, hi_open=True)  # strictly between 0 and 1
 unit_interval = float_range(0, 1, hi_open=True)  # 0 <= x < 1 (dropout, Adam betas)
+
+
+def name_list(text: str, valid: Sequence[str], flag: str, what: str) -> list[str]:
+    """A comma-separated list of names from `valid` (`--schemes bert-a,tupe-a`), at least one, none twice; a
+    `TupeError` naming `flag` and the choices otherwise. The one parser of such lists (`what`: "scheme")."""
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    if not items:
+        raise TupeError(f"{flag} needs at least one {what}")
+    for item in items:
+        if item not in valid:
+            raise TupeError(f"unknown {what} {item!r} in {flag}; choose from: {', '.join(valid)}")
+    if len(set(items)) != len(items):
+        raise TupeError(f"{flag} lists a {what} twice: {text}")
+    return items
 
 
 def int_list(lo: int = 1) -> Callable[[str], list[int]]:
@@ -137,7 +160,7 @@ def add_threads_progress(
     command that computes; `apply_threads` applies the first."""
     p.add_argument(
         "--threads",
-        type=positive_int,
+        type=int_range(1, MAX_THREADS),
         metavar="N",
         help="CPU threads for torch (default: torch's choice, all cores; 1 is faster on a busy machine)",
     )
@@ -217,3 +240,46 @@ def check_path_kind(flag: str, path: str | os.PathLike, kind: str) -> Path:
     if kind == "any" and not (p.is_file() or p.is_dir()):
         raise TupeError(f"{flag} {p} is not a regular file or folder (a FIFO or device?)")
     return p
+
+
+def model_bytes(vocab: int, hidden: int, layers: int, intermediate: int) -> int:
+    """Bytes to train an encoder of this shape in float32: weights, gradients and Adam's two moments (16 bytes a
+    parameter); activations not counted."""
+    params = vocab * hidden + layers * (4 * hidden * hidden + 2 * hidden * intermediate)
+    return 16 * params
+
+
+def physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def check_memory(what: str, nbytes: int) -> None:
+    """Refuse, before any allocation, settings that need more memory than the machine has (one line naming them):
+    they would otherwise end in the kernel's OOM killer or an allocation abort."""
+    total = physical_memory()
+    if total is not None and nbytes > total:
+        raise TupeError(
+            f"{what} needs about {nbytes / 2**30:,.1f} GiB of memory, more than this machine's "
+            f"{total / 2**30:,.1f} GiB: choose smaller values"
+        )
+
+
+def parse_device(text: str):  # noqa: ANN201 - torch.device, imported lazily
+    """`--device`: a torch device that exists here ('cpu', 'cuda', 'cuda:1', 'mps'), else one line naming it."""
+    import torch
+
+    try:
+        device = torch.device(str(text))
+    except (RuntimeError, ValueError, TypeError):
+        raise TupeError(f"--device {text!r} is not a device (expected cpu, cuda, cuda:N or mps)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise TupeError(f"--device {text}: no CUDA device is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise TupeError(f"--device {text}: there are only {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type not in ("cpu", "mps"):
+        raise TupeError(f"--device {text!r}: tupe runs on cpu, cuda or mps")
+    return device

@@ -196,7 +196,7 @@ def test_threads_and_no_progress(tupe_dir, tmp_path, capsys, monkeypatch):
     import transformers
 
     assert main(["analyze", "--model", "x", "--out", str(tmp_path / "o"), "--threads", "0"]) == 2
-    assert "argument --threads: must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert "argument --threads: must be an integer from 1 to 1024, got 0" in capsys.readouterr().err
     calls = []
     monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
     seen = {}

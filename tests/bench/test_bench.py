@@ -331,7 +331,7 @@ def test_only_kineto_lines_are_dropped_from_the_captured_window(capfd):
 def test_bench_threads_and_no_progress(tmp_path, capsys):
     for bad in ("0", "-1", "two"):
         assert main(["bench", "--threads", bad]) == 2
-        assert "argument --threads: must be an integer >= 1, got" in capsys.readouterr().err
+        assert "argument --threads: must be an integer from 1 to 1024, got" in capsys.readouterr().err
     assert main(["bench", "--rounds", "0"]) == 2
     assert "argument --rounds: must be an integer >= 1, got 0" in capsys.readouterr().err
     args = ["bench", "--preset", "mini", "--layers", "1", "--seq-len", "16", "--batch-size", "2", "--rounds", "2",

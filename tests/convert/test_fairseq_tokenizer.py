@@ -95,7 +95,7 @@ def test_saved_tokenizer_reloads_with_autotokenizer(files, tmp_path):
     assert (
         imported_tupe == "False"
         and module.startswith("transformers_modules.")
-        and "fairseq_tokenizer" in module
+        and "tokenization_fairseq" in module
     )
     assert ids == str(tok(SENTENCES[0])["input_ids"])
 

@@ -149,7 +149,7 @@ def test_bad_options(tmp_path, tokenizer, text_file, capsys):
     err = cli_error(capsys, "--model", str(model), "--text", str(text_file), "--mlm-probability", "1.5")
     assert "argument --mlm-probability: must be a finite number > 0 and < 1, got 1.5" in err
     for flag, value, allowed in (
-        ("--threads", "0", ">= 1"),
+        ("--threads", "0", "from 1 to 1024"),
         ("--batch-size", "-3", ">= 1"),
         ("--bootstrap", "x", "from 0 to 100000"),
     ):
@@ -174,7 +174,7 @@ def test_numeric_flags_are_checked_when_parsed_with_the_range_in_help(tmp_path, 
         ("--pppl-tokens", "many", "must be an integer >= 0, got 'many'"),
         ("--bootstrap", "-1", "must be an integer from 0 to 100000, got -1"),
         ("--bootstrap", "1000000000", "must be an integer from 0 to 100000, got 1000000000"),
-        ("--threads", "0", "must be an integer >= 1, got 0"),
+        ("--threads", "0", "must be an integer from 1 to 1024, got 0"),
         ("--mlm-probability", "nan", "must be a finite number > 0 and < 1, got nan"),
         ("--json", "", "must be a path, got an empty string"),
     ):

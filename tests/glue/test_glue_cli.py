@@ -330,7 +330,7 @@ def test_hub_flags_reach_each_runs_trainer_arguments(tiny_model, glue_dir, tmp_p
         in capsys.readouterr().err
     )
     assert _glue(tiny_model, glue_dir, tmp_path / "x", "--task", "RTE", "--threads", "0") == 2
-    assert "argument --threads: must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert "argument --threads: must be an integer from 1 to 1024, got 0" in capsys.readouterr().err
 
 
 def test_disk_full_while_saving_a_fine_tuned_model_is_one_line(

@@ -43,6 +43,9 @@ class Ctx:
             args += ["--data-dir", self.glue_data]
         return [*args, "--lrs", "1e-4", "--seeds", "1", "--epochs", "1", *extra]
 
+    def evaluate_model(self, model: Path) -> list[str]:
+        return ["evaluate", "--model", model, "--text", self.corpus]
+
     def evaluate(self, *extra: object) -> list[str]:
         return ["evaluate", "--model", self.glue_model, "--text", self.corpus, *extra]
 
@@ -355,7 +358,7 @@ CASES: list[Case] = [
         "steps-zero",
         "`--max-steps 0`",
         lambda c: c.pretrain(max_steps=0),
-        ("--max-steps", "an integer >= 1, got 0"),
+        ("--max-steps", "an integer from 1 to 2147483647, got 0"),
     ),
     Case(
         "heads-not-dividing",
@@ -363,7 +366,12 @@ CASES: list[Case] = [
         lambda c: c.pretrain(num_heads=3),
         ("hidden_size (32) must be a multiple of num_attention_heads (3)",),
     ),
-    Case("max-length-1", "`--max-length 1`", lambda c: c.pretrain(max_length=1), ("--max-length", ">= 2")),
+    Case(
+        "max-length-1",
+        "`--max-length 1`",
+        lambda c: c.pretrain(max_length=1),
+        ("--max-length", "from 2 to 1048576"),
+    ),
     Case(
         "vocab-too-small",
         "`--vocab-size` too small for a byte-level BPE",
@@ -420,7 +428,7 @@ CASES: list[Case] = [
         "out-run-file-corrupt",
         "`--out` with a corrupt tupe_run.json",
         lambda c: c.pretrain(out=_write(_copy_run(c) / "tupe_run.json", '{"scheme": ').parent, resume=True),
-        ("tupe_run.json", "unreadable"),
+        ("tupe_run.json:1: not valid JSON", "--overwrite"),
     ),
     Case(
         "resume-all-checkpoints-corrupt",
@@ -515,7 +523,7 @@ CASES: list[Case] = [
         "glue-config-corrupt",
         "config.json that is not JSON",
         lambda c: c.glue(model=_write(c.copy_model() / "config.json", "{ not json").parent),
-        ("config.json", "cannot read the model config"),
+        ("config.json:1: not valid JSON", "model config"),
     ),
     Case(
         "glue-weights-truncated",
@@ -721,12 +729,23 @@ CASES: list[Case] = [
     ),
     Case("grad-accum-0", "`--grad-accum 0`", lambda c: c.pretrain(grad_accum=0), ("--grad-accum", ">= 1")),
     Case(
-        "threads-negative", "`--threads -2`", lambda c: c.pretrain(threads=-2), ("--threads", ">= 1, got -2")
+        "threads-negative",
+        "`--threads -2`",
+        lambda c: c.pretrain(threads=-2),
+        ("--threads", "from 1 to 1024, got -2"),
     ),
     Case(
-        "hidden-size-0", "`--hidden-size 0`", lambda c: c.pretrain(hidden_size=0), ("--hidden-size", ">= 1")
+        "hidden-size-0",
+        "`--hidden-size 0`",
+        lambda c: c.pretrain(hidden_size=0),
+        ("--hidden-size", "from 1 to 65536"),
     ),
-    Case("num-heads-0", "`--num-heads 0`", lambda c: c.pretrain(num_heads=0), ("--num-heads", ">= 1")),
+    Case(
+        "num-heads-0",
+        "`--num-heads 0`",
+        lambda c: c.pretrain(num_heads=0),
+        ("--num-heads", "from 1 to 65536"),
+    ),
     Case("lr-nan", "`--lr nan`", lambda c: c.pretrain(lr="nan"), ("--lr", "finite number > 0")),
     Case("dropout-1", "`--dropout 1`", lambda c: c.pretrain(dropout=1), ("--dropout", ">= 0 and < 1")),
     Case(
@@ -830,6 +849,119 @@ CASES: list[Case] = [
         ("argument --max-length: must be an integer >= 4, got 3",),
     ),
 ]
+
+# Hostile config.json values (issue 26): each refused before a model is built, in one line naming the field.
+_HOSTILE_CONFIG = [
+    ("num_attention_heads", 0, "num_attention_heads must be an integer from 1"),
+    ("num_attention_heads", 3, "hidden_size 32 is not a multiple of num_attention_heads 3"),
+    ("hidden_size", "32", "hidden_size must be an integer from 1 to 65536, got a string '32'"),
+    ("hidden_size", -32, "hidden_size must be an integer from 1 to 65536, got -32"),
+    ("num_hidden_layers", 2.5, "num_hidden_layers must be an integer from 1 to 1024, got a number 2.5"),
+    ("num_hidden_layers", 0, "num_hidden_layers must be an integer"),
+    ("intermediate_size", None, "intermediate_size must be an integer"),
+    ("vocab_size", 10**12, "vocab_size must be an integer from 1 to"),
+    ("max_position_embeddings", 0, "max_position_embeddings must be an integer"),
+    ("hidden_act", "bogus_act", "hidden_act 'bogus_act' is not an activation"),
+    ("hidden_act", ["gelu"], "hidden_act ['gelu'] is not an activation"),
+    ("dtype", "bogus", "dtype 'bogus' is not a dtype"),
+    ("torch_dtype", 7, "torch_dtype 7 is not a dtype"),
+    ("pad_token_id", 10**6, "pad_token_id 1000000 is not a token id of the vocabulary"),
+    ("cls_token_id", -1, "cls_token_id -1 is not a token id"),
+    ("layer_norm_eps", -1, "layer_norm_eps must be a finite number > 0"),
+    ("hidden_dropout_prob", 1.5, "hidden_dropout_prob must be a finite number >= 0 and < 1"),
+    ("attention_probs_dropout_prob", "0.1", "attention_probs_dropout_prob must be a finite number"),
+    ("position_scheme", "tupe-z", "position_scheme 'tupe-z' is not one of"),
+    ("relative_attention_num_buckets", 0, "relative_attention_num_buckets must be an integer from 1"),
+    ("model_type", None, "no model_type"),
+    ("id2label", [1, 2], "id2label must be an object, got a list"),
+]
+
+
+def _config_holding(ctx: Ctx, text: str) -> Path:
+    m = ctx.copy_model()
+    (m / "config.json").write_text(text)
+    return m
+
+
+CASES += [
+    Case(
+        f"config-{key}-{str(value)[:12]}",
+        f"config.json with `{key}: {json.dumps(value)}`",
+        (lambda k, v: lambda c: c.glue(model=_edit_config(c, **{k: v})))(key, value),
+        ("config.json", needle),
+    )
+    for key, value, needle in _HOSTILE_CONFIG
+] + [
+    Case(
+        "config-null",
+        "config.json holding `null`",
+        lambda c: c.glue(model=_config_holding(c, "null")),
+        ("config.json: expected a JSON object (model config), got null",),
+    ),
+    Case(
+        "config-deeply-nested",
+        "config.json holding a 200,000-deep nested array",
+        lambda c: c.evaluate_model(_config_holding(c, "[" * 200_000 + "]" * 200_000)),
+        ("config.json: JSON nested too deeply",),
+    ),
+    Case(
+        "config-fifo",
+        "config.json that is a FIFO (`tupe analyze`)",
+        lambda c: ["analyze", "--model", _fifo_config(c), "--out", c.tmp / "a"],
+        ("config.json: a FIFO (named pipe), not a regular file",),
+    ),
+    Case(
+        "tokenizer-custom-code",
+        "tokenizer_config.json whose auto_map names a .py in the folder",
+        lambda c: c.glue(model=_custom_code_model(c)),
+        ("tokenizer_config.json: auto_map asks to run custom code", "evil_tok.py", "tupe never runs code"),
+    ),
+]
+
+# values that multiply memory or time: refused when parsed, or before any work by a memory estimate
+CASES += [
+    Case("max-steps-huge", "`--max-steps 10^24`", lambda c: c.pretrain(max_steps=10**24),
+         ("argument --max-steps: must be an integer from 1 to 2147483647",)),
+    Case("hidden-size-huge", "`--hidden-size 1000000`", lambda c: c.pretrain(hidden_size=1_000_000),
+         ("argument --hidden-size: must be an integer from 1 to 65536",)),
+    Case("vocab-size-huge", "`--vocab-size 100000000000`", lambda c: c.pretrain(tokenizer=None, vocab_size=10**11),
+         ("argument --vocab-size: must be an integer from 8 to 4194304",)),
+    Case("threads-huge", "`--threads 100000`", lambda c: c.pretrain(threads=100_000),
+         ("argument --threads: must be an integer from 1 to 1024",)),
+    Case("model-beyond-memory", "`--hidden-size 65536 --num-layers 1024` (more memory than the machine has)",
+         lambda c: c.pretrain(hidden_size=65536, num_layers=1024, num_heads=64, intermediate_size=65536),
+         ("--hidden-size 65536, --num-layers 1024", "GiB of memory, more than this machine's")),
+    Case("bench-shape-huge", "`tupe bench --shape 1x10000000`",
+         lambda c: ["bench", "--shape", "1x10000000", "--schemes", "bert-a"],
+         ("--shape '1x10000000': layers must be from 1 to 1024 and width from 1 to 65536",)),
+    Case("bench-seq-len-huge", "`tupe bench --seq-len 100000000`", lambda c: ["bench", "--seq-len", "100000000"],
+         ("argument --seq-len: must be an integer from 2 to 1048576",)),
+    Case("bench-seq-len-beyond-memory", "`tupe bench --seq-len 1000000` (attention scores beyond memory)",
+         lambda c: ["bench", "--seq-len", "1000000", "--preset", "mini", "--schemes", "bert-a"],
+         ("--seq-len 1000000", "GiB of memory, more than this machine's")),
+    Case("bench-device-bogus", "`tupe bench --device 'cuda:99;rm'`", lambda c: ["bench", "--device", "cuda:99;rm"],
+         ("--device 'cuda:99;rm' is not a device",)),
+    Case("plot-negative-step", "`tupe plot` of a metrics.jsonl with a negative step",
+         lambda c: ["plot", _write(c.tmp / "r" / "metrics.jsonl", '{"step": -3, "eval_loss": 1.0}\n').parent,
+                    "--out", c.tmp / "p.png"],
+         ("metrics.jsonl:1: step -3 is negative",)),
+]  # fmt: skip
+
+
+def _fifo_config(ctx: Ctx) -> Path:
+    m = ctx.copy_model()
+    (m / "config.json").unlink()
+    os.mkfifo(m / "config.json")
+    return m
+
+
+def _custom_code_model(ctx: Ctx) -> Path:
+    m = ctx.copy_model()
+    (m / "evil_tok.py").write_text(f"open({str(ctx.tmp / 'RAN')!r}, 'w').write('ran')\n")
+    cfg = json.loads((m / "tokenizer_config.json").read_text())
+    cfg["auto_map"] = {"AutoTokenizer": ["evil_tok.EvilTokenizer", None]}
+    (m / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return m
 
 
 def _locked(ctx: Ctx, kind: str, path: Path, command: str, argv: list) -> list:

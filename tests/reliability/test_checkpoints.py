@@ -216,7 +216,7 @@ def test_non_finite_weights_are_never_saved(
     monkeypatch, rel_corpus, rel_tokenizer, rel_cache, tmp_path, capsys
 ) -> None:  # noqa: ANN001
     """A finite loss whose update makes the weights NaN (an inf gradient) must not become a checkpoint."""
-    from tupe.training import pretrain as pt
+    from tupe.training import trainer as pt
 
     real_save = pt.PretrainTrainer._save_checkpoint
 

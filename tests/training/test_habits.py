@@ -74,11 +74,12 @@ def test_report_to_and_hub_flags_reach_the_trainer(tmp_path: Path) -> None:
          "--hub-model-id", "me/tupe-a-mini"]
     )  # fmt: skip
     config = config_from_args(args)
-    targs = training_arguments(config, config.resolved(), tmp_path / "o", 8)
+    targs = training_arguments(config.resolve())
     assert targs.report_to == ["tensorboard", "mlflow"]
     assert targs.push_to_hub is True and targs.hub_model_id == "me/tupe-a-mini"
-    none = training_arguments(config_from_args(args, report_to="none", push_to_hub=False, hub_model_id=None),
-                              config.resolved(), tmp_path / "o", 8)  # fmt: skip
+    none = training_arguments(
+        config_from_args(args, report_to="none", push_to_hub=False, hub_model_id=None).resolve()
+    )
     assert none.report_to == [] or none.report_to == "none" and none.push_to_hub is False
 
 

@@ -37,8 +37,7 @@ if TYPE_CHECKING:
 
 # Backend names, as in runner.BACKENDS (kept here so the parser needs no torch; tests check they agree)
 BACKEND_NAMES = ("eager", "sdpa", "sdpa-fold", "fused", "flex", "default")
-HF_BERT = "hf-bert"
-HF_DEBERTA = "hf-deberta"
+HF_DEBERTA = "hf-deberta"  # transformers' DebertaV2ForMaskedLM, deberta's comparator (runner)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seq-len",
-        type=V.int_range(2),
+        type=V.int_range(2, V.MAX_LENGTH),
         default=None,
         help="default: the preset's block length (128 mini, 512 base)",
     )
@@ -168,8 +167,10 @@ def parse_shapes(text: str | None, preset: str, layers: int | None = None) -> li
                 n_layers, width = (int(v) for v in spec.split("x"))
             except ValueError:
                 raise TupeError(f"--shape {spec!r}: expected LxH, e.g. 4x256, or a preset name") from None
-            if n_layers < 1 or width < 1:
-                raise TupeError(f"--shape {spec!r}: layers and width must be positive")
+            if not (1 <= n_layers <= V.MAX_LAYERS and 1 <= width <= V.MAX_WIDTH):
+                raise TupeError(
+                    f"--shape {spec!r}: layers must be from 1 to {V.MAX_LAYERS} and width from 1 to {V.MAX_WIDTH}"
+                )
             heads = max(1, width // 64)
             if width % heads:
                 raise TupeError(f"--shape {spec!r}: width {width} is not a multiple of {heads} heads")
@@ -194,16 +195,6 @@ def default_batch(preset: str, seq_len: int | None, batch_size: int | None) -> t
     seq = seq_len or int(values["max_length"])
     batch = batch_size or (int(values["batch_size"]) if preset == "mini" else 1)
     return seq, batch
-
-
-def _parse_list(value: str, valid, what: str) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    for item in items:
-        if item not in valid:
-            raise TupeError(f"unknown {what} {item!r}; valid: {', '.join(valid)}")
-    if not items:
-        raise TupeError(f"--{what}s is empty")
-    return items
 
 
 def machine_description(device: torch.device) -> dict:
@@ -250,6 +241,8 @@ def _fmt_bytes(n: int | None) -> str:
 
 def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
     """Step-time ratios the targets are stated in (medians of the same run)."""
+    from tupe.training.model import HF_BERT
+
     by = {(r["scheme"], r["backend"]): r[key] for r in rows if r.get(key)}
     out = {}
     hf = by.get((HF_BERT, "sdpa"))
@@ -273,6 +266,7 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
 
 def _print_steps(result: dict, rows: list[dict], shape: Shape, args: argparse.Namespace, peak: float) -> None:
     from tupe.runtime import cpu_allocator_tuned
+    from tupe.training.model import HF_BERT
 
     print(
         f"training step, batch {args.batch_size} x {args.seq_len}, {shape.num_hidden_layers} x "
@@ -398,18 +392,28 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json:  # checked before the minutes of timing, not after
         args.json = V.check_out_file("--json", args.json)
+        from tupe.io.outputs import check_file
+
+        check_file(args.json, "tupe bench", "--json")  # a file tupe did not write is never replaced
     V.apply_threads(args.threads)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TupeError("--device cuda: no CUDA device is available")
-    schemes = _parse_list(args.schemes, POSITION_SCHEMES, "scheme")
-    backends = _parse_list(args.backends, BACKENDS, "backend")
+    device = V.parse_device(args.device)
+    schemes = V.name_list(args.schemes, POSITION_SCHEMES, "--schemes", "scheme")
+    backends = V.name_list(args.backends, list(BACKENDS), "--backends", "backend")
     args.seq_len, args.batch_size = default_batch(args.preset, args.seq_len, args.batch_size)
     if args.seq_len < 2 or args.batch_size < 1 or args.rounds < 1:
         raise TupeError("--seq-len must be >= 2, --batch-size and --rounds >= 1")
     shapes = parse_shapes(args.shape, args.preset, args.layers)
+    for (
+        spec,
+        sh,
+    ) in shapes:  # weights, gradients, Adam state and one layer's attention scores must fit in memory
+        V.check_memory(
+            f"--shape {spec} with --seq-len {args.seq_len} and --batch-size {args.batch_size}",
+            V.model_bytes(sh.vocab_size, sh.hidden_size, sh.num_hidden_layers, sh.intermediate_size)
+            + 3 * 4 * args.batch_size * sh.num_attention_heads * args.seq_len**2,
+        )
     shape = shapes[0][1]
     log = (lambda m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     result: dict = {
@@ -464,7 +468,7 @@ def run(args: argparse.Namespace) -> int:
         if args.end_to_end:
             from .endtoend import compare_end_to_end
 
-            e2e_schemes = _parse_list(args.e2e_schemes, POSITION_SCHEMES, "scheme")
+            e2e_schemes = V.name_list(args.e2e_schemes, POSITION_SCHEMES, "--e2e-schemes", "scheme")
             result["end_to_end"] = compare_end_to_end(
                 groups, args, e2e_schemes, threads=torch.get_num_threads(), log=log
             )
@@ -475,6 +479,9 @@ def run(args: argparse.Namespace) -> int:
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json:
         from tupe.io.files import atomic_write_text
+        from tupe.io.outputs import claim_file
+
+        claim_file(args.json, "tupe bench", "--json")
 
         atomic_write_text(args.json, json.dumps(result, indent=2))
         print(f"wrote {args.json}")

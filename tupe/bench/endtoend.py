@@ -46,8 +46,14 @@ def run_pretrain_timed(
         if log_file:
             out.close()
     if proc.returncode != 0:
-        tail = Path(log_file).read_text()[-2000:] if log_file else ""
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}\n{tail}")
+        from tupe.errors import TupeError
+
+        tail = Path(log_file).read_text(errors="replace")[-2000:] if log_file else ""
+        inner = next((ln for ln in reversed(tail.splitlines()) if ": error: " in ln), None)
+        raise TupeError(
+            f"the end-to-end `tupe pretrain` failed (exit {proc.returncode})"
+            + (f": {inner.split(': error: ', 1)[1]}" if inner else (f"; see {log_file}" if log_file else ""))
+        )
     stamps = json.loads(Path(steps_file).read_text())["step_starts"]
     return {
         "launch": t_launch,

@@ -15,14 +15,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported where used: `tupe bench --help` imports this module for `Shape`
     import torch
 
-HF_BERT = "hf-bert"  # transformers' BertForMaskedLM: BERT-A's count
 HF_DEBERTA = (
     "hf-deberta"  # transformers' DebertaV2ForMaskedLM (DeBERTa-v3's choices): the deberta scheme's count
 )
-HF_SCHEMES = {
-    HF_BERT: "bert-a",
-    HF_DEBERTA: "deberta",
-}  # each transformers comparator -> the scheme it counts as
+# each transformers comparator -> the scheme whose count it has
+HF_SCHEMES = {"hf-bert": "bert-a", HF_DEBERTA: "deberta"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +57,7 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     dense head, the count of "bert-a"; "hf-deberta": the count of "deberta").
     """
     from tupe.modeling.positional import scheme_class
+    from tupe.training.model import HF_BERT
 
     h, f, v, layers = shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.num_hidden_layers
     tokens = batch * seq_len

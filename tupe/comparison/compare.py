@@ -40,6 +40,8 @@ from typing import Any
 
 from tupe.errors import TupeError
 from tupe.io.files import atomic_write_text
+from tupe.io.outputs import OutputFolder
+from tupe.io.reading import Refused, open_regular, read_json
 from tupe.training.arguments import add_compare_arguments as add_arguments  # noqa: F401 - the CLI's hook
 from tupe.training.pretrain import SUMMARY_FILE, PretrainConfig, config_from_args, pretrain
 
@@ -47,17 +49,11 @@ LOG_DIR = "logs"  # a parallel run's output: DIR/logs/<scheme>[-seed-<s>].log
 
 
 def parse_schemes(text: str) -> list[str]:
+    """`--schemes`: schemes of `--scheme` (hf-bert included), the first the reference."""
     from tupe.training.model import SCHEMES
+    from tupe.validators import name_list
 
-    schemes = [s.strip() for s in text.split(",") if s.strip()]
-    if len(schemes) < 1:
-        raise TupeError("--schemes needs at least one scheme")
-    for s in schemes:
-        if s not in SCHEMES:
-            raise TupeError(f"unknown scheme {s!r} in --schemes; choose from: {', '.join(SCHEMES)}")
-    if len(set(schemes)) != len(schemes):
-        raise TupeError(f"--schemes lists a scheme twice: {text}")
-    return schemes
+    return name_list(text, SCHEMES, "--schemes", "scheme")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -83,16 +79,19 @@ def run_dirs(out: Path, schemes: list[str], seeds: list[int]) -> dict[tuple[str,
 
 
 def _finished(run_dir: Path, max_steps: int) -> bool:
+    """The run finished with exactly `max_steps` (a longer run is not this comparison's)."""
     try:
-        return json.loads((run_dir / SUMMARY_FILE).read_text())["steps"] >= max_steps
-    except (OSError, json.JSONDecodeError, KeyError):
+        return read_json(run_dir / SUMMARY_FILE, "run summary")["steps"] == max_steps
+    except Refused:
+        raise
+    except (TupeError, KeyError):
         return False
 
 
 def _last_step(run_dir: Path) -> int:
     """Latest step a run has logged (0 if none): progress of a run in another process."""
     try:
-        with open(run_dir / "metrics.jsonl", "rb") as fh:
+        with open_regular(run_dir / "metrics.jsonl", "metrics log") as fh:
             fh.seek(max(0, os.fstat(fh.fileno()).st_size - 4096))
             lines = fh.read().decode("utf-8", "replace").splitlines()
         for line in reversed(lines):
@@ -100,7 +99,7 @@ def _last_step(run_dir: Path) -> int:
                 return int(json.loads(line)["step"])
             except (ValueError, KeyError, TypeError):
                 continue
-    except OSError:
+    except (OSError, TupeError):
         pass
     return 0
 
@@ -148,7 +147,7 @@ def _train_parallel(
     active: dict[str, tuple[Any, Path, int, Path]] = {}
     log_dir.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
-    total = sum(int(c.resolved()["max_steps"]) for _, c in jobs)
+    total = sum(int(c.resolve().max_steps) for _, c in jobs)
     bar = tqdm(total=total, desc="pre-training", unit="step", disable=not progress, dynamic_ncols=True)
     done_steps: dict[str, int] = {}
     # A SIGTERM (a scheduler, `kill`) must stop the runs too: without this the parent dies and its runs go on
@@ -165,7 +164,7 @@ def _train_parallel(
                 proc = ctx.Process(target=_child, args=(cfg, str(log_path)), name=name)
                 proc.start()
                 log(f"started {name} (pid {proc.pid}, log {log_path})")
-                active[name] = (proc, run_dir, int(cfg.resolved()["max_steps"]), log_path)
+                active[name] = (proc, run_dir, int(cfg.resolve().max_steps), log_path)
             time.sleep(1.0)
             for name, (proc, run_dir, steps, log_path) in list(active.items()):
                 done_steps[name] = min(steps, _last_step(run_dir))
@@ -221,6 +220,50 @@ def compare(
         return _compare(base, out, schemes, seeds, parallel, log)
 
 
+COMPARE_RUN_FILE = "compare_run.json"  # the comparison's identity: schemes, seeds, steps
+COMPARE_FILES = (
+    "valid_loss.csv",
+    "valid_loss.md",
+    "valid_loss.png",
+    "compare_summary.json",
+    COMPARE_RUN_FILE,
+    "eval_text.json",
+    LOG_DIR,
+)
+
+
+def _is_legacy_compare_output(path: Path) -> bool:
+    """In a folder written before tupe kept records: a run folder of tupe pretrain, or a comparison's file when
+    the folder's compare_summary.json is a comparison's."""
+    if path.is_dir() and not path.is_symlink() and (path / "tupe_run.json").is_file():
+        return True
+    if path.name not in COMPARE_FILES:
+        return False
+    try:
+        return "schemes" in read_json(path.parent / "compare_summary.json", "comparison summary")
+    except TupeError:
+        return False
+
+
+def _check_comparison(out: Path, identity: dict[str, Any], base: PretrainConfig) -> None:
+    """`--resume` continues the same comparison only: other schemes, seeds or steps are refused like `tupe
+    pretrain --resume` refuses another run (finished runs of another length would be compared silently)."""
+    path = out / COMPARE_RUN_FILE
+    if base.resume and not base.overwrite and os.path.lexists(path):
+        old = read_json(path, "comparison record")
+        diffs = [
+            f"{k}: {old.get(k)!r} -> {identity[k]!r}"
+            for k in ("schemes", "seeds", "max_steps")
+            if old.get(k) != identity[k]
+        ]
+        if diffs:
+            raise TupeError(
+                f"--out {out} holds another comparison ({'; '.join(diffs)}); --resume continues the same one: use "
+                "another --out, or --overwrite to start again"
+            )
+    atomic_write_text(path, json.dumps({"format": 1, **identity}, indent=1) + "\n")
+
+
 def _compare(
     base: PretrainConfig,
     out: Path,
@@ -230,8 +273,12 @@ def _compare(
     log,  # noqa: ANN001
 ) -> dict[str, Any]:
     seeds = seeds or [base.seed]
-    max_steps = int(base.resolved()["max_steps"])
+    max_steps = int(base.resolve().max_steps)
     dirs = run_dirs(out, schemes, seeds)
+    # what this comparison writes at the top of --out; a user's file there stops it before any work
+    outputs = OutputFolder(out, "tupe compare", legacy=_is_legacy_compare_output)
+    outputs.claim(*dict.fromkeys(schemes), *COMPARE_FILES)
+    _check_comparison(out, {"schemes": schemes, "seeds": seeds, "max_steps": max_steps}, base)
     jobs = []
     for (scheme, seed), run_dir in dirs.items():
         name = scheme if len(seeds) == 1 else f"{scheme}/seed-{seed}"
@@ -332,8 +379,8 @@ def _paired_or_size(
 
     if len(seeds) > 1:
         try:
-            blocks = json.loads((dirs[(schemes[0], seeds[0])] / SUMMARY_FILE).read_text())["valid_blocks"]
-        except (OSError, json.JSONDecodeError, KeyError):
+            blocks = read_json(dirs[(schemes[0], seeds[0])] / SUMMARY_FILE, "run summary")["valid_blocks"]
+        except (TupeError, KeyError, TypeError):
             return {"warning": None}
         return {"warning": validation_warning(int(blocks))}
     seed = seeds[0]

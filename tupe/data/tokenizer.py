@@ -124,6 +124,10 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
 
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
+        from tupe.io.reading import TOKENIZER_LIMIT, check_regular
+
+        if check_regular(path, "tokenizer file").st_size > TOKENIZER_LIMIT:
+            raise TupeError(f"{path}: far larger than a tokenizer file; is it the right file?")
         try:
             tok = _wrap(Tokenizer.from_file(str(path)))
         except Exception as err:  # noqa: BLE001
@@ -144,8 +148,25 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
 
 
 def tokenizer_fingerprint(tok) -> str:  # noqa: ANN001
-    """Hash of the tokenizer's full definition (vocab, merges, normalisation); keys the packed-data cache."""
-    return hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+    """Hash of the tokenizer's full definition (vocab, merges, normalisation); keys the packed-data cache.
+
+    A slow (Python) tokenizer, such as the released TUPE pipeline's Moses + BPE, is hashed by its class, vocabulary,
+    BPE merges and scalar options."""
+    if getattr(tok, "is_fast", False):
+        return hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+    ranks = getattr(tok, "bpe_ranks", {}) or {}
+    options = {
+        k: v
+        for k, v in sorted(tok.init_kwargs.items())
+        if isinstance(v, (bool, int, float, str)) and not k.endswith("_file") and k != "name_or_path"
+    }
+    definition = {
+        "class": f"{type(tok).__module__.rsplit('.', 1)[-1]}.{type(tok).__name__}",
+        "vocab": sorted(tok.get_vocab().items(), key=lambda kv: kv[1]),
+        "merges": [list(pair) for pair, _ in sorted(ranks.items(), key=lambda kv: kv[1])],
+        "options": options,
+    }
+    return hashlib.sha256(json.dumps(definition, ensure_ascii=False).encode()).hexdigest()[:20]
 
 
 def get_or_train_tokenizer(
@@ -170,7 +191,7 @@ def get_or_train_tokenizer(
     target = Path(cache_dir) / "tokenizers" / key
     if (target / "tokenizer.json").exists():
         log(f"tokenizer: reusing cached BPE ({vocab_size} entries) from {target}")
-        return AutoTokenizer.from_pretrained(str(target))
+        return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
     log(f"tokenizer: training byte-level BPE with {vocab_size} entries on {corpus.describe()}")
     tok = train_tokenizer(corpus, vocab_size, min_frequency, max_bytes, show_progress=progress)
     tmp = None
@@ -190,4 +211,4 @@ def get_or_train_tokenizer(
         os.replace(tmp, target)
     except OSError:  # another process won the race: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
-    return AutoTokenizer.from_pretrained(str(target))
+    return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)

@@ -292,16 +292,16 @@ def _run(args: argparse.Namespace) -> int:
         result = {"command": command_line(args), "versions": versions(), **result}
         print(format_report(result))
     if args.json:
-        write_json(Path(args.json).expanduser(), result)
+        from tupe.io.outputs import claim_file
+
+        write_json(claim_file(args.json, "tupe evaluate", "--json"), result)
         log(f"wrote {args.json}")
     return 0
 
 
 def write_json(path: Path, result: dict[str, Any]) -> None:
     from tupe.io.files import atomic_write_text
-    from tupe.io.outputs import claim_file
 
-    claim_file(path, "tupe evaluate", "--json")
     atomic_write_text(path, json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
 
 

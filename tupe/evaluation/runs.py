@@ -35,6 +35,7 @@ def evaluate_runs(
     cache_dir: str | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    max_blocks: int | None = None,
 ) -> dict[str, Any]:
     """`tupe evaluate` of each run folder (named by `runs`' keys, first = reference) on `texts`: its JSON result
     with `names` mapping the run folders back to those keys."""
@@ -46,7 +47,9 @@ def evaluate_runs(
         m = load_model(path)
         m.name = name
         models.append(m)
-    settings = Settings(seed=seed, pppl_tokens=0, cache_dir=cache_dir, progress=progress)
+    settings = Settings(
+        seed=seed, pppl_tokens=0, cache_dir=cache_dir, progress=progress, max_blocks=max_blocks
+    )
     return evaluate(models, corpus, settings, log=log)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -42,12 +41,19 @@ from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules impo
     summarize,
 )
 from tupe.glue.tasks import TASKS, Split, get_task
-from tupe.glue.trainer import _progress_callback, read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
+from tupe.glue.trainer import read_predictions, train_one  # noqa: F401  (train_one: tests wrap it here)
 from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
 from tupe.io.outputs import OutputFolder
-from tupe.io.reading import CONFIG_LIMIT, RECORD_LIMIT, RESULTS_LIMIT, Refused, read_json, read_text
+from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import hushed_libraries
+from tupe.training.finetuning import (
+    add_grid_arguments,
+    add_run_arguments,
+    finished_runs,
+    grid_settings,
+)
+from tupe.training.finetuning import run_grid as run_grid_loop
 from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
 
@@ -84,7 +90,6 @@ def _run_grid(
     push_to_hub: bool = False,
     hub_model_id: str | None = None,
 ) -> GridResult:
-    from tqdm.auto import tqdm
 
     task = get_task(settings.task)
     model_dir = Path(model_dir)
@@ -96,7 +101,7 @@ def _run_grid(
     outputs.claim(
         "results.json", "README.md", "runs", *(["tensorboard"] if "tensorboard" in (report_to or []) else [])
     )
-    model_dir = _converted_if_bert(model_dir, out_dir, tokenizer_dir, log)
+    model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log, outputs)
     info, config = inspect_checkpoint(model_dir, scheme)
     lrs_default, epochs_default = settings.lrs is None, settings.epochs is None
     settings = settings.resolved(task, config.max_position_embeddings, config.hidden_size)
@@ -121,23 +126,7 @@ def _run_grid(
     }
 
     # Resume: reuse finished runs made with the same model, data and settings.
-    runs_dir = out_dir / "runs"
-    done: dict[tuple[float, int], dict] = {}
-    if runs_dir.is_dir():
-        for f in sorted(runs_dir.glob("*/result.json")):
-            r = read_run_result(f)  # a FIFO or a huge file is refused by name
-            if r is None:
-                continue  # not finished (result.json is written last, atomically): redone
-            if r.get("fingerprint") != fingerprint:
-                if not overwrite:
-                    raise TupeError(
-                        f"{f}: a run made with other settings, model or data is in {out_dir}; "
-                        "use a new --out, or --overwrite to discard those runs"
-                    )
-                outputs.remove(f.parent.relative_to(out_dir))
-                continue
-            done[(r["lr"], r["seed"])] = r
-
+    done = finished_runs(out_dir, fingerprint, overwrite, outputs)
     grid = [(lr, seed) for lr in settings.lrs for seed in settings.seeds]
     todo = [g for g in grid if g not in done]
     n_train = len(data.train)
@@ -215,69 +204,66 @@ def _run_grid(
         atomic_write_json(out_dir / "results.json", results, indent=2, clean=True)
         return results
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    runs = [done[g] for g in grid if g in done]
-    results = write_summary(runs)
-    if todo:
-        bar = tqdm(
-            total=steps_per_run * len(todo),
-            desc=f"{task.name} grid",
-            unit="step",
-            dynamic_ncols=True,
-            disable=not progress,
+    state: dict[str, Any] = {}
+
+    def on_update(runs: list[dict]) -> None:
+        state["results"] = write_summary(runs)
+        if runs and save_models:
+            r = runs[-1]
+            _write_glue_card(
+                out_dir / "runs" / run_name(r["lr"], r["seed"]) / "model",
+                task,
+                settings,
+                state["results"],
+                data.source,
+                info,
+                lr=r["lr"],
+                seed=r["seed"],
+            )
+        if runs:
+            _write_glue_card(out_dir, task, settings, state["results"], data.source, info)
+
+    def run_one(lr: float, seed: int, run_dir: Path, callbacks: list[Any]) -> dict:
+        return train_one(
+            str(model_dir),
+            task,
+            settings,
+            lr,
+            seed,
+            train_ds,
+            dev,
+            tokenizer,
+            run_dir,
+            callbacks,
+            save_model=save_models,
+            report_to=report_to,
+            logging_dir=out_dir / "tensorboard" / run_name(lr, seed),
+            push_to_hub=push_to_hub,
+            hub_model_id=hub_run_id(hub_model_id, out_dir, lr, seed) if push_to_hub else None,
         )
-        try:
-            for k, (lr, seed) in enumerate(todo, 1):
-                label = f"run {k}/{len(todo)} lr={lr:g} seed={seed}"
-                bar.set_postfix_str(label)
-                run_dir = runs_dir / run_name(lr, seed)
-                if os.path.lexists(
-                    run_dir
-                ):  # an unfinished run from an interrupted grid; never through a link
-                    outputs.remove(run_dir.relative_to(out_dir))
-                run_dir.mkdir(parents=True)
-                start = bar.n
-                r = train_one(
-                    str(model_dir),
-                    task,
-                    settings,
-                    lr,
-                    seed,
-                    train_ds,
-                    dev,
-                    tokenizer,
-                    run_dir,
-                    [_progress_callback(bar, label)],
-                    save_model=save_models,
-                    report_to=report_to,
-                    logging_dir=out_dir / "tensorboard" / run_name(lr, seed),
-                    push_to_hub=push_to_hub,
-                    hub_model_id=hub_run_id(hub_model_id, out_dir, lr, seed) if push_to_hub else None,
-                )
-                bar.n = start + steps_per_run  # keep the ETA right if the Trainer's step count differed
-                bar.refresh()
-                r["fingerprint"] = fingerprint
-                atomic_write_json(
-                    run_dir / "result.json", r, indent=2, clean=True
-                )  # last: marks the run finished
-                runs.append(r)
-                results = write_summary(runs)
-                shown = ", ".join(
-                    f"{split}/{m}={v:.4f}" if v is not None else f"{split}/{m}=nan"
-                    for split, ms in r["scores"].items()
-                    for m, v in ms.items()
-                )
-                if save_models:
-                    _write_glue_card(
-                        run_dir / "model", task, settings, results, data.source, info, lr=lr, seed=seed
-                    )
-                _write_glue_card(out_dir, task, settings, results, data.source, info)
-                if progress:
-                    bar.write(f"lr={lr:g} seed={seed}: {shown} ({r['seconds']:.0f} s)")
-                else:
-                    log(f"lr={lr:g} seed={seed}: {shown} ({r['seconds']:.0f} s)")
-        finally:
-            bar.close()
+
+    def describe(r: dict) -> str:
+        return ", ".join(
+            f"{split}/{m}={v:.4f}" if v is not None else f"{split}/{m}=nan"
+            for split, ms in r["scores"].items()
+            for m, v in ms.items()
+        )
+
+    run_grid_loop(
+        out_dir,
+        grid,
+        done,
+        fingerprint,
+        run_one,
+        on_update,
+        steps_per_run,
+        f"{task.name} grid",
+        progress,
+        log,
+        describe,
+        outputs,
+    )
+    results = state["results"]
     _write_glue_card(out_dir, task, settings, results, data.source, info)
     best = results["best"]
     if best is not None:
@@ -322,29 +308,6 @@ def _is_legacy_glue_output(path: Path) -> bool:
     return True
 
 
-def read_run_result(path: Path) -> dict | None:
-    """A finished run's result.json, or None if it is not one (cut, garbage, wrong shape: the run is redone).
-    A FIFO, a device or an absurdly large file is refused by name (a `TupeError`) instead of blocking."""
-    from tupe.io.reading import check_regular
-
-    check_regular(path, "GLUE run result")
-    try:
-        r = read_json(path, "GLUE run result", RECORD_LIMIT)
-    except Refused:
-        raise
-    except TupeError:
-        return None
-    lr, seed = r.get("lr"), r.get("seed")
-    if (
-        not isinstance(lr, float | int)
-        or isinstance(lr, bool)
-        or not isinstance(seed, int)
-        or isinstance(seed, bool)
-    ):
-        return None
-    return r
-
-
 def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) -> str:
     """The Hub repository of one run's model: `--hub-model-id` (default: the --out folder's name) with the run's
     name appended, so the grid's runs do not overwrite one another: `me/tupe-a-rte-lr2e-05_seed1`."""
@@ -352,7 +315,13 @@ def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) ->
     return f"{base}-{run_name(lr, seed)}"
 
 
-def _converted_if_bert(model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable) -> Path:
+def converted_if_bert(
+    model_dir: Path,
+    out_dir: Path,
+    tokenizer_dir: str | None,
+    log: Callable,
+    outputs: OutputFolder | None = None,
+) -> Path:
     """A `transformers` BERT folder (BertForMaskedLM / BertModel) converted to `bert-a` in OUT/converted-bert-a
     (once; with its tokenizer), with a one-line notice; any other folder is returned as is."""
     from tupe.io.checkpoints import load_model
@@ -364,7 +333,7 @@ def _converted_if_bert(model_dir: Path, out_dir: Path, tokenizer_dir: str | None
         return model_dir  # inspect_checkpoint gives the one-line error
     if model_type != "bert":
         return model_dir
-    outputs = glue_outputs(out_dir)
+    outputs = outputs or glue_outputs(out_dir)
     outputs.claim("converted-bert-a", ".tmp-converted-bert-a")
     target = out_dir / "converted-bert-a"
     log(f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a in {target}")
@@ -491,58 +460,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", required=True, type=V.nonempty_path, help="output directory (results.json, runs/)"
     )
-    p.add_argument(
-        "--lrs",
-        type=V.float_list(0.0),
-        help="learning rates (default: the paper's 2e-5,3e-5,4e-5,5e-5; for a model narrower than "
+    add_grid_arguments(
+        p,
+        lrs_help="learning rates (default: the paper's 2e-5,3e-5,4e-5,5e-5; for a model narrower than "
         f"{SMALL_MODEL_WIDTH}, {','.join(f'{x:g}' for x in SMALL_MODEL_LRS)})",
-    )
-    p.add_argument("--seeds", type=V.int_list(0), default=list(PAPER_SEEDS), help="seeds (default 1,2,3,4,5)")
-    p.add_argument(
-        "--epochs",
-        type=V.positive_float,
-        help=f"epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI; {SMALL_MODEL_EPOCHS:g} for a model "
+        seeds_default=PAPER_SEEDS,
+        epochs_default=None,
+        epochs_help=f"epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI; {SMALL_MODEL_EPOCHS:g} for a model "
         f"narrower than {SMALL_MODEL_WIDTH})",
+        max_seq_len_help="max tokens per example (default min(512, model's max))",
     )
-    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
-    p.add_argument(
-        "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
-    )
-    p.add_argument(
-        "--max-seq-len", type=V.int_range(8), help="max tokens per example (default min(512, model's max))"
-    )
-    p.add_argument(
-        "--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set"
-    )
-    p.add_argument(
-        "--max-eval-samples",
-        type=V.positive_int,
-        help="use a fixed random subset of each dev set (not comparable)",
-    )
-    p.add_argument(
-        "--warmup-ratio",
-        type=V.float_range(0, 1, hi_open=True),
-        default=0.06,
-        help="linear warm-up fraction (default 0.06)",
-    )
-    p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
     p.add_argument("--adam-betas", default="0.9,0.999", help="Adam betas (default the paper's 0.9,0.999)")
     p.add_argument("--adam-eps", type=V.positive_float, default=1e-6, help="Adam epsilon (default 1e-6)")
     p.add_argument("--clip", type=V.nonneg_float, default=1.0, help="gradient clipping norm (default 1.0)")
-    p.add_argument(
-        "--dropout",
-        type=V.float_range(-1, 1, hi_open=True),
-        default=0.1,
-        help="hidden and attention dropout while fine-tuning (default the paper's 0.1; -1 keeps the checkpoint's)",
-    )
-    p.add_argument("--scheme", help="expected position scheme; an error if the checkpoint's differs")
-    p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
-    p.add_argument(
-        "--save-models", action="store_true", help="keep every run's fine-tuned model (runs/*/model)"
-    )
-    p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
-    V.add_threads_progress(p, "progress bar")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_run_arguments(p)
     add_report_arguments(p)
     add_hub_arguments(
         p,
@@ -550,9 +481,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         id_help="Hub repository prefix for --push-to-hub; each run adds its name, e.g. "
         "me/tupe-a-rte-lr2e-05_seed1 (default prefix: the --out folder's name)",
     )
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     V.annotate_ranges(p)
 
 
@@ -584,23 +512,11 @@ def run(args: argparse.Namespace) -> int:
         raise TupeError(f"learning rates must be positive, got {args.lrs}")
     settings = GlueSettings(
         task=get_task(args.task).name,
-        lrs=args.lrs,
-        seeds=args.seeds,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        max_seq_len=args.max_seq_len,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
         adam_beta1=betas[0],
         adam_beta2=betas[1],
         adam_epsilon=args.adam_eps,
         max_grad_norm=args.clip,
-        dropout=None if args.dropout < 0 else args.dropout,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        fp16=args.fp16,
-        bf16=args.bf16,
+        **grid_settings(args),
     )
     V.apply_threads(args.threads)
     quiet = args.quiet
@@ -609,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
         if not quiet:
             print(msg, flush=True)
 
-    with _stop_on_sigterm(args.out), hushed_libraries(args.progress, quiet):
+    with stop_on_sigterm(args.out, "tupe glue"), hushed_libraries(args.progress, quiet):
         _run_cli_grid(args, settings, log)
     return 0
 
@@ -639,7 +555,7 @@ class _Stopped(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm(out: str) -> Iterator[None]:
+def stop_on_sigterm(out: str, command: str) -> Iterator[None]:
     """SIGTERM (a scheduler's pre-emption) and Ctrl-C: say what was kept and how to continue, then exit 143 / 130."""
     import signal
     import threading
@@ -654,7 +570,7 @@ def _stop_on_sigterm(out: str) -> Iterator[None]:
     except KeyboardInterrupt as err:
         what = "SIGTERM" if isinstance(err, _Stopped) else "Ctrl-C"
         print(
-            f"tupe glue: stopped by {what}; the finished runs are kept in {Path(out) / 'runs'} (results.json "
+            f"{command}: stopped by {what}; the finished runs are kept in {Path(out) / 'runs'} (results.json "
             "lists them) and the run in progress is discarded: run the same command again to continue",
             file=sys.stderr,
             flush=True,

@@ -16,6 +16,7 @@ import numpy as np
 
 from tupe.errors import TupeError
 from tupe.glue.tasks import GlueTask
+from tupe.training.finetuning import run_name  # noqa: F401  (re-exported)
 
 PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 PAPER_SEEDS = (1, 2, 3, 4, 5)
@@ -98,10 +99,6 @@ class GlueSettings:
         d.pop("seeds")
         d.pop("eval_batch_size")
         return d
-
-
-def run_name(lr: float, seed: int) -> str:
-    return f"lr{lr:g}_seed{seed}"
 
 
 def lr_key(lr: float) -> str:

@@ -173,6 +173,36 @@ def build_rows(paths: list[Path]) -> list[Row]:
 
 
 _MAJORITY: dict[str, float] = {}
+_EXTRA_COLUMNS: list[str] = []  # columns of `tupe finetune` results, named in their results.json
+
+
+def _add_finetune(row: Row, data: dict[str, Any]) -> None:
+    """A `tupe finetune` results.json: its columns (`columns`: [column, metric]) hold the best learning rate's
+    mean over seeds, already x 100; the trivial baseline it records (all-O for NER, the most frequent training
+    label for classification and multiple choice) goes to the baseline row."""
+    best = data.get("best")
+    for col, metric in data.get("columns") or []:
+        if col not in _EXTRA_COLUMNS:
+            _EXTRA_COLUMNS.append(col)
+        for scores in (data.get("baseline") or {}).values():
+            if metric in scores:
+                _MAJORITY[col] = float(scores[metric])
+        if best is None or metric not in best["mean"]:
+            continue
+        row.cells[col] = float(best["mean"][metric])
+        if not data.get("complete", False):
+            row.incomplete.add(col)
+        if metric == data.get("main_metric"):
+            row.seed_scores[col] = [float(s[metric]) for s in (data.get("per_seed") or {}).values()]
+    if best is not None:
+        shown = ", ".join(
+            f"{m} {best['mean'][m]:.2f} ± {best['std'][m]:.2f}" for m in data.get("metrics", [])
+        )
+        row.details[data["task"]] = (
+            f"best lr {best['lr']:g}, mean ± sd of {best['n_seeds']} seeds: {shown} "
+            f"({data.get('data', {}).get('validation', '')})"
+            + ("" if data.get("complete", False) else " (grid not finished)")
+        )
 
 
 def _add_row(path: Path, rows: dict[str, Row], seen: dict[tuple[str, str], Path]) -> None:
@@ -191,6 +221,9 @@ def _add_row(path: Path, rows: dict[str, Row], seen: dict[tuple[str, str], Path]
         steps = data.get("pretrain_steps")
         name = scheme_display_name(data["scheme"])
         row = rows[key] = Row(name, data["scheme"], steps, "ours", model["path"])
+    if data.get("command") == "finetune":
+        _add_finetune(row, data)
+        return
     _add_majority(data)
     best = data["best"]
     if best is None:
@@ -254,14 +287,15 @@ def paper_rows() -> list[Row]:
 
 def table_columns(rows: list[Row]) -> list[str]:
     present = {c for r in rows if r.source == "ours" for c in r.cells}
-    return [c for c, *_ in task_columns() if c in present]
+    return [c for c in [*(c for c, *_ in task_columns()), *_EXTRA_COLUMNS] if c in present]
 
 
 def average_columns(rows: list[Row], columns: list[str]) -> list[str]:
     """The columns every row has (WNLI left out, as in the paper): the only ones averaged, so every Avg is over
     the same tasks."""
     scored = [r for r in rows if r.source != "baseline"] or rows
-    return [c for c in columns if c != "WNLI" and all(c in r.cells for r in scored)]
+    glue = {c for c, *_ in task_columns()}
+    return [c for c in columns if c != "WNLI" and c in glue and all(c in r.cells for r in scored)]
 
 
 def average(row: Row, columns: list[str]) -> tuple[float | None, bool]:
@@ -321,6 +355,13 @@ def render(rows: list[Row]) -> tuple[str, str]:
             else "Avg: no column is shared by every row, so no row is averaged."
         ),
     ]
+    extra = [c for c in columns if c in _EXTRA_COLUMNS]
+    if extra:
+        notes.append(
+            f"{', '.join(extra)}: `tupe finetune` on the validation file named below, the mean over seeds at the "
+            "best learning rate (x 100); their baseline is all-O (NER F1, 0 by definition) or the most frequent "
+            "training label (accuracy)."
+        )
     if any(r.source == "baseline" for r in rows):
         notes.append(
             "majority class: always predicting the most frequent dev label (accuracy; MCC 0 for CoLA; none for "
@@ -393,6 +434,7 @@ def majority_verdicts(rows: list[Row], baseline: Row) -> list[str]:
 
 def make_report(paths: list[str], include_paper: bool = False) -> tuple[str, str]:
     _MAJORITY.clear()
+    _EXTRA_COLUMNS.clear()
     rows = build_rows(find_results(paths))
     baseline = majority_row()
     if baseline is not None:

@@ -87,6 +87,9 @@ class GlueTask:
         return len(self.text_columns) == 2
 
 
+# `tsv_labels` of a task whose label set is learnt from its training file (`tupe finetune --task
+# classification`): the readers then return the label strings as they are
+ANY_LABEL = ("*",)
 _BINARY = ("0", "1")
 _NLI2 = ("entailment", "not_entailment")
 
@@ -251,6 +254,8 @@ def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
                 f"{where}: score {raw!r} is not a number (column {task.label_column!r})"
             ) from None
         return _check_score(task, score, f"{where}: score {raw!r}")
+    if task.tsv_labels == ANY_LABEL:
+        return value  # type: ignore[return-value]  (a label set still to be learnt from the file)
     try:
         return task.tsv_labels.index(value)
     except ValueError:
@@ -270,7 +275,7 @@ def _decoded(path: Path, what: str) -> str:
         raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
-def _tsv_rows(text: str) -> list[tuple[int, list[str]]]:
+def tsv_rows(text: str) -> list[tuple[int, list[str]]]:
     """(line number, fields) of a tab-separated text with quoting off. Split on "\n" only: str.splitlines would
     also split on the form feeds and Unicode separators that a few GLUE sentences contain."""
     # a file with a "\r" but no "\n" at all has old Mac (CR-only) line ends: then "\r" ends a row
@@ -280,7 +285,7 @@ def _tsv_rows(text: str) -> list[tuple[int, list[str]]]:
     return [(n, line.rstrip("\r").split("\t")) for n, line in enumerate(lines, start=1)]
 
 
-def _csv_rows(path: Path, text: str) -> list[tuple[int, list[str]]]:
+def csv_rows(path: Path, text: str) -> list[tuple[int, list[str]]]:
     """(line number where the row starts, fields) of a CSV text (RFC 4180 quoting; a field may span lines)."""
     import csv
     import io
@@ -305,7 +310,7 @@ def read_delimited(task: GlueTask, path: str | Path, delimiter: str = "\t") -> S
     text = _decoded(
         path, f"the {task.name} layout" if task.name not in TASKS else f"the GLUE {task.name} layout"
     )
-    rows = _tsv_rows(text) if delimiter == "\t" else _csv_rows(path, text)
+    rows = tsv_rows(text) if delimiter == "\t" else csv_rows(path, text)
     if task.header:
         if not rows:
             raise TupeError(f"{path}:1: empty file, expected a header line")
@@ -391,7 +396,10 @@ def _split_from_dataset(task: GlueTask, ds, where: str) -> Split:  # noqa: ANN00
                 f"{where}: missing column {col!r} for {task.name} (has: {', '.join(ds.column_names)})"
             )
     labels = list(ds["label"])
-    if task.is_regression:
+    if task.tsv_labels == ANY_LABEL:
+        names = getattr(ds.features["label"], "names", None)  # a ClassLabel: its names
+        labels = [names[x] if names and isinstance(x, int) and 0 <= x < len(names) else str(x) for x in labels]
+    elif task.is_regression:
         labels = [_check_score(task, float(x), f"{where} row {i}: score {x!r}") for i, x in enumerate(labels)]
     else:
         bad = [i for i, x in enumerate(labels) if not 0 <= int(x) < task.num_labels]
@@ -535,10 +543,12 @@ def split_from_json(task: GlueTask, path: str | Path) -> Split:
         if a is None or b is None or "label" not in rec:
             raise TupeError(f"{where}: missing text_a/text_b/label for {task.name} (has: {', '.join(rec)})")
         raw = rec["label"]
-        if not task.is_regression and isinstance(raw, int) and not isinstance(raw, bool):
+        if task.tsv_labels == ANY_LABEL:
+            label = str(raw)
+        elif not task.is_regression and isinstance(raw, int) and not isinstance(raw, bool):
             if not 0 <= raw < task.num_labels:
                 raise TupeError(f"{where}: unknown label {raw!r} for {task.name}")
-            label: int | float = raw
+            label: int | float | str = raw
         elif not task.is_regression and str(raw) in task.label_names and str(raw) not in task.tsv_labels:
             label = task.label_names.index(str(raw))
         else:

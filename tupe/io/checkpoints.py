@@ -7,7 +7,6 @@ loaded from safetensors only (unpickling can run code).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -16,6 +15,8 @@ from typing import Any
 
 from tupe.errors import TupeError, one_line
 from tupe.io.files import sha256_files
+from tupe.io.model_folder import check_model_folder, check_tokenizer_folder
+from tupe.io.reading import RECORD_LIMIT, read_json
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
@@ -53,8 +54,8 @@ def check_model_weights(model_dir: str | os.PathLike) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            shards = sorted(set(read_json(index, "safetensors index", RECORD_LIMIT)["weight_map"].values()))
+        except (TupeError, KeyError, TypeError, AttributeError) as err:
             raise TupeError(f"{index}: unreadable safetensors index ({err})") from None
         files = [model_dir / s for s in shards]
         for f in files:
@@ -108,7 +109,8 @@ def check_weights_match_config(model_dir: str | os.PathLike) -> None:
 
     model_dir = Path(model_dir)
     files = check_model_weights(model_dir)
-    config = AutoConfig.from_pretrained(str(model_dir))
+    check_model_folder(model_dir)
+    config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
     with torch.device("meta"):
         expected = {
             k: tuple(v.shape)
@@ -160,8 +162,8 @@ def pretrain_steps_of(model_dir: Path, config: Any = None) -> int | None:
         state = model_dir / fname
         if state.is_file():
             try:
-                step = json.loads(state.read_text()).get(key)
-            except (OSError, json.JSONDecodeError, AttributeError):
+                step = read_json(state, fname, RECORD_LIMIT).get(key)
+            except TupeError:
                 step = None
             if isinstance(step, int) and step >= 0:
                 return step
@@ -188,9 +190,10 @@ def inspect_checkpoint(model_dir: str | Path, scheme: str | None = None) -> tupl
         raise TupeError(
             f"{model_dir}: no config.json (expected a directory written by save_pretrained){hint}"
         )
+    check_model_folder(model_dir)  # regular files, no custom code, every config field typed and in range
     try:
-        config = AutoConfig.from_pretrained(str(model_dir))
-    except (ValueError, OSError, KeyError) as err:
+        config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
+    except (ValueError, OSError, KeyError, TypeError) as err:
         raise TupeError(
             f"{model_dir / 'config.json'}: cannot read the model config: {one_line(err)}"
         ) from None
@@ -235,12 +238,9 @@ def read_config(model_dir: str | os.PathLike) -> dict:
     if not path.is_dir():
         raise TupeError(f"model directory {str(path)!r} does not exist")
     cfg = path / "config.json"
-    if not cfg.is_file():
+    if not os.path.lexists(cfg):
         raise TupeError(f"{cfg}: no config.json; --model must be a directory written by save_pretrained")
-    try:
-        return json.loads(cfg.read_text())
-    except json.JSONDecodeError as err:
-        raise TupeError(f"{cfg}: line {err.lineno}: invalid JSON ({err.msg})") from err
+    return check_model_folder(path)  # regular files, no custom code, every config field typed and in range
 
 
 def load_tokenizer(source: str | os.PathLike, config: Any = None, explicit: bool = True) -> Any:
@@ -258,8 +258,9 @@ def load_tokenizer(source: str | os.PathLike, config: Any = None, explicit: bool
     if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         hint = "" if explicit else "; save the tokenizer with the model or pass --tokenizer DIR"
         raise TupeError(f"{path}: no tokenizer files ({' / '.join(_TOKENIZER_FILES)}){hint}")
+    check_tokenizer_folder(path)  # regular files only, and no code of its own (auto_map): never a prompt
     try:
-        tok = AutoTokenizer.from_pretrained(str(path))
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - unreadable tokenizer files: the first line of the reason is enough
         raise TupeError(f"{path}: cannot load a tokenizer ({type(err).__name__}: {one_line(err)})") from None
     if config is None:

@@ -1,11 +1,22 @@
 from .configuration_tupe import POSITION_SCHEMES, TupeConfig
-from .modeling_tupe import TupeForMaskedLM, TupeForSequenceClassification, TupeModel, TupePreTrainedModel
+from .modeling_tupe import (
+    TupeForMaskedLM,
+    TupeForMultipleChoice,
+    TupeForQuestionAnswering,
+    TupeForSequenceClassification,
+    TupeForTokenClassification,
+    TupeModel,
+    TupePreTrainedModel,
+)
 
 __all__ = [
     "POSITION_SCHEMES",
     "TupeConfig",
     "TupeForMaskedLM",
+    "TupeForMultipleChoice",
+    "TupeForQuestionAnswering",
     "TupeForSequenceClassification",
+    "TupeForTokenClassification",
     "TupeModel",
     "TupePreTrainedModel",
 ]

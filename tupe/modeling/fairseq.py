@@ -177,7 +177,7 @@ def build_dictionary(dict_txt: str | os.PathLike, vocab_size: int) -> FairseqDic
 
     Stock fairseq has 4 specials (`<s> <pad> </s> <unk>`); the released fork adds `<file> <email> <url>` (7). Which
     one the checkpoint used follows from its embedding rows."""
-    from tupe.data.fairseq_tokenizer import FAIRSEQ_SPECIALS, MASK, RELEASED_EXTRA_SPECIALS
+    from tupe.modeling.tokenization_fairseq import FAIRSEQ_SPECIALS, MASK, RELEASED_EXTRA_SPECIALS
 
     entries = read_dict_txt(dict_txt)
     n_special = vocab_size - len(entries) - 1
@@ -249,6 +249,9 @@ def config_from_fairseq(
             f"{ckpt}: args.encoder_embed_dim={args.encoder_embed_dim} but the embeddings are {hidden} wide"
         )
     heads = _arg(args, "encoder_attention_heads")
+    if heads is None:  # not saved: the relative table's columns, else fairseq's bert_base default
+        rel = sd.get(ENC + "relative_attention_bias.weight")
+        heads = int(rel.shape[1]) if rel is not None and rel.dim() == 2 else 12
     if not isinstance(heads, int) or heads <= 0 or hidden % heads:
         raise TupeError(
             f"{ckpt}: args.encoder_attention_heads={heads!r} does not divide the hidden size {hidden}"
@@ -425,6 +428,13 @@ def _load(model: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str) -
         raise RuntimeError(f"conversion left tensors unset: missing={missing} unexpected={unexpected}")
 
 
+def weights_dtype(sd: dict[str, torch.Tensor]) -> torch.dtype:
+    """The precision to keep: float64 for a float64 checkpoint, else float32 (fp16/bf16 training checkpoints are
+    widened exactly)."""
+    floats = [t.dtype for t in sd.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return torch.float64 if torch.float64 in floats else torch.float32
+
+
 def _state(checkpoint: str | os.PathLike | dict) -> tuple[dict[str, Any], str]:
     if isinstance(checkpoint, dict):
         return checkpoint, "checkpoint"
@@ -434,32 +444,35 @@ def _state(checkpoint: str | os.PathLike | dict) -> tuple[dict[str, Any], str]:
 def masked_lm_from_fairseq(
     checkpoint: str | os.PathLike | dict,
     dictionary: str | os.PathLike | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> TupeForMaskedLM:
-    """`TupeForMaskedLM` with the weights of a released checkpoint (a path, or the loaded dict).
+    """`TupeForMaskedLM` with the weights of a released checkpoint (a path, or the loaded dict), in `dtype`
+    (default: `weights_dtype`, so a float64 checkpoint is not rounded).
 
     `dictionary`: the checkpoint's `dict.txt`, checked against the embedding rows (and recorded in the config as
     `fairseq_dictionary`); the ids are fairseq's either way (`<pad>` 1, `<s>` 0, `</s>` 2, `<mask>` last)."""
-    from .modeling_tupe import TupeForMaskedLM
+    from transformers import AutoModelForMaskedLM  # TupeForMaskedLM: modeling_tupe imports this module
 
     state, ckpt = _state(checkpoint)
     sd = state["model"]
     config = config_from_fairseq(state["args"], sd, ckpt)
     if dictionary is not None:
         build_dictionary(dictionary, config.vocab_size)
-    model = TupeForMaskedLM(config)
+    model = AutoModelForMaskedLM.from_config(config).to(
+        dtype or weights_dtype(sd)
+    )  # before loading: no rounding
     tensors, used = encoder_tensors(sd, config, ckpt)
     _check_all_used(sd, used, ckpt)
     _load(model, tensors, ckpt)
     model.tie_weights()
-    return model.to(dtype).eval()
+    return model.eval()
 
 
 def classifiers_from_fairseq(
-    checkpoint: str | os.PathLike | dict, dtype: torch.dtype = torch.float32
+    checkpoint: str | os.PathLike | dict, dtype: torch.dtype | None = None
 ) -> dict[str, TupeForSequenceClassification]:
     """One `TupeForSequenceClassification` per classification head of a released (fine-tuned) checkpoint."""
-    from .modeling_tupe import TupeForSequenceClassification
+    from transformers import AutoModelForSequenceClassification  # as above: no import of modeling_tupe
 
     state, ckpt = _state(checkpoint)
     sd, args = state["model"], state["args"]
@@ -472,12 +485,12 @@ def classifiers_from_fairseq(
     for name in names:
         config = config_from_fairseq(args, sd, ckpt)
         config.num_labels = int(sd[f"{CLS_HEADS}{name}.out_proj.weight"].shape[0])
-        model = TupeForSequenceClassification(config)
+        model = AutoModelForSequenceClassification.from_config(config).to(dtype or weights_dtype(sd))
         tensors, _ = encoder_tensors(sd, config, ckpt)
         tensors = {k: v for k, v in tensors.items() if k.startswith("tupe.")}
         head, _ = _head_tensors(sd, name, ckpt)
         _load(model, {**tensors, **head}, f"{ckpt} head {name}")
-        heads[name] = model.to(dtype).eval()
+        heads[name] = model.eval()
     return heads
 
 
@@ -519,7 +532,7 @@ def build_tokenizer(
     """The released pipeline's tokenizer (`FairseqMosesBPETokenizer`) for a dictionary and its BPE codes."""
     import json
 
-    from tupe.data.fairseq_tokenizer import FairseqMosesBPETokenizer, fairseq_to_xlm_piece
+    from tupe.modeling.tokenization_fairseq import FairseqMosesBPETokenizer, fairseq_to_xlm_piece
 
     merges = read_bpe_codes(bpe_codes)
     specials = set(dictionary.specials) | {dictionary.symbols[-1]}
@@ -543,124 +556,3 @@ def build_tokenizer(
             model_max_length=model_max_length,
         )
     return tok
-
-
-# ------------------------------------------------------------------------------------------------ folder
-
-
-def _card_notes(ckpt: str, state: dict[str, Any], dictionary: FairseqDictionary, lowercase: bool) -> str:
-    args = state["args"]
-    lines = [
-        "## Source",
-        "",
-        f"Converted by `tupe convert fairseq` from the fairseq checkpoint `{Path(ckpt).name}` of the authors' "
-        "released TUPE code (https://github.com/guolinke/TUPE; the TUPE-R checkpoint of its README is "
-        "`tupe_ckp.tar.gz`). The encoder's outputs equal the released forward's (see `docs/released-checkpoint.md` "
-        "of the `tupe` package); weights were stored in float32.",
-        "",
-        f"Tokenizer: Moses (`tokenizer.perl -no-escape -l en`, via sacremoses){' after lower-casing' if lowercase else ''}"
-        f", the fastBPE codes, the fairseq dictionary `{Path(dictionary.path).name}` "
-        f"({len(dictionary.specials)} specials, {len(dictionary.symbols) - len(dictionary.specials) - 1} entries, "
-        "`<mask>` last). The released preprocessing also ran clean-up scripts (punctuation normalisation, "
-        "non-printing characters, punctuation splitting, lower-casing) that this tokenizer does not.",
-    ]
-    act_dropout = float(_arg(args, "activation_dropout", 0.0) or 0.0)
-    if act_dropout:
-        lines += [
-            "",
-            f"The checkpoint was trained with `--activation-dropout {act_dropout}`, which tupe does not have "
-            "(fine-tuning here applies no dropout after the FFN activation).",
-        ]
-    return "\n".join(lines)
-
-
-def convert_fairseq_checkpoint(
-    checkpoint: str | os.PathLike,
-    dict_txt: str | os.PathLike,
-    bpe_codes: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    lowercase: bool = False,
-    log: Any = print,
-) -> Path:
-    """Write a complete tupe model folder for a released checkpoint: safetensors, config, the released pipeline's
-    tokenizer, a model card naming the source; each classification head as its own folder under `heads/NAME`.
-
-    Written into a staging folder next to `out_dir` and renamed at the end, so a refusal leaves nothing behind and
-    an existing folder is never touched."""
-    import shutil
-
-    from tupe.io.model_card import model_card
-
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TupeError(f"--out {out} already exists and is not an empty folder; choose a new folder")
-    state = load_fairseq_checkpoint(checkpoint)
-    ckpt = str(checkpoint)
-    model = masked_lm_from_fairseq(state, None)
-    config = model.config
-    dictionary = build_dictionary(dict_txt, config.vocab_size)
-    tokenizer = build_tokenizer(dictionary, bpe_codes, lowercase, config.max_position_embeddings)
-    heads = classifiers_from_fairseq(state)
-    steps = None
-    history = state.get("optimizer_history")
-    if isinstance(history, list) and history and isinstance(history[-1], dict):
-        steps = history[-1].get("num_updates")
-    for m in [model, *heads.values()]:
-        m.config.fairseq_checkpoint = Path(ckpt).name
-        if isinstance(steps, int):
-            m.config.pretrain_steps = steps
-    log(
-        f"convert: {config.position_scheme}, {config.num_hidden_layers} layers x {config.hidden_size} hidden, "
-        f"{config.num_attention_heads} heads, {config.max_position_embeddings} positions, vocabulary "
-        f"{config.vocab_size} ({len(dictionary.specials)} fairseq specials, <mask> = {config.mask_token_id})"
-        + (f", {len(heads)} classification head(s): {', '.join(heads)}" if heads else "")
-    )
-    if float(_arg(state["args"], "activation_dropout", 0.0) or 0.0):
-        log(
-            f"convert: note: --activation-dropout {state['args'].activation_dropout} has no tupe counterpart "
-            "(no effect on outputs; fine-tuning here has no dropout after the FFN activation)"
-        )
-    uncased = not any(ch.isupper() for s in dictionary.symbols for ch in s)
-    if uncased and not lowercase:
-        log(
-            "convert: note: the dictionary has no upper-case entry (the released preprocessing lower-cases its text); "
-            "pass --lowercase to lower-case input text before Moses"
-        )
-
-    def write(folder: Path, m: Any, kind: str) -> None:
-        m.save_pretrained(str(folder))
-        tokenizer.save_pretrained(str(folder))
-        recipe = {
-            "source": f"fairseq checkpoint {Path(ckpt).name} (guolinke/TUPE)",
-            "pre-training updates": steps,
-            "layers x hidden x heads": f"{config.num_hidden_layers} x {config.hidden_size} x {config.num_attention_heads}",
-            "max positions": config.max_position_embeddings,
-            "vocabulary": f"{config.vocab_size} (fairseq dictionary)",
-        }
-        card = model_card(
-            kind=kind,
-            scheme=config.position_scheme,
-            recipe=recipe,
-            metrics={},
-            data="The authors' pre-training data (the paper: English Wikipedia + BookCorpus, 16 GB).",
-            model_path=str(out),
-            notes=_card_notes(ckpt, state, dictionary, lowercase),
-            mask_token=tokenizer.mask_token,
-        )
-        (folder / "README.md").write_text(card, encoding="utf-8")
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        write(staging, model, "fill-mask")
-        for name, head in heads.items():
-            (staging / "heads" / name).mkdir(parents=True)
-            write(staging / "heads" / name, head, "text-classification")
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    log(f"convert: wrote {out} (model.safetensors, config.json, tokenizer, README.md)")
-    return out

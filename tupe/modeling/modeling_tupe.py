@@ -8,6 +8,7 @@ layer. The attention kernel is one config field, `config.attention_kernel`, reso
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 
@@ -20,7 +21,10 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    QuestionAnsweringModelOutput,
     SequenceClassifierOutput,
+    TokenClassifierOutput,
 )
 
 try:  # transformers >= 5 initialises through these (they respect already-loaded weights)
@@ -36,7 +40,14 @@ from .kernels import (
     fold_queries_keys,
     masked_lm_loss,
 )
-from .positional import PositionalContext, RelativeBias, UntiedPositions, apply_rotary, build_scheme
+from .positional import (
+    PositionalContext,
+    PositionalScheme,
+    RelativeBias,
+    UntiedPositions,
+    apply_rotary,
+    build_scheme,
+)
 
 
 @dataclass
@@ -161,6 +172,58 @@ class TupeSelfAttention(nn.Module):
         return out, probs
 
 
+def _tensor_slots(obj, depth: int = 2):
+    """(attribute name, value) of the tensors and tuples of tensors that `obj` holds, and of the plain objects it
+    holds (`depth` levels down): what `AttentionInputs` and its `PositionalContext` share with every layer."""
+    for name, value in vars(obj).items():
+        if isinstance(value, torch.Tensor) or (
+            isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value)
+        ):
+            yield name, value
+        elif (
+            depth and hasattr(value, "__dict__") and not isinstance(value, nn.Module) and not callable(value)
+        ):
+            yield name, value
+
+
+def shared_tensors(inputs: AttentionInputs) -> tuple[torch.Tensor, ...]:
+    """Every tensor the layers read from `inputs`, flattened (the order `with_shared_tensors` expects). A
+    content-free term still to be built (`PositionalContext.bias_fn`) is built first, outside any layer, unless
+    the kernel folds it (then no layer reads it)."""
+    if inputs.kernel != "fold":
+        inputs.ctx.bias  # noqa: B018 - builds the cached term
+
+    def flatten(obj, depth):
+        for _, value in _tensor_slots(obj, depth):
+            if isinstance(value, torch.Tensor):
+                yield value
+            elif isinstance(value, tuple):
+                yield from value
+            else:
+                yield from flatten(value, depth - 1)
+
+    return tuple(flatten(inputs, 2))
+
+
+def with_shared_tensors(inputs: AttentionInputs, tensors: tuple[torch.Tensor, ...]) -> AttentionInputs:
+    """A shallow copy of `inputs` holding `tensors` (from `shared_tensors`, or the checkpoint's copies of them)."""
+    it = iter(tensors)
+
+    def rebuild(obj, depth):
+        new = copy.copy(obj)
+        for name, value in _tensor_slots(obj, depth):
+            if isinstance(value, torch.Tensor):
+                value = next(it)
+            elif isinstance(value, tuple):
+                value = tuple(next(it) for _ in value)
+            else:
+                value = rebuild(value, depth - 1)
+            object.__setattr__(new, name, value)
+        return new
+
+    return rebuild(inputs, 2)
+
+
 class TupeLayer(GradientCheckpointingLayer):
     """Post-LayerNorm transformer block (BERT / the released code)."""
 
@@ -175,7 +238,12 @@ class TupeLayer(GradientCheckpointingLayer):
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = FastDropout(config.hidden_dropout_prob)
 
-    def forward(self, x, inputs: AttentionInputs):
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, *shared: torch.Tensor):
+        """`shared`: with gradient checkpointing, the tensors of `inputs` (`shared_tensors`) passed explicitly, so
+        that the checkpoint sees them as inputs: the recomputation and a reentrant backward then run this layer
+        alone, and the gradient of the positional term shared by all layers flows back through them."""
+        if shared:
+            inputs = with_shared_tensors(inputs, shared)
         attn, probs = self.attention(x, inputs)
         x = self.attention_norm(x + self.dropout(self.attention_output(attn)))
         x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
@@ -288,16 +356,35 @@ class TupePreTrainedModel(PreTrainedModel):
             )
         return deberta_to_tupe(cls, model_or_path, **config_overrides)
 
+    def positional_parameter_names(self) -> list[str]:
+        """Names (as `named_parameters()` gives them) of the positional scheme's parameters: position tables,
+        U^Q/U^K, theta, the relative bias table. Optimizers give them groups of their own (`--positional-lr-scale`,
+        `--positional-weight-decay`)."""
+        return [
+            f"{prefix}.{name}"
+            for prefix, module in self.named_modules()
+            if isinstance(module, PositionalScheme)
+            for name, _ in module.named_parameters()
+        ]
+
     def _head_output(
-        self, output_cls, loss, logits, encoder_outputs: BaseModelOutput, return_dict: bool | None
+        self,
+        output_cls,
+        loss,
+        logits,
+        encoder_outputs: BaseModelOutput,
+        return_dict: bool | None,
+        **fields: torch.Tensor,
     ):
-        """A head's result: `output_cls(...)`, or with `return_dict=False` the transformers-style tuple
-        (loss first when there is one, absent entries left out)."""
+        """A head's result: `output_cls(...)`, or with `return_dict=False` the transformers-style tuple (loss first
+        when there is one, then the logits, or the `fields` in order, then hidden states and attentions; absent
+        entries left out)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         hidden_states, attentions = encoder_outputs.hidden_states, encoder_outputs.attentions
+        fields = fields or {"logits": logits}
         if not return_dict:
-            return tuple(t for t in (loss, logits, hidden_states, attentions) if t is not None)
-        return output_cls(loss=loss, logits=logits, hidden_states=hidden_states, attentions=attentions)
+            return tuple(t for t in (loss, *fields.values(), hidden_states, attentions) if t is not None)
+        return output_cls(loss=loss, **fields, hidden_states=hidden_states, attentions=attentions)
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
         """`from_pretrained(..., attn_implementation=K)` with K any `ATTENTION_KERNELS` value sets
@@ -446,8 +533,11 @@ class TupeModel(TupePreTrainedModel):
         x = self.embeddings(input_ids, inputs.ctx, inputs_embeds)
         all_hidden = (x,) if output_hidden_states else None
         all_attn = () if output_attentions else None
+        # Gradient checkpointing: the per-forward tensors go to every layer as explicit arguments (see TupeLayer)
+        checkpointing = self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing
+        shared = shared_tensors(inputs) if checkpointing else ()
         for layer in self.layers:
-            x, probs = layer(x, inputs)
+            x, probs = layer(x, inputs, *shared)
             if output_hidden_states:
                 all_hidden += (x,)
             if output_attentions:
@@ -569,9 +659,10 @@ class TupeForMaskedLM(TupePreTrainedModel):
         return self._head_output(MaskedLMOutput, loss, logits, outputs, return_dict)
 
     @classmethod
-    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype = torch.float32) -> TupeForMaskedLM:
+    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype | None = None) -> TupeForMaskedLM:
         """The authors' released TUPE checkpoint (fairseq format, `guolinke/TUPE`): `tupe-r` or `tupe-a`, its
-        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last).
+        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last); in
+        `dtype` (default float32, float64 for a float64 checkpoint).
         `dictionary`: its `dict.txt`, checked against the vocabulary. Loaded without running pickled code; see
         `tupe.modeling.fairseq` and docs/released-checkpoint.md."""
         try:  # absolute and in a try: the converter is not part of the modeling code saved with a model
@@ -581,17 +672,19 @@ class TupeForMaskedLM(TupePreTrainedModel):
         return masked_lm_from_fairseq(checkpoint, dictionary, dtype)
 
 
+def _classifier_dropout(config: TupeConfig) -> float:
+    """The heads' dropout: `classifier_dropout`, or `hidden_dropout_prob` when unset (as BERT's heads)."""
+    return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+
+
 class TupeClassificationHead(nn.Module):
     """The released code's sentence head on token 0 ([CLS]): dense -> tanh -> dropout -> out_proj (BERT's pooler,
     dropout and classifier in one module, so PEFT's default `modules_to_save=["classifier"]` keeps all of it)."""
 
     def __init__(self, config: TupeConfig, num_labels: int):
         super().__init__()
-        dropout = (
-            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        )
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
         self.out_proj = nn.Linear(config.hidden_size, num_labels)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -669,9 +762,156 @@ class TupeForSequenceClassification(TupePreTrainedModel):
         return self._head_output(SequenceClassifierOutput, loss, logits, outputs, return_dict)
 
 
+class TupeForTokenClassification(TupePreTrainedModel):
+    """Encoder + a linear layer on every token (`BertForTokenClassification`): dropout -> `classifier`; loss
+    cross-entropy over the labels that are not -100 (a word's later sub-tokens, padding)."""
+
+    _bert_class = "BertForTokenClassification"
+    _bert_head_keys = {"classifier": "classifier"}
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.tupe = TupeModel(config)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput | tuple:
+        outputs = self.tupe(
+            input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (b, n, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().view(-1, self.num_labels), labels.view(-1))
+        return self._head_output(TokenClassifierOutput, loss, logits, outputs, return_dict)
+
+
+class TupeForQuestionAnswering(TupePreTrainedModel):
+    """Encoder + a span head (`BertForQuestionAnswering`): `qa_outputs` gives each token a start and an end logit;
+    the loss is the mean of the start and end cross-entropies, positions outside the input ignored."""
+
+    _bert_class = "BertForQuestionAnswering"
+    _bert_head_keys = {"qa_outputs": "qa_outputs"}
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.tupe = TupeModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput | tuple:
+        outputs = self.tupe(
+            input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.qa_outputs(outputs.last_hidden_state)
+        start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # as BERT: positions beyond the input (a truncated answer) are clamped to n and ignored
+            ignored = start_logits.shape[1]
+            start = start_positions.reshape(-1).clamp(0, ignored)
+            end = end_positions.reshape(-1).clamp(0, ignored)
+            loss = (
+                F.cross_entropy(start_logits.float(), start, ignore_index=ignored)
+                + F.cross_entropy(end_logits.float(), end, ignore_index=ignored)
+            ) / 2
+        return self._head_output(
+            QuestionAnsweringModelOutput,
+            loss,
+            None,
+            outputs,
+            return_dict,
+            start_logits=start_logits,
+            end_logits=end_logits,
+        )
+
+
+class TupeForMultipleChoice(TupePreTrainedModel):
+    """Encoder + one score per choice (`BertForMultipleChoice`): inputs are (batch, choices, n); each choice is
+    encoded on its own and scored by the sentence head (`TupeClassificationHead` with one output, BERT's pooler,
+    dropout and classifier); the loss is cross-entropy over the choices."""
+
+    _bert_class = "BertForMultipleChoice"
+    _bert_head_keys = {"classifier.dense": "bert.pooler.dense", "classifier.out_proj": "classifier"}
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.tupe = TupeModel(config)
+        self.classifier = TupeClassificationHead(config, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MultipleChoiceModelOutput | tuple:
+        source = input_ids if input_ids is not None else inputs_embeds
+        if source is None:
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        choices = source.shape[1]
+        flat = lambda t: None if t is None else t.reshape(-1, *t.shape[2:])  # noqa: E731 - (b * choices, ...)
+        outputs = self.tupe(
+            flat(input_ids),
+            attention_mask=flat(attention_mask),
+            inputs_embeds=flat(inputs_embeds),
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.classifier(outputs.last_hidden_state).view(-1, choices)  # (b, choices)
+        loss = None if labels is None else F.cross_entropy(logits.float(), labels.view(-1))
+        return self._head_output(MultipleChoiceModelOutput, loss, logits, outputs, return_dict)
+
+
 # Auto class -> tupe class: registered by `tupe` (tupe/__init__.py) and written into saved configs' `auto_map`
 AUTO_CLASSES: dict[str, str] = {
     "AutoModel": "TupeModel",
     "AutoModelForMaskedLM": "TupeForMaskedLM",
     "AutoModelForSequenceClassification": "TupeForSequenceClassification",
+    "AutoModelForTokenClassification": "TupeForTokenClassification",
+    "AutoModelForQuestionAnswering": "TupeForQuestionAnswering",
+    "AutoModelForMultipleChoice": "TupeForMultipleChoice",
 }

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.training.optimizers import OPTIMIZERS
 from tupe.training.presets import PRESETS, get_preset
 from tupe.training.reporting import (
     add_hub_arguments,
@@ -24,9 +26,9 @@ from tupe.training.reporting import (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class PretrainConfig:
-    """Everything `tupe pretrain` accepts; `None` means "the preset's value"."""
+    """Everything `tupe pretrain` accepts; `None` means "the preset's value" (`resolve` fills them in)."""
 
     out: str
     scheme: str = "tupe-a"
@@ -51,6 +53,7 @@ class PretrainConfig:
     learning_rate: float | None = None
     warmup_steps: int | None = None
     weight_decay: float | None = None
+    optimizer: str | None = None  # a name of tupe.training.optimizers.OPTIMIZERS
     positional_lr_scale: float = 1.0
     positional_weight_decay: float | None = None
     adam_beta1: float | None = None
@@ -81,14 +84,60 @@ class PretrainConfig:
     hub_model_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def resolved(self) -> dict[str, Any]:
-        """Preset values with this config's explicit values on top."""
+    def resolve(self, world_size: int | None = None) -> ResolvedConfig:
+        """The run's settings, made once: the preset's values wherever this config says None, checked, frozen.
+
+        `world_size`: processes of the run (default: torchrun's WORLD_SIZE, else 1), to split the global batch."""
         values = get_preset(self.preset)
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name in values and v is not None:
-                values[f.name] = v
-        return values
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in fields.items():
+            if name in values and value is None:
+                fields[name] = values[name]
+        fields["save_at"] = tuple(int(s) for s in fields["save_at"] or ())
+        world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else int(world_size)
+        return ResolvedConfig(**fields, world_size=world)
+
+
+@dataclass(frozen=True)
+class ResolvedConfig(PretrainConfig):
+    """A `PretrainConfig` with every preset value set (`PretrainConfig.resolve`): what the run's parts read."""
+
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        from tupe.training.model import check_scheme
+
+        check_scheme(self.scheme)
+        if self.optimizer not in OPTIMIZERS:
+            raise TupeError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+        for key in _POSITIVE:
+            if int(getattr(self, key)) <= 0:
+                raise TupeError(f"--{key.replace('_', '-')} must be positive, got {getattr(self, key)}")
+        per_step = self.world_size * self.grad_accum
+        if self.batch_size % per_step:
+            raise TupeError(
+                f"--batch-size {self.batch_size} (global) is not divisible by processes x --grad-accum = {per_step}"
+            )
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out).expanduser()
+
+    @property
+    def per_device_batch_size(self) -> int:
+        """Sequences per process and forward pass: the global batch over processes x accumulation steps."""
+        return self.batch_size // (self.world_size * self.grad_accum)
+
+
+_POSITIVE = (
+    "max_steps",
+    "batch_size",
+    "max_length",
+    "vocab_size",
+    "eval_steps",
+    "logging_steps",
+    "save_steps",
+)
 
 
 def _precision_flags(precision: str) -> dict[str, bool]:
@@ -106,35 +155,34 @@ def _precision_flags(precision: str) -> dict[str, bool]:
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
-def training_arguments(config: PretrainConfig, v: dict[str, Any], out: Path, per_device: int):
-    """The Trainer's arguments for a run (`v`: the resolved preset values). Creating them also sets up
-    torch.distributed under torchrun."""
+def training_arguments(run: ResolvedConfig):
+    """The Trainer's arguments for a run. Creating them also sets up torch.distributed under torchrun."""
     import torch
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        output_dir=str(out),
-        max_steps=int(v["max_steps"]),
-        per_device_train_batch_size=per_device,
-        per_device_eval_batch_size=config.eval_batch_size or per_device,
-        gradient_accumulation_steps=config.grad_accum,
-        learning_rate=v["learning_rate"],
-        weight_decay=v["weight_decay"],
-        adam_beta1=v["adam_beta1"],
-        adam_beta2=v["adam_beta2"],
-        adam_epsilon=v["adam_epsilon"],
-        max_grad_norm=v["max_grad_norm"],
+        output_dir=str(run.out_dir),
+        max_steps=run.max_steps,
+        per_device_train_batch_size=run.per_device_batch_size,
+        per_device_eval_batch_size=run.eval_batch_size or run.per_device_batch_size,
+        gradient_accumulation_steps=run.grad_accum,
+        learning_rate=run.learning_rate,
+        weight_decay=run.weight_decay,
+        adam_beta1=run.adam_beta1,
+        adam_beta2=run.adam_beta2,
+        adam_epsilon=run.adam_epsilon,
+        max_grad_norm=run.max_grad_norm,
         lr_scheduler_type="linear",
-        warmup_steps=int(v["warmup_steps"]),
-        logging_steps=int(v["logging_steps"]),
+        warmup_steps=run.warmup_steps,
+        logging_steps=run.logging_steps,
         eval_strategy="steps",
-        eval_steps=int(v["eval_steps"]),
+        eval_steps=run.eval_steps,
         save_strategy="steps",
-        save_steps=int(v["save_steps"]),
-        save_total_limit=config.save_total_limit,
-        seed=config.seed,
-        **trainer_reporting(parse_report_to(config.report_to), config.push_to_hub, config.hub_model_id),
-        disable_tqdm=not config.progress or config.quiet,
+        save_steps=run.save_steps,
+        save_total_limit=run.save_total_limit,
+        seed=run.seed,
+        **trainer_reporting(parse_report_to(run.report_to), run.push_to_hub, run.hub_model_id),
+        disable_tqdm=not run.progress or run.quiet,
         dataloader_num_workers=0,
         dataloader_pin_memory=torch.cuda.is_available(),
         remove_unused_columns=False,
@@ -143,7 +191,7 @@ def training_arguments(config: PretrainConfig, v: dict[str, Any], out: Path, per
         include_num_input_tokens_seen="non_padding",
         average_tokens_across_devices=True,
         use_cpu=not torch.cuda.is_available(),  # also what makes accelerate run data-parallel on CPU (gloo)
-        **_precision_flags(config.precision),
+        **_precision_flags(run.precision),
     )
 
 
@@ -176,13 +224,15 @@ def add_model_data_arguments(
     )
     g.add_argument(
         "--vocab-size",
-        type=V.positive_int,
+        type=V.int_range(8, V.MAX_VOCAB),
         help="BPE vocabulary size to train (preset: 8192 mini, 32768 base/paper)",
     )
     g.add_argument(
         "--tokenizer-max-mb", type=V.positive_float, help="train the BPE on the first N MB of text only"
     )
-    g.add_argument("--max-length", type=V.int_range(2), help="block length in tokens ([CLS] included)")
+    g.add_argument(
+        "--max-length", type=V.int_range(2, V.MAX_LENGTH), help="block length in tokens ([CLS] included)"
+    )
     g.add_argument(
         "--valid-every", type=V.int_range(2), help="1 block in N is validation (default 200: 199:1)"
     )
@@ -195,10 +245,10 @@ def add_model_data_arguments(
     m.add_argument(
         "--preset", default="mini", choices=sorted(PRESETS), help="size and budget (default: mini)"
     )
-    m.add_argument("--hidden-size", type=V.positive_int)
-    m.add_argument("--num-layers", dest="num_hidden_layers", type=V.positive_int)
-    m.add_argument("--num-heads", dest="num_attention_heads", type=V.positive_int)
-    m.add_argument("--intermediate-size", type=V.positive_int)
+    m.add_argument("--hidden-size", type=V.int_range(1, V.MAX_WIDTH))
+    m.add_argument("--num-layers", dest="num_hidden_layers", type=V.int_range(1, V.MAX_LAYERS))
+    m.add_argument("--num-heads", dest="num_attention_heads", type=V.int_range(1, V.MAX_WIDTH))
+    m.add_argument("--intermediate-size", type=V.int_range(1, 16 * V.MAX_WIDTH))
     m.add_argument("--dropout", type=V.unit_interval)
     m.add_argument(
         "--max-position-embeddings",
@@ -220,7 +270,12 @@ def add_model_data_arguments(
     o.add_argument(
         "--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)"
     )
-    o.add_argument("--max-steps", type=V.positive_int)
+    o.add_argument("--max-steps", type=V.int_range(1, V.MAX_STEPS))
+    o.add_argument(
+        "--optimizer",
+        choices=list(OPTIMIZERS),
+        help="optimizer (default adamw, the paper's; part of the run: --resume refuses a change)",
+    )
     o.add_argument("--lr", dest="learning_rate", type=V.positive_float, help="peak learning rate")
     o.add_argument("--warmup-steps", type=V.nonneg_int)
     o.add_argument("--weight-decay", type=V.nonneg_float)
@@ -374,7 +429,9 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         "--out", default="tupe-demo", type=V.nonempty_path, help="output folder (default: ./tupe-demo)"
     )
     p.add_argument("--schemes", default="bert-a,tupe-a", help="schemes to compare (default: bert-a,tupe-a)")
-    p.add_argument("--max-steps", type=V.positive_int, help=f"steps per scheme (default {DEMO_STEPS})")
+    p.add_argument(
+        "--max-steps", type=V.int_range(1, V.MAX_STEPS), help=f"steps per scheme (default {DEMO_STEPS})"
+    )
     p.add_argument(
         "--corpus",
         nargs="+",

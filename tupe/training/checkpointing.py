@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,53 @@ def find_latest_checkpoint(
         if log is not None:
             log(f"warning: skipping {ckpt}: {reason}")
     return None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run continues: the checkpoint (None: step 0) and the non-finite batches skipped before it."""
+
+    path: Path | None = None
+    nonfinite_skipped: int = 0
+
+    @property
+    def step(self) -> int:
+        return int(self.path.name.rsplit("-", 1)[1]) if self.path is not None else 0
+
+
+# the model config values a checkpoint must share with the run that resumes from it
+_RESUME_MUST_MATCH = (
+    "model_type",
+    "position_scheme",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+
+
+def select_resume_checkpoint(
+    out: Path, model: dict[str, Any], log: Callable[[str], None], warn: Callable[[str], None]
+) -> ResumePoint:
+    """--resume: the newest checkpoint of `out` that verifies (manifest sizes and SHA-256, not just the highest
+    checkpoint-N name) and describes the model this run builds (`model`: its config values)."""
+    latest = find_latest_checkpoint(out, log=warn)
+    if latest is None and list_checkpoints(out):
+        raise TupeError(
+            f"--resume: no complete checkpoint in {out} (every checkpoint-N failed verification, see the "
+            "warnings); use --overwrite to start again"
+        )
+    if latest is None:
+        log(f"--resume: no checkpoint in {out} yet; starting from step 0")
+        return ResumePoint()
+    check_checkpoint_config(latest, {k: model[k] for k in _RESUME_MUST_MATCH if k in model})
+    skipped = 0
+    if (latest / MANIFEST_NAME).is_file():
+        skipped = int(read_json(latest / MANIFEST_NAME, "checkpoint manifest").get("nonfinite_skipped", 0))
+    log(f"--resume: continuing from {latest}")
+    return ResumePoint(latest, skipped)
 
 
 # ------------------------------------------------------------------------------------------------ pre-emption

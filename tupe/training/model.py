@@ -31,28 +31,28 @@ def _max_positions(config: Any, max_length: int) -> int:
     return int(n)
 
 
-def model_config(config: Any, values: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
-    """The model's config values for a run (`config`: a `PretrainConfig`, `values`: its resolved preset values);
-    recorded in `tupe_run.json` as part of the run's identity."""
+def model_config(run: Any, tokenizer: Any) -> dict[str, Any]:
+    """The model's config values for a run (`run`: its `ResolvedConfig`); recorded in `tupe_run.json` as part of
+    the run's identity."""
     shape = dict(
         vocab_size=len(tokenizer),
-        hidden_size=int(values["hidden_size"]),
-        num_hidden_layers=int(values["num_hidden_layers"]),
-        num_attention_heads=int(values["num_attention_heads"]),
-        intermediate_size=int(values["intermediate_size"]),
-        max_position_embeddings=_max_positions(config, int(values["max_length"])),
-        position_scheme=config.scheme,
-        hidden_dropout_prob=float(values["dropout"]),
-        attention_probs_dropout_prob=float(values["dropout"]),
+        hidden_size=int(run.hidden_size),
+        num_hidden_layers=int(run.num_hidden_layers),
+        num_attention_heads=int(run.num_attention_heads),
+        intermediate_size=int(run.intermediate_size),
+        max_position_embeddings=_max_positions(run, int(run.max_length)),
+        position_scheme=run.scheme,
+        hidden_dropout_prob=float(run.dropout),
+        attention_probs_dropout_prob=float(run.dropout),
         pad_token_id=tokenizer.pad_token_id,
     )
-    if config.scheme == HF_BERT:
+    if run.scheme == HF_BERT:
         # transformers' stock BERT at the same shape: learned absolute positions added to the input, token-type
         # embeddings (one type used), LayerNorm eps 1e-12, the MLM head on every position (its own code path)
         return dict(model_type="bert", **shape, sparse_prediction=False)
     return dict(
         **shape,
-        sparse_prediction=not config.dense_prediction,
+        sparse_prediction=not run.dense_prediction,
         cls_token_id=tokenizer.cls_token_id,
         sep_token_id=tokenizer.sep_token_id,
         mask_token_id=tokenizer.mask_token_id,

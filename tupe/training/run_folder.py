@@ -16,12 +16,15 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tupe.errors import TupeError
 from tupe.io.files import atomic_write_text
 from tupe.io.outputs import TEMP_OF, read_record, update_record
 from tupe.io.reading import iter_lines, read_json
+from tupe.training.optimizers import DEFAULT_OPTIMIZER
 
 RUN_FILE = "tupe_run.json"
 WRITTEN_FILE = "tupe_files.json"  # the names tupe wrote at the top of the run folder
@@ -122,6 +125,63 @@ def _identity_diff(old: dict, new: dict) -> list[str]:
     return diffs
 
 
+# The optimiser settings that make a run what it is (a change is another run: --resume refuses it)
+_OPTIM_KEYS = (
+    "batch_size",
+    "learning_rate",
+    "warmup_steps",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+)
+
+
+def run_identity(run: Any, model: dict[str, Any], corpus: str, tokenizer: str) -> dict[str, Any]:
+    """What `tupe_run.json` records and `check_out_dir` compares (`run`: the `ResolvedConfig`; `model`: the
+    model's config values; `corpus`, `tokenizer`: their fingerprints)."""
+    identity: dict[str, Any] = {
+        "format": RUN_FORMAT,
+        "scheme": run.scheme,
+        "model": model,
+        "data": {
+            "corpus": corpus,
+            "tokenizer": tokenizer,
+            "max_length": int(run.max_length),
+            "valid_every": int(run.valid_every),
+            "mlm_probability": float(run.mlm_probability),
+        },
+        "optim": {k: getattr(run, k) for k in _OPTIM_KEYS} | {"seed": run.seed, "grad_accum": run.grad_accum},
+    }
+    # recorded only when set, so runs made before these options existed keep their identity
+    if run.optimizer != DEFAULT_OPTIMIZER:
+        identity["optim"]["optimizer"] = run.optimizer
+    if run.positional_lr_scale != 1.0:
+        identity["optim"]["positional_lr_scale"] = run.positional_lr_scale
+    if run.positional_weight_decay is not None:
+        identity["optim"]["positional_weight_decay"] = run.positional_weight_decay
+    return identity
+
+
+def prepare_run_folder(
+    out: Path, action: str, record: dict[str, Any], log: Callable[[str], None], warn: Callable[[str], None]
+) -> None:
+    """Make `out` ready for the run `check_out_dir` allowed (`action`), on the main process: --overwrite removes
+    what tupe wrote (naming what it kept), a save cut by a kill is dropped, and `tupe_run.json` (`record`) is
+    written."""
+    if action == "wipe":
+        kept = _wipe(out)
+        log(f"--overwrite: removed the previous run's files from {out}")
+        if kept:
+            warn(f"--overwrite: kept {len(kept)} file(s) tupe did not write in {out}: {', '.join(kept[:5])}")
+    out.mkdir(parents=True, exist_ok=True)
+    record_written(out, RUN_FILE, METRICS_FILE)  # before writing them: see the module docstring
+    for stale in out.glob(".tmp-checkpoint-*"):  # a save cut by a kill
+        shutil.rmtree(stale, ignore_errors=True)
+    atomic_write_text(out / RUN_FILE, json.dumps(record, indent=1))
+
+
 def check_out_dir(out: Path, identity: dict, resume: bool, overwrite: bool) -> str:
     """Decide what to do with `out`: 'fresh', 'resume' or 'wipe'. Raises a `TupeError` when it must refuse.
 
@@ -206,7 +266,7 @@ def _wipe(out: Path) -> list[str]:
     return kept
 
 
-def _truncate_metrics(path: Path, last_step: int) -> None:
+def truncate_metrics(path: Path, last_step: int) -> None:
     """On resume, drop records the interrupted run wrote after the checkpoint we continue from."""
     if not os.path.lexists(path):
         return

@@ -25,6 +25,7 @@ from transformers import Trainer, TrainerCallback
 from tupe.errors import TupeError
 from tupe.io.files import failed_writes_reported, fsync_dir, fsync_tree
 from tupe.training.checkpointing import find_latest_checkpoint, first_nonfinite_parameter, write_manifest
+from tupe.training.optimizers import DEFAULT_OPTIMIZER, OptimizerSettings, build_optimizer
 from tupe.training.run_folder import record_written
 
 
@@ -87,11 +88,6 @@ class SaveAtStepsCallback(TrainerCallback):
         return control
 
 
-def is_positional_parameter(name: str) -> bool:
-    """Parameters of the positional scheme (`tupe.positional.*`) or BERT's position table (hf-bert)."""
-    return ".positional." in f".{name}" or "position_embeddings" in name
-
-
 class LogLastStepCallback(TrainerCallback):
     """Log at the last step too: the Trainer's final train loss adds the steps since the last log from this process
     only, so without it a multi-process summary differed from the single-process one."""
@@ -111,12 +107,14 @@ class PretrainTrainer(Trainer):
         *args,  # noqa: ANN002
         train_sampler=None,  # noqa: ANN001
         skip_nonfinite=False,  # noqa: ANN001
+        optimizer_name: str = DEFAULT_OPTIMIZER,
         positional_lr_scale: float = 1.0,
         positional_weight_decay: float | None = None,
         passes_per_step: float | None = None,
         **kwargs,  # noqa: ANN003
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.optimizer_name = optimizer_name
         self.positional_lr_scale = positional_lr_scale
         self.positional_weight_decay = positional_weight_decay
         # global batch / training blocks: the logged `epoch` is passes over the training blocks, not the
@@ -148,35 +146,22 @@ class PretrainTrainer(Trainer):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def create_optimizer(self, model=None):  # noqa: ANN001, ANN201
-        """The Trainer's AdamW with the positional parameters in groups of their own.
-
-        Positional tables and matrices (the position embeddings, U^Q/U^K, p_theta, the relative bias table) are
-        weights: they are decayed like every weight matrix (`--positional-weight-decay`, default `--weight-decay`), as in the
-        released code, which decays every parameter. The Trainer's default would skip the relative bias table
-        only because its name contains "bias". Their learning rate is `--lr` x `--positional-lr-scale`.
-        """
+        """`optimizer_name` of `tupe.training.optimizers.OPTIMIZERS` (AdamW by default) over the model's parameter
+        groups: positional tables and matrices in groups of their own, decayed as every weight matrix
+        (`--positional-weight-decay`, default `--weight-decay`, as in the released code), at `--lr` x
+        `--positional-lr-scale`."""
         if self.optimizer is not None:
             return self.optimizer
-        model = model if model is not None else self.model
-        decay = set(self.get_decay_parameter_names(model))
-        lr, wd = self.args.learning_rate, self.args.weight_decay
-        pos_wd = wd if self.positional_weight_decay is None else self.positional_weight_decay
-        groups: dict[tuple[float, float], list] = {}
-        for name, param in model.named_parameters():
-            if not param.requires_grad:
-                continue
-            if is_positional_parameter(name):
-                # matrices and tables are decayed; LayerNorm parameters and true biases (1-d) are not
-                key = (lr * self.positional_lr_scale, pos_wd if param.ndim >= 2 else 0.0)
-            else:
-                key = (lr, wd if name in decay else 0.0)
-            groups.setdefault(key, []).append(param)
-        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
-        optimizer_kwargs.pop("lr", None)
-        self.optimizer = optimizer_cls(
-            [{"params": ps, "lr": g_lr, "weight_decay": g_wd} for (g_lr, g_wd), ps in groups.items()],
-            lr=lr,
-            **optimizer_kwargs,
+        a = self.args
+        settings = OptimizerSettings(
+            a.learning_rate, a.weight_decay, (a.adam_beta1, a.adam_beta2), a.adam_epsilon
+        )
+        self.optimizer = build_optimizer(
+            self.optimizer_name,
+            model if model is not None else self.model,
+            settings,
+            self.positional_lr_scale,
+            self.positional_weight_decay,
         )
         return self.optimizer
 
@@ -419,3 +404,87 @@ def save_final_model(trainer: Trainer, out: Path) -> None:
         fsync_dir(str(out))
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
+
+
+def build_trainer(run: Any, args: Any, data: Any, model: Any, nonfinite_skipped: int = 0):  # noqa: ANN201
+    """The `PretrainTrainer` of a run (`run`: its `ResolvedConfig`; `args`: its `TrainingArguments`; `data`: the
+    `PreparedData`) with the datasets, sampler, masking, callbacks and TensorBoard folder; returns it with the
+    signal handler (`StopOnSignal`) among its callbacks."""
+    import math
+
+    from tupe.data.mlm import TRAIN_SPLIT, VALID_SPLIT, BlockDataset, EpochShuffleSampler, MaskedLMCollator
+    from tupe.io.checkpoints import list_checkpoints
+    from tupe.training.checkpointing import StopOnSignal
+    from tupe.training.reporting import point_tensorboard
+    from tupe.training.run_folder import METRICS_FILE
+
+    out, train_blocks = run.out_dir, len(data.train_idx)
+    epochs = max(1, math.ceil(run.max_steps * run.batch_size / train_blocks))
+    stop = StopOnSignal()  # pre-emption (SIGTERM) or Ctrl-C: checkpoint at the end of the step, then stop
+    callbacks: list[TrainerCallback] = [MetricsCallback(out / METRICS_FILE), LogLastStepCallback(), stop]
+    if run.save_at:
+        callbacks.append(SaveAtStepsCallback(list(run.save_at)))
+    trainer = PretrainTrainer(
+        model=model,
+        args=args,
+        train_dataset=BlockDataset(data.packed, data.train_idx, TRAIN_SPLIT, epochs=epochs),
+        eval_dataset=BlockDataset(data.packed, data.valid_idx, VALID_SPLIT),
+        data_collator=MaskedLMCollator(
+            len(data.tokenizer), seed=run.seed, mlm_probability=run.mlm_probability
+        ),
+        processing_class=data.tokenizer,
+        callbacks=callbacks,
+        train_sampler=EpochShuffleSampler(train_blocks, epochs, run.seed),
+        skip_nonfinite=run.skip_nonfinite,
+        optimizer_name=run.optimizer,
+        positional_lr_scale=run.positional_lr_scale,
+        positional_weight_decay=run.positional_weight_decay,
+        passes_per_step=run.batch_size / train_blocks,
+    )
+    trainer.nonfinite_skipped = nonfinite_skipped
+
+    def kept() -> str:  # what a failed TensorBoard write leaves (it stops the run)
+        last = list_checkpoints(out)
+        where = f"the latest checkpoint {last[0]}" if last else "no checkpoint yet"
+        return (
+            f"the run stopped at step {trainer.state.global_step}; {where} and {METRICS_FILE} are kept: free "
+            "space and rerun with --resume"
+        )
+
+    # --report-to tensorboard: the Trainer's callback, our folder
+    if point_tensorboard(trainer, out / "tensorboard", kept) and trainer.is_world_process_zero():
+        record_written(out, "tensorboard")
+    if run.quiet or not trainer.is_world_process_zero():
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+    return trainer, stop
+
+
+def train_or_stop(trainer: PretrainTrainer, stop: Any, resume_from: Path | None, warn: Any) -> Any:
+    """`trainer.train()` from `resume_from`; a stop by signal ends the process (128 + the signal) after saying
+    which checkpoint to continue from."""
+    import pickle
+    import signal
+
+    from tupe.errors import one_line
+
+    try:
+        train_out = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except pickle.UnpicklingError as err:  # weights_only refused a pickled object in optimizer.pt & co.
+        raise TupeError(
+            f"{resume_from}: a state file (optimizer.pt, scheduler.pt or rng_state*.pth) holds objects that are not "
+            f"plain tensors, refused by torch.load(weights_only=True) ({one_line(err)[:120]}); delete that checkpoint "
+            "to resume from an earlier one"
+        ) from None
+    finally:
+        stop.restore()
+    if stop.received is not None:
+        step = trainer.state.global_step
+        warn(
+            f"tupe pretrain: stopped by {signal.Signals(stop.received).name} after step {step}; saved "
+            f"{trainer.args.output_dir}/checkpoint-{step}: continue with the same command and --resume"
+        )
+        raise SystemExit(128 + int(stop.received))
+    return train_out

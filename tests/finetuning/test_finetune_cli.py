@@ -1,0 +1,231 @@
+"""`tupe finetune` end to end on the small files of tests/data/finetune, one task family each: results.json with
+the family's metric names in [0, 100], per seed below, predictions.jsonl of the best run from which the metrics
+are recomputed independently, resume, `tupe report`; and the refusals, one line with nothing written."""
+
+import json
+
+import pytest
+
+from tupe.cli import main
+
+
+def _finetune(model, task, train, validation, out, *extra):
+    return main(
+        [
+            "finetune",
+            "--task",
+            task,
+            "--model",
+            str(model),
+            "--train",
+            str(train),
+            "--validation",
+            str(validation),
+            "--out",
+            str(out),
+            "--lrs",
+            "1e-3",
+            "--seeds",
+            "1",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--threads",
+            "1",
+            "--no-progress",
+            *extra,
+        ]
+    )
+
+
+def _err(capsys):
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_ner_results_predictions_resume_and_report(tiny_model, data_dir, tmp_path, capsys):
+    from seqeval.metrics import f1_score, precision_score
+
+    out = tmp_path / "ner"
+    args = (
+        tiny_model,
+        "ner",
+        data_dir / "ner_train.conll",
+        data_dir / "ner_valid.txt",
+        out,
+        "--seeds",
+        "1,2",
+    )
+    assert _finetune(*args) == 0
+    r = json.loads((out / "results.json").read_text())
+    assert r["task"] == "ner" and r["main_metric"] == "f1" and r["complete"]
+    for m in ("f1", "precision", "recall"):
+        assert 0 <= r[m] <= 100
+        assert r[m] == pytest.approx((r["per_seed"]["1"][m] + r["per_seed"]["2"][m]) / 2)
+    assert r["baseline"]["all_O"]["f1"] == 0.0
+    rows = _lines(out / "predictions.jsonl")
+    assert len(rows) == 16  # one line per validation sentence
+    best = max(r["per_seed"].items(), key=lambda kv: kv[1]["f1"])
+    assert r["best_run"] == f"lr0.001_seed{best[0]}"
+    gold, pred = [x["tags"] for x in rows], [x["predicted"] for x in rows]
+    assert 100 * f1_score(gold, pred) == pytest.approx(best[1]["f1"])
+    assert 100 * precision_score(gold, pred, zero_division=0) == pytest.approx(best[1]["precision"])
+
+    capsys.readouterr()
+    assert _finetune(*args) == 0  # everything finished: nothing is trained again
+    assert "2 already done" in capsys.readouterr().out
+    assert main(["report", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| NER F1 |" in table and f"{r['f1']:.2f}" in table
+
+
+def test_classification_from_csv(tiny_model, data_dir, tmp_path):
+    out = tmp_path / "cls"
+    assert (
+        _finetune(
+            tiny_model,
+            "classification",
+            data_dir / "sentiment_train.csv",
+            data_dir / "sentiment_val.csv",
+            out,
+        )
+        == 0
+    )
+    r = json.loads((out / "results.json").read_text())
+    rows = _lines(out / "predictions.jsonl")
+    assert r["label_names"] == ["neg", "pos"] and len(rows) == 12
+    assert r["accuracy"] == pytest.approx(100 * sum(x["label"] == x["prediction"] for x in rows) / 12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("v2", [False, True])
+def test_qa_squad(tiny_model, data_dir, tmp_path, v2):
+    from tupe.finetuning.metrics import squad_scores
+
+    out = tmp_path / "qa"
+    files = ("squad2_train.json", "squad2_dev.json") if v2 else ("squad_train.json", "squad_dev.json")
+    extra = ["--max-seq-len", "48", "--doc-stride", "12", *(["--version-2-with-negative"] if v2 else [])]
+    assert _finetune(tiny_model, "qa", data_dir / files[0], data_dir / files[1], out, *extra) == 0
+    r = json.loads((out / "results.json").read_text())
+    rows = _lines(out / "predictions.jsonl")
+    assert len(rows) == (10 if v2 else 8) and {"id", "answers", "prediction"} <= set(rows[0])
+    again = squad_scores([x["answers"] for x in rows], [x["prediction"] for x in rows])
+    assert r["exact_match"] == pytest.approx(again["exact_match"]) and r["f1"] == pytest.approx(again["f1"])
+    assert ("HasAns_exact" in r["per_seed"]["1"]) == v2
+    assert r["data"]["validation_features"] > r["data"]["validation_examples"]  # several windows per context
+
+
+@pytest.mark.slow
+def test_multiple_choice_swag(tiny_model, data_dir, tmp_path):
+    out = tmp_path / "mc"
+    assert (
+        _finetune(tiny_model, "multiple-choice", data_dir / "swag_train.csv", data_dir / "swag_val.csv", out)
+        == 0
+    )
+    r = json.loads((out / "results.json").read_text())
+    rows = _lines(out / "predictions.jsonl")
+    assert len(rows) == 12
+    assert r["accuracy"] == pytest.approx(100 * sum(x["label"] == x["prediction"] for x in rows) / 12)
+    assert 0 <= r["baseline"]["most_frequent_train_label"]["accuracy"] <= 100
+
+
+@pytest.mark.slow
+def test_early_stopping_keeps_the_best_epoch(tiny_model, data_dir, tmp_path):
+    out = tmp_path / "es"
+    assert (
+        _finetune(
+            tiny_model,
+            "ner",
+            data_dir / "ner_train.conll",
+            data_dir / "ner_valid.txt",
+            out,
+            "--epochs",
+            "4",
+            "--early-stopping",
+            "1",
+        )
+        == 0
+    )
+    run = json.loads((out / "runs" / "lr0.001_seed1" / "result.json").read_text())
+    assert run["trainer"]["best_checkpoint"].startswith("checkpoint-")
+    assert not (out / "runs" / "lr0.001_seed1" / "trainer").exists()
+
+
+def test_refusals_are_one_line_and_write_nothing(tiny_model, data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    bad_tag = tmp_path / "v.txt"
+    bad_tag.write_text("Alice B-PER\n\nZurich B-GPE\n")
+    bad_squad = tmp_path / "s.json"
+    bad_squad.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {
+                        "paragraphs": [
+                            {
+                                "context": "It opened in 1931.",
+                                "qas": [
+                                    {
+                                        "id": "x1",
+                                        "question": "When?",
+                                        "answers": [{"text": "1931", "answer_start": 3}],
+                                    }
+                                ],
+                            }
+                        ]
+                    }
+                ]
+            }
+        )
+    )
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    cases = [
+        (("ner", data_dir / "ner_train.conll", bad_tag), "tag 'B-GPE' never occurs in the training file"),
+        (
+            ("qa", data_dir / "squad_train.json", bad_squad),
+            "question 'x1': answer '1931' is not at its answer_start 3",
+        ),
+        (("ner", data_dir / "ner_train.conll", empty), "empty.txt: empty file"),
+        (
+            ("ner", data_dir / "squad_train.json", data_dir / "ner_valid.txt"),
+            "needs `tokens` and `tags` columns",
+        ),
+        (("qa", data_dir / "ner_train.conll", data_dir / "squad_dev.json"), "official SQuAD JSON"),
+        (
+            ("multiple-choice", data_dir / "sentiment_train.csv", data_dir / "swag_val.csv"),
+            "needs SWAG columns",
+        ),
+        (
+            ("classification", data_dir / "ner_train.conll", data_dir / "ner_valid.txt"),
+            "classification needs a `text`",
+        ),
+    ]
+    for (task, train, validation), message in cases:
+        assert _finetune(tiny_model, task, train, validation, out) == 2
+        line = _err(capsys)
+        assert line.startswith("tupe finetune: error: ") and message in line, line
+        assert not out.exists()
+    assert (
+        _finetune(
+            tiny_model,
+            "ner",
+            data_dir / "ner_train.conll",
+            data_dir / "ner_valid.txt",
+            out,
+            "--max-seq-len",
+            "128",
+        )
+        == 2
+    )
+    assert "--max-seq-len 128 exceeds the model's max_position_embeddings 64" in _err(capsys)
+    assert not out.exists()
+    assert _finetune(tiny_model, "ner", tmp_path / "nope.txt", data_dir / "ner_valid.txt", out) == 2
+    assert "nope.txt" in _err(capsys) and not out.exists()

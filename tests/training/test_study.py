@@ -1,0 +1,48 @@
+"""The study runner (`python -m tupe.comparison.study`): its evaluation and summary stages on tiny runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.training.conftest import tiny_cli_args
+from tupe.cli import main as cli
+from tupe.comparison.study import main
+
+
+@pytest.mark.slow
+def test_study_stages_on_tiny_runs(
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path
+):
+    out = tmp_path / "study"
+    args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "2"]
+    assert (
+        cli(["compare", "--schemes", "bert-a,rope", "--seeds", "0,1", "--out", str(out / "runs"), *args]) == 0
+    )
+    text = sorted(tiny_corpus.iterdir())[0]
+    common = ["--out", str(out), "--schemes", "bert-a,rope", "--seeds", "0,1", "--max-blocks", "4",
+              "--length-text", str(text), "--length-factors", "1,2", "--cache-dir", str(cache_dir), "--no-progress"]  # fmt: skip
+    assert main([*common, "--stages", "ood,lengths,summary"]) == 0
+    ood = json.loads((out / "ood-built-in.json").read_text())
+    assert [m["name"] for m in ood["models"]] == [
+        "bert-a/seed-0",
+        "bert-a/seed-1",
+        "rope/seed-0",
+        "rope/seed-1",
+    ]
+    for ext in ("none", "interpolate"):
+        lengths = json.loads((out / f"lengths-{ext}.json").read_text())
+        assert lengths["lengths"] == [32, 64] and len(lengths["by_length"]) == 8
+        assert (out / f"lengths-{ext}.png").stat().st_size > 0
+    none = json.loads((out / "lengths-none.json").read_text())
+    assert [e["evaluated"] for e in none["by_length"] if e["length"] == 64] == [False, False, True, True]
+    table = (out / "study.md").read_text()
+    assert "| bert-a |" in table and "| rope |" in table and "L=64 (interpolate)" in table
+    row = next(line for line in table.splitlines() if line.startswith("| bert-a |"))
+    assert row.count("±") >= 4  # mean ± std over the two seeds in every filled column
+    # --resume keeps the finished stages
+    mtime = (out / "ood-built-in.json").stat().st_mtime_ns
+    assert main([*common, "--stages", "ood,summary", "--resume"]) == 0
+    assert (out / "ood-built-in.json").stat().st_mtime_ns == mtime

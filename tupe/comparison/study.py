@@ -1,0 +1,284 @@
+"""The study of every positional scheme (issue 23, item 3): one command that a session launches and can resume.
+
+    python -m tupe.comparison.study --out /work/runs/study --resume --parallel 2 \
+        [--ood-text mnli_premises.txt] [--glue-data /path/to/glue]
+
+(`mnli_premises.txt`: the MultiNLI premises as a text file, one premise per document, i.e. separated by blank
+lines; a JSON object of records is not a table the corpus reader takes.)
+
+Stages, each written under `--out` (outside the repository) and skipped on `--resume` when its output exists:
+
+1. `train`: `tupe compare` of every scheme in `tupe.POSITION_SCHEMES` x `--seeds` (default 0,1,2) at the demo's
+   recipe (mini preset, built-in corpus, `--max-steps`, default the demo's 1,400) into `OUT/runs/`; interrupted
+   runs continue from their latest checkpoint, finished ones are kept.
+2. `ood`: every run on each out-of-domain text (`built-in`, plus `--ood-text`): `tupe evaluate`'s loss, paired
+   intervals and word-order check -> `OUT/ood-<name>.json`.
+3. `lengths`: every run at 1x, 2x, 4x, 8x its training length on `--length-text` (default `built-in`), with the
+   learned tables not extended and interpolated -> `OUT/lengths-<none|interpolate>.json` and `.png`.
+4. `glue` (with `--glue-data`): SST-2 on the 8,000-sentence subset of RESULTS A.7 with the small-model grid and
+   fine-tuning seeds 1,2,3 for every run -> `OUT/glue/SST-2-<scheme>-seed-<s>/`, then `tupe report`.
+5. `summary`: `OUT/study.md` and `OUT/study.json`: per scheme the final validation loss (mean +- std over seeds),
+   the step each seed left the plateau, the out-of-domain loss and word-order delta, and the loss at each length
+   (mean +- std), plus the figure of loss against length by scheme.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from tupe.errors import TupeError
+
+STAGES = ("train", "ood", "lengths", "glue", "summary")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from tupe import validators as V
+    from tupe.training.arguments import DEMO_STEPS
+
+    p = argparse.ArgumentParser(prog="python -m tupe.comparison.study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=V.nonempty_path, help="study folder (outside the repository)")
+    p.add_argument(
+        "--schemes", help="comma-separated schemes (default: every scheme in tupe.POSITION_SCHEMES)"
+    )
+    p.add_argument("--seeds", default="0,1,2", help="pre-training seeds (default 0,1,2)")
+    p.add_argument("--max-steps", type=V.positive_int, default=DEMO_STEPS, help=f"default {DEMO_STEPS}")
+    p.add_argument("--parallel", type=V.positive_int, default=2, help="runs trained at once (default 2)")
+    p.add_argument(
+        "--resume", action="store_true", help="keep every finished stage and run, continue the rest"
+    )
+    p.add_argument("--stages", default=",".join(STAGES), help=f"stages to run (default: {','.join(STAGES)})")
+    p.add_argument(
+        "--ood-text", nargs="+", metavar="PATH", help="a second out-of-domain text (built-in is always)"
+    )
+    p.add_argument(
+        "--ood-text-column", default="text", help="column of a JSON/parquet --ood-text (MNLI: text_a)"
+    )
+    p.add_argument("--length-text", nargs="+", default=["built-in"], metavar="PATH", help="default: built-in")
+    p.add_argument("--length-factors", type=V.int_list(1), default=[1, 2, 4, 8], help="default 1,2,4,8")
+    p.add_argument("--max-blocks", type=V.positive_int, help="blocks per evaluation (default: all)")
+    p.add_argument(
+        "--glue-data", type=V.nonempty_path, help="GLUE root with SST-2/ (no GLUE stage without it)"
+    )
+    p.add_argument(
+        "--glue-train-samples", type=V.positive_int, default=8000, help="SST-2 subset (default 8000)"
+    )
+    p.add_argument("--cache-dir", type=V.nonempty_path, help="tokenizer/data cache")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    args = p.parse_args(argv)
+    unknown = set(args.stages.split(",")) - set(STAGES)
+    if unknown:
+        p.error(f"--stages: unknown {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}")
+    return args
+
+
+def _done(path: Path, resume: bool, log) -> bool:  # noqa: ANN001
+    if resume and path.exists():
+        log(f"--resume: {path} exists, stage kept")
+        return True
+    return False
+
+
+def _runs(out: Path, schemes: list[str], seeds: list[int]) -> dict[str, Path]:
+    from tupe.comparison.compare import run_dirs
+
+    return {f"{s}/seed-{k}": d for (s, k), d in run_dirs(out / "runs", schemes, seeds).items()}
+
+
+def _write(path: Path, result: dict[str, Any]) -> None:
+    from tupe.evaluation.command import versions, write_json
+
+    write_json(path, {"command": " ".join(sys.argv), "versions": versions(), **result})
+
+
+def _command(module: Any, argv: list[str]) -> int:
+    """A `tupe` sub-command run in this process from its own module (its options, then its `run`)."""
+    parser = argparse.ArgumentParser(prog=f"tupe {module.__name__.rsplit('.', 1)[-1]}")
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(argv)) or 0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tupe.comparison.compare import compare, parse_schemes, parse_seeds
+    from tupe.evaluation.evaluate import Settings, load_model
+    from tupe.evaluation.lengths import evaluate_lengths, plot_lengths
+    from tupe.evaluation.runs import evaluate_runs, resolve_text
+    from tupe.modeling import POSITION_SCHEMES
+    from tupe.runtime import hushed_libraries
+    from tupe.training.pretrain import PretrainConfig
+
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    schemes = parse_schemes(args.schemes) if args.schemes else list(POSITION_SCHEMES)
+    seeds = parse_seeds(args.seeds)
+    if len(seeds) < 2:
+        raise TupeError("--seeds: the study needs at least two seeds (a spread)")
+    stages = args.stages.split(",")
+    runs = _runs(out, schemes, seeds)
+
+    def log(msg: str) -> None:
+        print(f"[study] {msg}", flush=True)
+
+    with hushed_libraries(args.progress):
+        if "train" in stages:
+            base = PretrainConfig(
+                out=str(out / "runs"),
+                scheme=schemes[0],
+                preset="mini",
+                max_steps=args.max_steps,
+                cache_dir=args.cache_dir,
+                resume=True,
+                progress=args.progress,
+                threads=1,
+            )
+            compare(base, schemes, seeds=seeds, parallel=args.parallel, log=log)
+        missing = [name for name, d in runs.items() if not (d / "config.json").is_file()]
+        if missing:
+            raise TupeError(f"runs not finished: {', '.join(missing)} (run the train stage, with --resume)")
+        texts = {"built-in": (["built-in"], "text")}
+        if args.ood_text:
+            texts[Path(args.ood_text[0]).stem] = (list(args.ood_text), args.ood_text_column)
+        if "ood" in stages:
+            for name, (paths, column) in texts.items():
+                path = out / f"ood-{name}.json"
+                if not _done(path, args.resume, log):
+                    log(f"out-of-domain evaluation on {' '.join(paths)}")
+                    result = evaluate_runs(
+                        runs,
+                        paths,
+                        text_column=column,
+                        cache_dir=args.cache_dir,
+                        progress=args.progress,
+                        log=log,
+                        max_blocks=args.max_blocks,
+                    )
+                    _write(path, result)
+        if "lengths" in stages:
+            for ext in ("none", "interpolate"):
+                path = out / f"lengths-{ext}.json"
+                if _done(path, args.resume, log):
+                    continue
+                models = []
+                for name, d in runs.items():
+                    m = load_model(d)
+                    m.name = name
+                    models.append(m)
+                base_len = min(m.train_length or m.max_length for m in models)
+                lengths = [base_len * f for f in args.length_factors]
+                log(f"lengths {lengths}, learned tables: {ext}")
+                settings = Settings(
+                    pppl_tokens=0,
+                    max_blocks=args.max_blocks,
+                    cache_dir=args.cache_dir,
+                    progress=args.progress,
+                )
+                corpus = resolve_text(args.length_text)
+                result = evaluate_lengths(models, corpus, lengths, settings, ext, log=log)
+                result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
+                _write(path, result)
+        if "glue" in stages and args.glue_data:
+            from tupe.glue import finetune, report
+
+            for name, d in runs.items():
+                dest = out / "glue" / f"SST-2-{name.replace('/', '-')}"
+                try:
+                    _command(finetune,
+                        ["--model", str(d), "--task", "SST-2", "--data-dir", str(args.glue_data), "--out",
+                         str(dest), "--seeds", "1,2,3", "--max-train-samples", str(args.glue_train_samples),
+                         "--threads", "1", *([] if args.progress else ["--no-progress"])]
+                    )  # fmt: skip
+                except (TupeError, ValueError, OSError) as err:
+                    raise TupeError(f"tupe glue failed for {name} ({err}); rerun with --resume") from err
+            _command(report, [str(out / "glue"), "--out", str(out / "glue" / "table.md")])
+        if "summary" in stages:
+            summary = summarize(out, schemes, seeds, list(texts))
+            log(f"wrote {out / 'study.md'}")
+            print(summary["markdown"])
+    return 0
+
+
+def _mean_std(values: list[float | None]) -> str:
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return f"{xs[0]:.3f} (1 seed)"
+    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
+
+
+def summarize(out: Path, schemes: list[str], seeds: list[int], texts: list[str]) -> dict[str, Any]:
+    """`study.md` / `study.json` from the stages' files (each section only where its stage has run)."""
+    rows: dict[str, dict[str, Any]] = {s: {} for s in schemes}
+    compare_file = out / "runs" / "compare_summary.json"
+    if compare_file.exists():
+        stats = json.loads(compare_file.read_text())["stats"]["schemes"]
+        for s in schemes:
+            if s in stats:
+                rows[s]["final_losses"] = stats[s]["final_losses"]
+                rows[s]["plateau_exit_steps"] = stats[s].get("plateau_exit_steps")
+    for text in texts:
+        path = out / f"ood-{text}.json"
+        if path.exists():
+            by_name = {m["name"]: m for m in json.loads(path.read_text())["models"]}
+            for s in schemes:
+                ms = [by_name.get(f"{s}/seed-{k}") for k in seeds]
+                rows[s][f"ood:{text}"] = [m["loss"]["value"] if m else None for m in ms]
+                rows[s][f"word_order:{text}"] = [m["word_order_delta"]["value"] if m else None for m in ms]
+    length_cols: list[str] = []
+    for ext in ("none", "interpolate"):
+        path = out / f"lengths-{ext}.json"
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        for n in result["lengths"]:
+            col = f"L={n} ({ext})"
+            length_cols.append(col)
+            for s in schemes:
+                vals = []
+                for k in seeds:
+                    e = next(
+                        (
+                            e
+                            for e in result["by_length"]
+                            if e["model"] == f"{s}/seed-{k}" and e["length"] == n
+                        ),
+                        None,
+                    )
+                    vals.append(e["loss"]["value"] if e and e["evaluated"] else None)
+                rows[s][col] = vals
+    header = ["scheme", "final valid loss", "left plateau at (per seed)"]
+    header += [f"{t}: loss" for t in texts] + [f"{t}: word order" for t in texts] + length_cols
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for s in schemes:
+        r = rows[s]
+        cells = [
+            s,
+            _mean_std(r.get("final_losses", [])),
+            ", ".join(str(x) for x in r.get("plateau_exit_steps") or []),
+        ]
+        cells += [_mean_std(r.get(f"ood:{t}", [])) for t in texts]
+        cells += [_mean_std(r.get(f"word_order:{t}", [])) for t in texts]
+        cells += [_mean_std(r.get(c, [])) for c in length_cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    markdown = "\n".join(lines) + "\n"
+    from tupe.io.files import atomic_write_text
+
+    atomic_write_text(out / "study.md", markdown)
+    atomic_write_text(out / "study.json", json.dumps({"seeds": seeds, "schemes": rows}, indent=1) + "\n")
+    return {"rows": rows, "markdown": markdown}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(parse_args(argv))
+    except TupeError as err:
+        print(f"study: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

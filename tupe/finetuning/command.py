@@ -1,0 +1,340 @@
+"""Fine-tune a pre-trained checkpoint on your own files: named entities (CoNLL), extractive question answering
+(SQuAD), multiple choice (SWAG) or sentence classification, over a learning-rate x seed grid (docs/finetuning.md).
+
+The grid, its resume and its Trainer runs are the machinery `tupe glue` uses (tupe/training/finetuning.py); a task
+family (ner.py, qa.py, choice.py, classification.py) brings its reader, encoding, head and metric. Everything the
+files or flags get wrong is refused in one line before anything is written. `OUT/results.json` holds the best
+learning rate's mean over seeds of every metric (x 100) at the top level, each seed's below, and every run;
+`OUT/predictions.jsonl` the validation predictions of the best run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tupe import validators as V
+from tupe.finetuning.arguments import FinetuneSettings, add_arguments, settings_from  # noqa: F401 (cli)
+from tupe.finetuning.family import Family
+
+RESULTS_FORMAT = 1
+
+
+def family_for(settings: FinetuneSettings) -> Family:
+    from tupe.finetuning.choice import ChoiceFamily
+    from tupe.finetuning.classification import ClassificationFamily
+    from tupe.finetuning.ner import NerFamily
+    from tupe.finetuning.qa import QaFamily
+
+    table = {f.name: f for f in (NerFamily, QaFamily, ChoiceFamily, ClassificationFamily)}
+    return table[settings.task](settings)
+
+
+def _subset(examples: list[Any], n: int | None) -> list[Any]:
+    """A fixed random subset (seed 0, the same for every run), kept in file order."""
+    if n is None or n >= len(examples):
+        return examples
+    import numpy as np
+
+    rows = sorted(np.random.default_rng(0).choice(len(examples), size=n, replace=False).tolist())
+    return [examples[i] for i in rows]
+
+
+def summarize(family: Family, runs: list[dict], lrs: list[float], seeds: list[int]) -> dict[str, Any]:
+    """Per learning rate the mean (and standard deviation) over its seeds of every metric; the best learning
+    rate by the mean main metric, its means at the top level and its seeds' scores."""
+    per_lr: dict[str, Any] = {}
+    for lr in lrs:
+        mine = sorted((r for r in runs if r["lr"] == lr), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        names = list(mine[0]["scores"])
+        per_lr[f"{lr:g}"] = {
+            "lr": lr,
+            "seeds": [r["seed"] for r in mine],
+            "n_seeds": len(mine),
+            "complete": all(any(r["seed"] == s for r in mine) for s in seeds),
+            "mean": {m: statistics.fmean(r["scores"][m] for r in mine) for m in names},
+            "std": {
+                m: statistics.stdev(r["scores"][m] for r in mine) if len(mine) > 1 else 0.0 for m in names
+            },
+            "per_seed": {str(r["seed"]): r["scores"] for r in mine},
+        }
+    if not per_lr:
+        return {"per_lr": per_lr, "best": None}
+    best = max(per_lr.values(), key=lambda v: v["mean"][family.main_metric])
+    return {
+        **{m: best["mean"][m] for m in family.metrics},
+        "best": {k: best[k] for k in ("lr", "n_seeds", "seeds", "mean", "std")},
+        "per_seed": best["per_seed"],
+        "per_lr": per_lr,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    V.check_out_folder("--out", args.out)
+    for flag, value in (("--train", args.train), ("--validation", args.validation)):
+        V.check_path_kind(flag, value, "any")
+    if args.tokenizer is not None:
+        V.check_path_kind("--tokenizer", args.tokenizer, "folder")
+    settings = settings_from(args)
+    V.apply_threads(args.threads)
+    quiet = args.quiet
+
+    def log(msg: str) -> None:
+        if not quiet:
+            print(msg, flush=True)
+
+    from tupe.glue.finetune import stop_on_sigterm
+    from tupe.runtime import hushed_libraries
+
+    with stop_on_sigterm(args.out, "tupe finetune"), hushed_libraries(args.progress, quiet):
+        finetune(
+            args.model,
+            settings,
+            args.train,
+            args.validation,
+            args.out,
+            scheme=args.scheme,
+            tokenizer_dir=args.tokenizer,
+            save_models=args.save_models,
+            overwrite=args.overwrite,
+            progress=args.progress and not quiet,
+            log=log,
+        )
+    return 0
+
+
+def finetune(
+    model_dir: str | Path,
+    settings: FinetuneSettings,
+    train_path: str | Path,
+    dev_path: str | Path,
+    out_dir: str | Path,
+    scheme: str | None = None,
+    tokenizer_dir: str | None = None,
+    save_models: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Read, check and encode everything (refusing bad input before anything is written), then run the grid in
+    `out_dir` under its lock. Returns the results."""
+    from tupe.io.checkpoints import read_config
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    train_path, dev_path = Path(train_path), Path(dev_path)
+    raw = read_config(model_dir)
+    settings = settings.resolved(int(raw.get("max_position_embeddings", 512)), raw.get("hidden_size"))
+    family = family_for(settings)
+    train = _subset(family.read(train_path), settings.max_train_samples)
+    dev = _subset(family.read(dev_path), settings.max_eval_samples)
+    family.check(train, dev, train_path, dev_path)
+
+    from tupe.glue.finetune import converted_if_bert
+    from tupe.io.files import folder_lock
+    from tupe.io.outputs import OutputFolder
+
+    with folder_lock(out_dir, "tupe finetune"):
+        # what the command writes at the top of --out; anything there that it did not write stops it here
+        outputs = OutputFolder(out_dir, "tupe finetune")
+        outputs.claim("results.json", "predictions.jsonl", "runs")
+        model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log, outputs)
+        return _run(
+            model_dir,
+            family,
+            settings,
+            train,
+            dev,
+            (train_path, dev_path),
+            out_dir,
+            scheme,
+            tokenizer_dir,
+            save_models,
+            overwrite,
+            progress,
+            log,
+            outputs,
+        )
+
+
+def _run(
+    model_dir: Path,
+    family: Family,
+    settings: FinetuneSettings,
+    train: list[Any],
+    dev: list[Any],
+    paths: tuple[Path, Path],
+    out_dir: Path,
+    scheme: str | None,
+    tokenizer_dir: str | None,
+    save_models: bool,
+    overwrite: bool,
+    progress: bool,
+    log: Callable[[str], None],
+    outputs: Any,
+) -> dict[str, Any]:
+    from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
+    from tupe.io.files import atomic_write_json, atomic_write_text
+    from tupe.runtime import tupe_version
+    from tupe.training.finetuning import finished_runs, run_grid, run_name
+
+    info, config = inspect_checkpoint(model_dir, scheme)
+    tokenizer = load_tokenizer(tokenizer_dir or model_dir, config, explicit=tokenizer_dir is not None)
+    train_ds = family.encode_train(tokenizer, train)
+    eval_ds, aux = family.encode_eval(tokenizer, dev)
+    fingerprint = {
+        "settings": settings.fingerprint_fields(),
+        "model_weights_sha256": info.weights_sha256,
+        "data_sha256": family.fingerprint(train, dev),
+    }
+    done = finished_runs(out_dir, fingerprint, overwrite, outputs)
+    grid = [(lr, seed) for lr in settings.lrs for seed in settings.seeds]
+    steps_per_run = int(math.ceil(math.ceil(len(train_ds) / settings.batch_size) * settings.epochs))
+    log(
+        f"{family.name}: {len(train)} train / {len(dev)} validation examples ({len(train_ds)} / {len(eval_ds)} "
+        f"model inputs) from {paths[0]}, {paths[1]}; model {model_dir} (scheme {info.scheme})"
+    )
+    log(
+        f"grid: {len(settings.lrs)} lr x {len(settings.seeds)} seeds = {len(grid)} runs, "
+        f"{sum(g in done for g in grid)} already done; {settings.epochs:g} epochs x "
+        f"{math.ceil(len(train_ds) / settings.batch_size)} steps (batch {settings.batch_size}, max length "
+        f"{settings.max_seq_len})"
+    )
+    baseline = family.baseline(train, dev)
+
+    def run_one(lr: float, seed: int, run_dir: Path, callbacks: list[Any]) -> dict:
+        from tupe.io.files import failed_writes_reported
+        from tupe.training.finetuning import (
+            load_head,
+            loss_curve,
+            make_trainer,
+            trainer_used,
+            training_arguments,
+        )
+
+        model = load_head(
+            family.model_class(), str(model_dir), seed, settings.dropout, **family.model_kwargs()
+        )
+        work = run_dir / "trainer"
+        args = training_arguments(
+            settings, lr, seed, work, len(train_ds), [], early_stopping=settings.early_stopping
+        )
+        trainer = make_trainer(
+            model,
+            args,
+            train_ds,
+            family.collator(tokenizer),
+            tokenizer,
+            callbacks,
+            eval_ds=eval_ds,
+            early_stopping=settings.early_stopping,
+        )
+        t0 = time.time()
+        out = trainer.train()
+        train_seconds = time.time() - t0
+        scores, rows = family.score(trainer.predict(eval_ds), aux, dev)
+        atomic_write_text(run_dir / "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        if save_models:
+            with failed_writes_reported(run_dir / "model", f"run lr={lr:g} seed={seed} is redone next time"):
+                trainer.save_model(str(run_dir / "model"))
+        used = trainer_used(trainer)
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+        return {
+            "lr": lr,
+            "seed": seed,
+            "scores": scores,
+            "main": scores[family.main_metric],
+            "train_loss": float(out.training_loss),
+            "loss_curve": loss_curve(trainer),
+            "steps": int(trainer.state.global_step),
+            "epochs_trained": float(trainer.state.epoch or 0.0),
+            "trainer": used,
+            "train_seconds": round(train_seconds, 2),
+            "seconds": round(time.time() - t0, 2),
+        }
+
+    state: dict[str, Any] = {}
+
+    def on_update(runs: list[dict]) -> None:
+        summary = summarize(family, runs, settings.lrs, settings.seeds)
+        best_run = None
+        if summary["best"] is not None:
+            mine = [r for r in runs if r["lr"] == summary["best"]["lr"]]
+            best_run = max(mine, key=lambda r: r["main"])
+        results = {
+            "format": RESULTS_FORMAT,
+            "command": "finetune",
+            "task": family.name,
+            "metrics": list(family.metrics),
+            "main_metric": family.main_metric,
+            "scale": 100,
+            "columns": [[col, metric] for col, metric in family.report_columns],
+            **summary,
+            "best_run": None if best_run is None else run_name(best_run["lr"], best_run["seed"]),
+            "baseline": baseline,
+            "label_names": family.label_names(),
+            "model": asdict(info),
+            "scheme": info.scheme,
+            "pretrain_steps": info.pretrain_steps,
+            "data": {
+                "train": str(paths[0]),
+                "validation": str(paths[1]),
+                "train_examples": len(train),
+                "validation_examples": len(dev),
+                "train_features": len(train_ds),
+                "validation_features": len(eval_ds),
+                **family.describe_data(train, dev),
+                "sha256": fingerprint["data_sha256"],
+            },
+            "settings": asdict(settings),
+            "protocol": "mean over seeds per learning rate; best learning rate by the mean main metric; scores on "
+            "the validation file after the last epoch"
+            + (" (the best epoch by validation loss: early stopping)" if settings.early_stopping else ""),
+            "engine": {"trainer": "transformers.Trainer", "tupe": tupe_version()},
+            "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid),
+            "runs": sorted(
+                ({k: v for k, v in r.items() if k not in ("fingerprint", "loss_curve")} for r in runs),
+                key=lambda r: (r["lr"], r["seed"]),
+            ),
+        }
+        if best_run is not None:
+            src = out_dir / "runs" / run_name(best_run["lr"], best_run["seed"]) / "predictions.jsonl"
+            atomic_write_text(out_dir / "predictions.jsonl", src.read_text(encoding="utf-8"))
+        atomic_write_json(out_dir / "results.json", results, indent=2, clean=True)
+        state["results"] = results
+
+    def describe(r: dict) -> str:
+        return ", ".join(f"{m}={r['scores'][m]:.2f}" for m in family.metrics)
+
+    run_grid(
+        out_dir,
+        grid,
+        done,
+        fingerprint,
+        run_one,
+        on_update,
+        steps_per_run,
+        f"{family.name} grid",
+        progress,
+        log,
+        describe,
+        outputs,
+    )
+    results = state["results"]
+    if results["best"] is not None:
+        b = results["best"]
+        log(
+            f"best lr {b['lr']:g}: mean {family.main_metric} {b['mean'][family.main_metric]:.2f} over "
+            f"{b['n_seeds']} seeds -> {out_dir / 'results.json'}"
+        )
+    return results
