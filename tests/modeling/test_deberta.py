@@ -143,7 +143,8 @@ def test_relative_embeddings_are_shared_and_projected_by_each_layer():
     assert ctx.relative_embeddings.shape == (17, 24) and ctx.bias is None
     q = k = torch.zeros(1, 2, 9, 12, dtype=torch.float64)
     # zero queries and keys: both terms vanish whatever the projections
-    assert ctx.layer_term(q, k, model.layers[0].attention.project_positions).abs().max() == 0
+    term = ctx.layer_term(q, k, model.layers[0].attention.project_positions, ctx.relative_embeddings)
+    assert term.abs().max() == 0
 
 
 def test_relative_scores_match_the_gather_formula_and_gradcheck():

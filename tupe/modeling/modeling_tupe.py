@@ -129,7 +129,7 @@ class TupeSelfAttention(nn.Module):
         if ctx.query_add is not None:
             q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
         if ctx.layer_term is not None:  # a term of this layer's own queries, keys and projections (DeBERTa)
-            ctx = ctx.for_layer(ctx.layer_term(q, k, self.project_positions))
+            ctx = ctx.for_layer(ctx.layer_term(q, k, self.project_positions, ctx.relative_embeddings))
         dropout_p = self.dropout_p if self.training else 0.0
 
         if inputs.kernel == "eager":

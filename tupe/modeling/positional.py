@@ -37,9 +37,11 @@ class PositionalContext:
       (long sequences on GPU); `has_bias` tells whether there is one without building it.
     - relative_embeddings (m, hidden): position vectors shared by all layers that each layer projects with its own
       weights (DeBERTa's relative embeddings, one row per offset `i - j` that occurs).
-    - layer_term: `layer_term(q, k, project) -> (b, h, n, n)`, an additive logit term that depends on the layer's
-      queries and keys and on `project(r) -> (r W^Q, r W^K)`, the layer's own projections (each (h, m, d)).
-      The attention layer calls it once per layer and hands the result to the kernel as `layer_logits`.
+    - layer_term: `layer_term(q, k, project, relative_embeddings) -> (b, h, n, n)`, an additive logit term that
+      depends on the layer's queries and keys and on `project(r) -> (r W^Q, r W^K)`, the layer's own projections
+      (each (h, m, d)), of the context's `relative_embeddings` (passed in, not captured, so that gradient
+      checkpointing can hand each layer its own copy). The attention layer calls it once per layer and hands
+      the result to the kernel as `layer_logits`.
     - layer_logits (b, h, n, n): that term for the layer being run (set on the layer's copy of the context).
     """
 
@@ -725,7 +727,7 @@ class Deberta(PositionalScheme):
         rel = self.relative(n)  # (2n - 1, hidden), offsets n - 1 .. -(n - 1)
         scale, training, p = self.logit_scale, self.training, self.dropout_p
 
-        def layer_term(q: torch.Tensor, k: torch.Tensor, project) -> torch.Tensor:
+        def layer_term(q: torch.Tensor, k: torch.Tensor, project, rel: torch.Tensor) -> torch.Tensor:
             qr, kr = project(dropout(rel, p, training))  # (h, 2n - 1, d) each
             return relative_scores(q, k, qr, kr, scale)
 
