@@ -28,7 +28,7 @@ class TupeConfig(PretrainedConfig):
             LM. `tupe pretrain` turns it on for its own training (same loss, much less head work).
         rope_theta: base of the rotary frequencies for `rope`.
         position_buckets / max_relative_positions: `deberta`'s log buckets of `i - j` (`DebertaV2Config`'s
-            names; the released DeBERTa-v3 values 256 and -1, i.e. `max_position_embeddings`). With
+            names; the released DeBERTa-v3 values 256 and -1, i.e. `max_position_embeddings`, stored resolved). With
             `position_buckets <= 0` offsets are not bucketed, only clipped at `max_relative_positions`.
         attention_kernel: the attention path, one of `ATTENTION_KERNELS`, saved with the model so a reloaded
             model runs the kernel it was trained and benchmarked with. "auto" picks per forward pass (see
@@ -77,15 +77,21 @@ class TupeConfig(PretrainedConfig):
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})"
             )
-        relative_limit = max_relative_positions if max_relative_positions >= 1 else max_position_embeddings
+        # -1 means max_position_embeddings, resolved now so that a copy built for longer inputs (`tupe evaluate
+        # --lengths`) keeps the bucket boundaries it was trained with
+        if max_relative_positions < 1:
+            max_relative_positions = max_position_embeddings
+        mid = position_buckets // 2
         if (
             position_scheme == "deberta"
             and position_buckets > 0
-            and relative_limit - 1 <= position_buckets // 2
+            and max_position_embeddings - 1 > mid
+            and max_relative_positions - 1 <= mid
         ):
             raise ValueError(
-                f"deberta's log buckets need max_relative_positions - 1 > position_buckets / 2, got "
-                f"max_relative_positions {relative_limit} and position_buckets {position_buckets}"
+                f"deberta's log buckets need max_relative_positions - 1 > position_buckets / 2 when inputs can "
+                f"be longer than that; got max_relative_positions {max_relative_positions}, position_buckets "
+                f"{position_buckets}, max_position_embeddings {max_position_embeddings}"
             )
         if position_scheme == "rope" and (hidden_size // num_attention_heads) % 2 != 0:
             raise ValueError(f"rope needs an even head dimension, got {hidden_size // num_attention_heads}")
