@@ -64,7 +64,8 @@ def _card_notes(ckpt: str, state: dict[str, Any], dictionary: Any, lowercase: bo
         f"Converted by `tupe convert fairseq` from the fairseq checkpoint `{Path(ckpt).name}` of the authors' "
         "released TUPE code (https://github.com/guolinke/TUPE; the TUPE-R checkpoint of its README is "
         "`tupe_ckp.tar.gz`). The encoder's outputs equal the released forward's (see `docs/released-checkpoint.md` "
-        "of the `tupe` package); weights were stored in float32.",
+        "of the `tupe` package); weights stored in float32 (float64 if the checkpoint's were), widened exactly "
+        "from a half-precision checkpoint.",
         "",
         f"Tokenizer: Moses (`tokenizer.perl -no-escape -l en`, via sacremoses){' after lower-casing' if lowercase else ''}"
         f", the fastBPE codes, the fairseq dictionary `{Path(dictionary.path).name}` "

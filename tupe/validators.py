@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tupe.errors import TupeError
@@ -91,6 +91,20 @@ nonneg_float = float_range(0)
 prob = float_range(0, 1)  # a probability, 0 and 1 included
 open_prob = float_range(0, 1, lo_open=True, hi_open=True)  # strictly between 0 and 1
 unit_interval = float_range(0, 1, hi_open=True)  # 0 <= x < 1 (dropout, Adam betas)
+
+
+def name_list(text: str, valid: Sequence[str], flag: str, what: str) -> list[str]:
+    """A comma-separated list of names from `valid` (`--schemes bert-a,tupe-a`), at least one, none twice; a
+    `TupeError` naming `flag` and the choices otherwise. The one parser of such lists (`what`: "scheme")."""
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    if not items:
+        raise TupeError(f"{flag} needs at least one {what}")
+    for item in items:
+        if item not in valid:
+            raise TupeError(f"unknown {what} {item!r} in {flag}; choose from: {', '.join(valid)}")
+    if len(set(items)) != len(items):
+        raise TupeError(f"{flag} lists a {what} twice: {text}")
+    return items
 
 
 def int_list(lo: int = 1) -> Callable[[str], list[int]]:

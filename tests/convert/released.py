@@ -82,13 +82,17 @@ def fairseq_args(**overrides) -> argparse.Namespace:
 
 
 def random_state_dict(
-    args: argparse.Namespace, vocab: int, heads: dict[str, int] | None = None, seed: int = 0
+    args: argparse.Namespace,
+    vocab: int,
+    heads: dict[str, int] | None = None,
+    seed: int = 0,
+    scale: float = 0.3,
 ):
     """The released `BertModel`'s state dict with random weights (LayerNorms included, so none is trivial)."""
     g = torch.Generator().manual_seed(seed)
     H, F, L = args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_layers
 
-    def r(*shape, scale=0.3):
+    def r(*shape, scale=scale):
         return torch.randn(*shape, generator=g) * scale
 
     sd = OrderedDict()

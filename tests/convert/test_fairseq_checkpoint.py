@@ -101,7 +101,15 @@ def test_convert_command_writes_a_complete_folder(tmp_path, bpe):
     from tupe.cli import main
     from tupe.io.checkpoints import load_model_and_tokenizer
 
-    path, args, sd, _ = _checkpoint(tmp_path, bpe, heads={"sentence_classification_head": 2})
+    # a float64 checkpoint (as a released model run in float64 saves): converted without rounding
+    args = fairseq_args()
+    sd = random_state_dict(
+        args, 7 + len(read_dict_txt(bpe[1])) + 1, heads={"sentence_classification_head": 2}
+    )
+    sd = {k: v.double() if v.is_floating_point() else v for k, v in sd.items()}
+    sd["decoder.lm_head.weight"] = sd[ENC + "embed_tokens.weight"]
+    path = tmp_path / "checkpoint_best.pt"
+    save_checkpoint(path, args, sd)
     out = tmp_path / "converted"
     codes, dict_txt, _ = bpe
     argv = [
@@ -132,7 +140,8 @@ def test_convert_command_writes_a_complete_folder(tmp_path, bpe):
     )
     assert json.loads((out / "config.json").read_text())["pretrain_steps"] == 1000
 
-    model = AutoModelForMaskedLM.from_pretrained(out, dtype=torch.float64).eval()
+    model = AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert model.dtype == torch.float64
     tok = AutoTokenizer.from_pretrained(out)
     enc = tok(
         ["The lazy dog jumps.", "Mr. Smith went to Washington, and the fox followed."],
@@ -221,3 +230,58 @@ def test_what_tupe_cannot_represent_is_refused_by_name(tmp_path, bpe):
     short.write_text("the 5\n")
     with pytest.raises(TupeError, match=r"short.txt: 1 entries do not fit the checkpoint's"):
         TupeForMaskedLM.from_fairseq(path, short)
+
+
+@pytest.mark.slow
+def test_evaluate_analyze_and_glue_run_on_a_converted_folder(tmp_path, bpe):
+    from tests.convert.bpe import TEXT
+    from tupe.cli import main
+
+    path, *_ = _checkpoint(tmp_path, bpe, max_positions=32, tokens_per_sample=32)
+    codes, dict_txt, _ = bpe
+    model, text = tmp_path / "model", tmp_path / "text.txt"
+    text.write_text("\n".join(TEXT * 12) + "\n")
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+    rows = [f"{i % 2}\t{i}\t{i + 100}\t{TEXT[i % 7]}\t{TEXT[(i + 3) % 7]}\n" for i in range(16)]
+    (tmp_path / "train.tsv").write_text(header + "".join(rows))
+    (tmp_path / "dev.tsv").write_text(header + "".join(rows[:6]))
+    commands = [
+        f"convert fairseq {path} --dict {dict_txt} --bpe-codes {codes} --out {model}",
+        f"evaluate --model {model} --text {text} --max-length 16 --max-blocks 4 --pppl-tokens 8 --bootstrap 5 "
+        f"--cache-dir {tmp_path / 'cache'} --no-progress",
+        f"analyze --model {model} --text {text} --out {tmp_path / 'an'} --max-length 16 --num-blocks 2 --no-progress",
+        f"glue --model {model} --task MRPC --train-file {tmp_path / 'train.tsv'} --dev-file {tmp_path / 'dev.tsv'} "
+        f"--out {tmp_path / 'glue'} --lrs 1e-4 --seeds 1 --epochs 1 --max-seq-len 32 --no-progress",
+    ]
+    for command in commands:
+        assert main(command.split()) == 0, command
+    assert (tmp_path / "an" / "patterns.png").is_file()
+    assert (tmp_path / "glue" / "results.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel_pos", [True, False], ids=["tupe-r", "tupe-a"])
+def test_bert_base_shape_equals_the_released_forward(tmp_path, bpe, rel_pos):
+    """The released BERT-Base shape (12 x 768, 12 heads, FFN 3072, 512 positions), 160 tokens with and without
+    padding; prints the max abs differences reported in docs/RESULTS.md."""
+    from tupe import TupeForMaskedLM
+
+    args = fairseq_args(
+        encoder_layers=12, encoder_embed_dim=768, encoder_ffn_embed_dim=3072, encoder_attention_heads=12,
+        max_positions=512, tokens_per_sample=512, rel_pos=rel_pos,
+    )  # fmt: skip
+    vocab = 7 + len(read_dict_txt(bpe[1])) + 1
+    sd = random_state_dict(args, vocab, scale=0.05)
+    save_checkpoint(tmp_path / "base.pt", args, sd)
+    model = TupeForMaskedLM.from_fairseq(tmp_path / "base.pt", bpe[1], dtype=torch.float64)
+    ids = _tokens(vocab, [160, 97], 160)
+    mask = (ids != 1).long()
+    with torch.no_grad():
+        want = released_forward(sd, args, ids[:1])
+        full = (model(ids[:1]).logits - want).abs().max().item()
+        padded = (model(ids, attention_mask=mask).logits - released_forward(sd, args, ids))[mask.bool()]
+    padded = padded.abs().max().item()
+    print(f"\nlogits up to {want.abs().max().item():.1f} in magnitude", end="")
+    print(f"\n{model.config.position_scheme} BERT-Base shape, 160 tokens: max |logit diff| {full:.2e} unpadded, "
+          f"{padded:.2e} padded")  # fmt: skip
+    assert full < TOL and padded < TOL

@@ -6,15 +6,7 @@ import json
 
 import pytest
 
-import tupe.modeling
 from tupe.cli import main
-
-# The token, question-answering and multiple-choice heads come from tupe.modeling (issue 27.1, another branch);
-# until they are there, the runs that need them cannot start.
-needs_heads = pytest.mark.skipif(
-    not hasattr(tupe.modeling, "TupeForTokenClassification"),
-    reason="TupeFor{Token,QuestionAnswering,MultipleChoice} are not in tupe.modeling yet",
-)
 
 
 def _finetune(model, task, train, validation, out, *extra):
@@ -58,7 +50,6 @@ def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@needs_heads
 def test_ner_results_predictions_resume_and_report(tiny_model, data_dir, tmp_path, capsys):
     from seqeval.metrics import f1_score, precision_score
 
@@ -113,7 +104,6 @@ def test_classification_from_csv(tiny_model, data_dir, tmp_path):
     assert r["accuracy"] == pytest.approx(100 * sum(x["label"] == x["prediction"] for x in rows) / 12)
 
 
-@needs_heads
 @pytest.mark.slow
 @pytest.mark.parametrize("v2", [False, True])
 def test_qa_squad(tiny_model, data_dir, tmp_path, v2):
@@ -132,7 +122,6 @@ def test_qa_squad(tiny_model, data_dir, tmp_path, v2):
     assert r["data"]["validation_features"] > r["data"]["validation_examples"]  # several windows per context
 
 
-@needs_heads
 @pytest.mark.slow
 def test_multiple_choice_swag(tiny_model, data_dir, tmp_path):
     out = tmp_path / "mc"
@@ -147,7 +136,6 @@ def test_multiple_choice_swag(tiny_model, data_dir, tmp_path):
     assert 0 <= r["baseline"]["most_frequent_train_label"]["accuracy"] <= 100
 
 
-@needs_heads
 @pytest.mark.slow
 def test_early_stopping_keeps_the_best_epoch(tiny_model, data_dir, tmp_path):
     out = tmp_path / "es"

@@ -180,23 +180,6 @@ def test_configs_saved_with_sparse_prediction_keep_it(tmp_path):
     assert TupeForMaskedLM.from_pretrained(tmp_path).config.sparse_prediction is True
 
 
-def test_pretraining_turns_sparse_prediction_on():
-    from types import SimpleNamespace
-
-    from tupe.training.model import model_config
-
-    class Tokenizer:
-        pad_token_id, cls_token_id, sep_token_id, mask_token_id = 0, 1, 2, 3
-
-        def __len__(self):
-            return 50
-
-    values = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
-    values.update(max_length=32, dropout=0.0)
-    config = SimpleNamespace(scheme="tupe-a", dense_prediction=False)
-    assert model_config(config, values, Tokenizer())["sparse_prediction"] is True
-
-
 def _labels_for(problem_type, num_labels, batch=4):
     if problem_type == "regression":
         return torch.randn(batch) if num_labels == 1 else torch.randn(batch, num_labels)

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 # Backend names, as in runner.BACKENDS (kept here so the parser needs no torch; tests check they agree)
 BACKEND_NAMES = ("eager", "sdpa", "sdpa-fold", "fused", "flex", "default")
-HF_BERT = "hf-bert"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -191,16 +190,6 @@ def default_batch(preset: str, seq_len: int | None, batch_size: int | None) -> t
     return seq, batch
 
 
-def _parse_list(value: str, valid, what: str) -> list[str]:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    for item in items:
-        if item not in valid:
-            raise TupeError(f"unknown {what} {item!r}; valid: {', '.join(valid)}")
-    if not items:
-        raise TupeError(f"--{what}s is empty")
-    return items
-
-
 def machine_description(device: torch.device) -> dict:
     import torch
 
@@ -245,6 +234,8 @@ def _fmt_bytes(n: int | None) -> str:
 
 def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
     """Step-time ratios the targets are stated in (medians of the same run)."""
+    from tupe.training.model import HF_BERT
+
     by = {(r["scheme"], r["backend"]): r[key] for r in rows if r.get(key)}
     out = {}
     hf = by.get((HF_BERT, "sdpa"))
@@ -261,6 +252,7 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
 
 def _print_steps(result: dict, rows: list[dict], shape: Shape, args: argparse.Namespace, peak: float) -> None:
     from tupe.runtime import cpu_allocator_tuned
+    from tupe.training.model import HF_BERT
 
     print(
         f"training step, batch {args.batch_size} x {args.seq_len}, {shape.num_hidden_layers} x "
@@ -381,8 +373,8 @@ def run(args: argparse.Namespace) -> int:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = V.parse_device(args.device)
-    schemes = _parse_list(args.schemes, POSITION_SCHEMES, "scheme")
-    backends = _parse_list(args.backends, BACKENDS, "backend")
+    schemes = V.name_list(args.schemes, POSITION_SCHEMES, "--schemes", "scheme")
+    backends = V.name_list(args.backends, list(BACKENDS), "--backends", "backend")
     args.seq_len, args.batch_size = default_batch(args.preset, args.seq_len, args.batch_size)
     if args.seq_len < 2 or args.batch_size < 1 or args.rounds < 1:
         raise TupeError("--seq-len must be >= 2, --batch-size and --rounds >= 1")
@@ -450,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
         if args.end_to_end:
             from .endtoend import compare_end_to_end
 
-            e2e_schemes = _parse_list(args.e2e_schemes, POSITION_SCHEMES, "scheme")
+            e2e_schemes = V.name_list(args.e2e_schemes, POSITION_SCHEMES, "--e2e-schemes", "scheme")
             result["end_to_end"] = compare_end_to_end(
                 groups, args, e2e_schemes, threads=torch.get_num_threads(), log=log
             )

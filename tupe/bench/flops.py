@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported where used: `tupe bench --help` imports this module for `Shape`
     import torch
 
-HF_BERT = "hf-bert"  # transformers' BertForMaskedLM: BERT-A's count
-
 
 @dataclass(frozen=True)
 class Shape:
@@ -52,6 +50,7 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     `scheme` is a TUPE position scheme or "hf-bert" (BERT-A with a dense head; same count as "bert-a").
     """
     from tupe.modeling.positional import scheme_class
+    from tupe.training.model import HF_BERT
 
     h, f, v, layers = shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.num_hidden_layers
     tokens = batch * seq_len

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .flops import HF_BERT, Shape, train_step_flops
+from tupe.training.model import HF_BERT
+
+from .flops import Shape, train_step_flops
 
 # Backend name -> TupeConfig.attention_kernel
 BACKENDS: dict[str, str] = {
@@ -138,13 +140,12 @@ def make_batch(
     }
 
 
-def _optimizer(model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    """The recipe's AdamW; the fused implementation where PyTorch has one for the device (CPU and CUDA)."""
-    kwargs = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
-    try:
-        return torch.optim.AdamW(model.parameters(), fused=True, **kwargs)
-    except (RuntimeError, TypeError):  # pragma: no cover - devices without a fused kernel
-        return torch.optim.AdamW(model.parameters(), **kwargs)
+def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The recipe's optimizer, as `tupe pretrain` builds it (`tupe.training.optimizers`: AdamW, fused where PyTorch
+    has the kernel for the model's device, the same parameter groups)."""
+    from tupe.training.optimizers import DEFAULT_OPTIMIZER, OptimizerSettings, build_optimizer
+
+    return build_optimizer(DEFAULT_OPTIMIZER, model, OptimizerSettings(lr=1e-4))
 
 
 def build_tupe(
@@ -170,7 +171,7 @@ def build_tupe(
     rows = int((batch["labels"] != -100).sum())
     flops = train_step_flops(shape, scheme, batch["input_ids"].shape[0], seq_len, rows)
     label = f"{scheme} [{backend}]"
-    return Candidate(label, scheme, backend, resolved, model, _optimizer(model, device), batch, flops)
+    return Candidate(label, scheme, backend, resolved, model, _optimizer(model), batch, flops)
 
 
 def build_hf_bert(
@@ -183,8 +184,8 @@ def build_hf_bert(
     torch.manual_seed(0)
     model = BertForMaskedLM(config).to(device=device, dtype=dtype).train()
     b = batch["input_ids"].shape[0]
-    flops = train_step_flops(shape, "hf-bert", b, seq_len, b * seq_len)
-    return Candidate(HF_BERT, HF_BERT, "sdpa", "sdpa", model, _optimizer(model, device), batch, flops)
+    flops = train_step_flops(shape, HF_BERT, b, seq_len, b * seq_len)
+    return Candidate(HF_BERT, HF_BERT, "sdpa", "sdpa", model, _optimizer(model), batch, flops)
 
 
 def _sync(device: torch.device) -> None:

@@ -49,17 +49,11 @@ LOG_DIR = "logs"  # a parallel run's output: DIR/logs/<scheme>[-seed-<s>].log
 
 
 def parse_schemes(text: str) -> list[str]:
+    """`--schemes`: schemes of `--scheme` (hf-bert included), the first the reference."""
     from tupe.training.model import SCHEMES
+    from tupe.validators import name_list
 
-    schemes = [s.strip() for s in text.split(",") if s.strip()]
-    if len(schemes) < 1:
-        raise TupeError("--schemes needs at least one scheme")
-    for s in schemes:
-        if s not in SCHEMES:
-            raise TupeError(f"unknown scheme {s!r} in --schemes; choose from: {', '.join(SCHEMES)}")
-    if len(set(schemes)) != len(schemes):
-        raise TupeError(f"--schemes lists a scheme twice: {text}")
-    return schemes
+    return name_list(text, SCHEMES, "--schemes", "scheme")
 
 
 def parse_seeds(text: str) -> list[int]:

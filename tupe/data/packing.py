@@ -123,15 +123,16 @@ def _group_lines(lines: list[str], ends: list[bool]) -> tuple[list[str], list[bo
 
 
 def encode_to_stream(corpus, tokenizer, out_file: Path, progress: bool = True, sep_id: int = SEP_ID) -> dict:  # noqa: ANN001
-    """Tokenize every document (batch fast tokenizer, parallel in Rust), append ids + [SEP] to `out_file`.
+    """Tokenize every document (batch fast tokenizer, parallel in Rust; a slow tokenizer line by line), append
+    ids + [SEP] to `out_file`.
 
     `sep_id`: the separator's id, for tokenizers outside the project's contract (a BERT WordPiece)."""
     from tqdm.auto import tqdm
 
     from tupe.data.corpus import iter_line_batches
 
-    backend = tokenizer.backend_tokenizer
-    if hasattr(backend.model, "_resize_cache"):
+    backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
+    if backend is not None and hasattr(backend.model, "_resize_cache"):
         backend.model._resize_cache(1 << 20)  # BPE word cache: most words repeat, this saves most merges
     vocab = len(tokenizer)
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
@@ -143,12 +144,16 @@ def encode_to_stream(corpus, tokenizer, out_file: Path, progress: bool = True, s
     )
     with out_file.open("wb") as fh:
         for lines, ends, done in iter_line_batches(corpus):
-            items, item_ends = _group_lines(lines, ends)
-            encs = backend.encode_batch_fast(items, add_special_tokens=False)
-            lens = np.fromiter((len(e.ids) for e in encs), dtype=np.int64, count=len(encs))
-            flat = np.fromiter(
-                itertools.chain.from_iterable(e.ids for e in encs), dtype=dtype, count=int(lens.sum())
-            )
+            if backend is not None:
+                items, item_ends = _group_lines(lines, ends)
+                encs = [e.ids for e in backend.encode_batch_fast(items, add_special_tokens=False)]
+            else:
+                # a slow (Python) tokenizer, e.g. the released TUPE pipeline's Moses + BPE: line by line, since
+                # Moses reads a line as a sentence and joining lines would change its tokens
+                items, item_ends = lines, ends
+                encs = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(x)) for x in items]
+            lens = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+            flat = np.fromiter(itertools.chain.from_iterable(encs), dtype=dtype, count=int(lens.sum()))
             # a [SEP] after the last piece of every document
             doc_end_pos = np.cumsum(lens)[np.asarray(item_ends, dtype=bool)]
             flat = np.insert(flat, doc_end_pos, np.asarray(sep_id, dtype=dtype))

@@ -148,8 +148,25 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
 
 
 def tokenizer_fingerprint(tok) -> str:  # noqa: ANN001
-    """Hash of the tokenizer's full definition (vocab, merges, normalisation); keys the packed-data cache."""
-    return hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+    """Hash of the tokenizer's full definition (vocab, merges, normalisation); keys the packed-data cache.
+
+    A slow (Python) tokenizer, such as the released TUPE pipeline's Moses + BPE, is hashed by its class, vocabulary,
+    BPE merges and scalar options."""
+    if getattr(tok, "is_fast", False):
+        return hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+    ranks = getattr(tok, "bpe_ranks", {}) or {}
+    options = {
+        k: v
+        for k, v in sorted(tok.init_kwargs.items())
+        if isinstance(v, (bool, int, float, str)) and not k.endswith("_file") and k != "name_or_path"
+    }
+    definition = {
+        "class": f"{type(tok).__module__.rsplit('.', 1)[-1]}.{type(tok).__name__}",
+        "vocab": sorted(tok.get_vocab().items(), key=lambda kv: kv[1]),
+        "merges": [list(pair) for pair, _ in sorted(ranks.items(), key=lambda kv: kv[1])],
+        "options": options,
+    }
+    return hashlib.sha256(json.dumps(definition, ensure_ascii=False).encode()).hexdigest()[:20]
 
 
 def get_or_train_tokenizer(

@@ -9,6 +9,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.training.finetuning import add_grid_arguments, add_run_arguments, grid_settings
 
 FAMILIES = ("ner", "qa", "multiple-choice", "classification")
 DEFAULT_SEEDS = (1, 2, 3)
@@ -102,27 +103,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=V.nonempty_path,
         help="output directory (results.json, predictions.jsonl)",
     )
-    p.add_argument(
-        "--lrs",
-        type=V.float_list(0.0),
-        help="learning rates (default as `tupe glue`: 2e-5,3e-5,4e-5,5e-5; 5e-5,1e-4,3e-4 for a model narrower "
-        "than 512)",
-    )
-    p.add_argument(
-        "--seeds",
-        type=V.int_list(0),
-        default=list(DEFAULT_SEEDS),
-        help="seeds (default 1,2,3); mean over them",
-    )
-    p.add_argument("--epochs", type=V.positive_float, default=DEFAULT_EPOCHS, help="epochs (default 3)")
-    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
-    p.add_argument(
-        "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
-    )
-    p.add_argument(
-        "--max-seq-len",
-        type=V.int_range(8),
-        help="max tokens per example or window (default min(512, model's max); qa: min(384, model's max))",
+    add_grid_arguments(
+        p,
+        lrs_help="learning rates (default as `tupe glue`: 2e-5,3e-5,4e-5,5e-5; 5e-5,1e-4,3e-4 for a model "
+        "narrower than 512)",
+        seeds_default=DEFAULT_SEEDS,
+        epochs_default=DEFAULT_EPOCHS,
+        epochs_help="epochs (default 3)",
+        max_seq_len_help="max tokens per example or window (default min(512, model's max); qa: min(384, model's "
+        "max))",
     )
     p.add_argument(
         "--early-stopping",
@@ -130,14 +119,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATIENCE",
         help="evaluate the validation loss every epoch, stop after PATIENCE epochs without improvement and keep "
         "the best epoch's weights (default: off, the last epoch is scored)",
-    )
-    p.add_argument(
-        "--max-train-samples", type=V.positive_int, help="a fixed random subset of the training set"
-    )
-    p.add_argument(
-        "--max-eval-samples",
-        type=V.positive_int,
-        help="a fixed random subset of the validation set (smoke tests)",
     )
     qa = p.add_argument_group("question answering")
     qa.add_argument(
@@ -154,49 +135,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="SQuAD v2.0: questions may have no answer (predicted when [CLS] outscores every span)",
     )
-    p.add_argument(
-        "--warmup-ratio", type=V.float_range(0, 1, hi_open=True), default=0.06, help="default 0.06"
-    )
-    p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
-    p.add_argument(
-        "--dropout",
-        type=V.float_range(-1, 1, hi_open=True),
-        default=0.1,
-        help="hidden and attention dropout while fine-tuning (default 0.1; -1 keeps the checkpoint's)",
-    )
-    p.add_argument("--scheme", help="expected position scheme; an error if the checkpoint's differs")
-    p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
-    p.add_argument(
-        "--save-models", action="store_true", help="keep every run's fine-tuned model (runs/*/model)"
-    )
-    p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
-    V.add_threads_progress(p, "progress bar")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    add_run_arguments(p)
     V.annotate_ranges(p)
 
 
 def settings_from(args: argparse.Namespace) -> FinetuneSettings:
     return FinetuneSettings(
         task=args.task,
-        lrs=args.lrs,
-        seeds=args.seeds,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        max_seq_len=args.max_seq_len,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
-        dropout=None if args.dropout < 0 else args.dropout,
         early_stopping=args.early_stopping,
         doc_stride=args.doc_stride,
         max_answer_length=args.max_answer_length,
         n_best=args.n_best,
         version_2_with_negative=args.version_2_with_negative,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        fp16=args.fp16,
-        bf16=args.bf16,
+        **grid_settings(args),
     )

@@ -23,14 +23,23 @@ class Encoded:
 
 def encode_split(tokenizer: Any, split: Split, max_seq_len: int, regression: bool) -> Encoded:
     """Tokenize `[CLS] A [SEP] B [SEP]` with the model's tokenizer, truncating the longer side first."""
-    enc = tokenizer(
-        split.text_a,
-        split.text_b,
-        truncation="longest_first",
-        max_length=max_seq_len,
-        padding=False,
-        return_token_type_ids=False,
-    )
+    from transformers.utils import logging as hf_logging
+
+    # slow (Python) tokenizers warn once per truncated pair that overflowing tokens are not returned; truncation
+    # is counted below (`at_max_length`) and reported once
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        enc = tokenizer(
+            split.text_a,
+            split.text_b,
+            truncation="longest_first",
+            max_length=max_seq_len,
+            padding=False,
+            return_token_type_ids=False,
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     labels = [float(x) for x in split.labels] if regression else [int(x) for x in split.labels]
     ids = enc["input_ids"]
     return Encoded(

@@ -47,7 +47,12 @@ from tupe.io.files import atomic_write_json, folder_lock
 from tupe.io.outputs import OutputFolder
 from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import hushed_libraries
-from tupe.training.finetuning import finished_runs, read_run_result  # noqa: F401  (re-exported)
+from tupe.training.finetuning import (
+    add_grid_arguments,
+    add_run_arguments,
+    finished_runs,
+    grid_settings,
+)
 from tupe.training.finetuning import run_grid as run_grid_loop
 from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
@@ -311,7 +316,11 @@ def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) ->
 
 
 def converted_if_bert(
-    model_dir: Path, out_dir: Path, tokenizer_dir: str | None, log: Callable, outputs: OutputFolder | None = None
+    model_dir: Path,
+    out_dir: Path,
+    tokenizer_dir: str | None,
+    log: Callable,
+    outputs: OutputFolder | None = None,
 ) -> Path:
     """A `transformers` BERT folder (BertForMaskedLM / BertModel) converted to `bert-a` in OUT/converted-bert-a
     (once; with its tokenizer), with a one-line notice; any other folder is returned as is."""
@@ -451,58 +460,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", required=True, type=V.nonempty_path, help="output directory (results.json, runs/)"
     )
-    p.add_argument(
-        "--lrs",
-        type=V.float_list(0.0),
-        help="learning rates (default: the paper's 2e-5,3e-5,4e-5,5e-5; for a model narrower than "
+    add_grid_arguments(
+        p,
+        lrs_help="learning rates (default: the paper's 2e-5,3e-5,4e-5,5e-5; for a model narrower than "
         f"{SMALL_MODEL_WIDTH}, {','.join(f'{x:g}' for x in SMALL_MODEL_LRS)})",
-    )
-    p.add_argument("--seeds", type=V.int_list(0), default=list(PAPER_SEEDS), help="seeds (default 1,2,3,4,5)")
-    p.add_argument(
-        "--epochs",
-        type=V.positive_float,
-        help=f"epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI; {SMALL_MODEL_EPOCHS:g} for a model "
+        seeds_default=PAPER_SEEDS,
+        epochs_default=None,
+        epochs_help=f"epochs (default: the paper's 10, or 5 for MNLI/QQP/QNLI; {SMALL_MODEL_EPOCHS:g} for a model "
         f"narrower than {SMALL_MODEL_WIDTH})",
+        max_seq_len_help="max tokens per example (default min(512, model's max))",
     )
-    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
-    p.add_argument(
-        "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
-    )
-    p.add_argument(
-        "--max-seq-len", type=V.int_range(8), help="max tokens per example (default min(512, model's max))"
-    )
-    p.add_argument(
-        "--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set"
-    )
-    p.add_argument(
-        "--max-eval-samples",
-        type=V.positive_int,
-        help="use a fixed random subset of each dev set (not comparable)",
-    )
-    p.add_argument(
-        "--warmup-ratio",
-        type=V.float_range(0, 1, hi_open=True),
-        default=0.06,
-        help="linear warm-up fraction (default 0.06)",
-    )
-    p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
     p.add_argument("--adam-betas", default="0.9,0.999", help="Adam betas (default the paper's 0.9,0.999)")
     p.add_argument("--adam-eps", type=V.positive_float, default=1e-6, help="Adam epsilon (default 1e-6)")
     p.add_argument("--clip", type=V.nonneg_float, default=1.0, help="gradient clipping norm (default 1.0)")
-    p.add_argument(
-        "--dropout",
-        type=V.float_range(-1, 1, hi_open=True),
-        default=0.1,
-        help="hidden and attention dropout while fine-tuning (default the paper's 0.1; -1 keeps the checkpoint's)",
-    )
-    p.add_argument("--scheme", help="expected position scheme; an error if the checkpoint's differs")
-    p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
-    p.add_argument(
-        "--save-models", action="store_true", help="keep every run's fine-tuned model (runs/*/model)"
-    )
-    p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
-    V.add_threads_progress(p, "progress bar")
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_run_arguments(p)
     add_report_arguments(p)
     add_hub_arguments(
         p,
@@ -510,9 +481,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         id_help="Hub repository prefix for --push-to-hub; each run adds its name, e.g. "
         "me/tupe-a-rte-lr2e-05_seed1 (default prefix: the --out folder's name)",
     )
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
     V.annotate_ranges(p)
 
 
@@ -544,23 +512,11 @@ def run(args: argparse.Namespace) -> int:
         raise TupeError(f"learning rates must be positive, got {args.lrs}")
     settings = GlueSettings(
         task=get_task(args.task).name,
-        lrs=args.lrs,
-        seeds=args.seeds,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        max_seq_len=args.max_seq_len,
-        warmup_ratio=args.warmup_ratio,
-        weight_decay=args.weight_decay,
         adam_beta1=betas[0],
         adam_beta2=betas[1],
         adam_epsilon=args.adam_eps,
         max_grad_norm=args.clip,
-        dropout=None if args.dropout < 0 else args.dropout,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        fp16=args.fp16,
-        bf16=args.bf16,
+        **grid_settings(args),
     )
     V.apply_threads(args.threads)
     quiet = args.quiet

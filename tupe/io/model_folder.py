@@ -41,6 +41,9 @@ MODEL_FILES = (
 )
 # the code a tupe checkpoint carries for users without tupe (auto_map); tupe itself never runs it
 _TUPE_CODE = ("configuration_tupe.", "modeling_tupe.")
+# ... and a folder of `tupe convert fairseq`, for its tokenizer (tupe loads its installed class of that name)
+_TUPE_TOKENIZER = "FairseqMosesBPETokenizer"
+_TUPE_TOKENIZER_CODE = (f"tokenization_fairseq.{_TUPE_TOKENIZER}", f"fairseq_tokenizer.{_TUPE_TOKENIZER}")
 
 MAX_VOCAB = 1 << 22
 MAX_WIDTH = 1 << 16
@@ -93,6 +96,12 @@ def refuse_custom_code(folder: str | os.PathLike, what: str = "model folder") ->
             name == "config.json"
             and data.get("model_type") == "tupe"
             and all(t.startswith(_TUPE_CODE) for t in targets)
+        ):
+            continue
+        if (
+            name == "tokenizer_config.json"
+            and data.get("tokenizer_class") == _TUPE_TOKENIZER
+            and all(t in _TUPE_TOKENIZER_CODE for t in targets)
         ):
             continue
         shown = next((t for t in targets), "?")

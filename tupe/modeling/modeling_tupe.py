@@ -8,6 +8,7 @@ layer. The attention kernel is one config field, `config.attention_kernel`, reso
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 
@@ -39,7 +40,14 @@ from .kernels import (
     fold_queries_keys,
     masked_lm_loss,
 )
-from .positional import PositionalContext, RelativeBias, UntiedPositions, apply_rotary, build_scheme
+from .positional import (
+    PositionalContext,
+    PositionalScheme,
+    RelativeBias,
+    UntiedPositions,
+    apply_rotary,
+    build_scheme,
+)
 
 
 @dataclass
@@ -145,6 +153,58 @@ class TupeSelfAttention(nn.Module):
         return out, probs
 
 
+def _tensor_slots(obj, depth: int = 2):
+    """(attribute name, value) of the tensors and tuples of tensors that `obj` holds, and of the plain objects it
+    holds (`depth` levels down): what `AttentionInputs` and its `PositionalContext` share with every layer."""
+    for name, value in vars(obj).items():
+        if isinstance(value, torch.Tensor) or (
+            isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value)
+        ):
+            yield name, value
+        elif (
+            depth and hasattr(value, "__dict__") and not isinstance(value, nn.Module) and not callable(value)
+        ):
+            yield name, value
+
+
+def shared_tensors(inputs: AttentionInputs) -> tuple[torch.Tensor, ...]:
+    """Every tensor the layers read from `inputs`, flattened (the order `with_shared_tensors` expects). A
+    content-free term still to be built (`PositionalContext.bias_fn`) is built first, outside any layer, unless
+    the kernel folds it (then no layer reads it)."""
+    if inputs.kernel != "fold":
+        inputs.ctx.bias  # noqa: B018 - builds the cached term
+
+    def flatten(obj, depth):
+        for _, value in _tensor_slots(obj, depth):
+            if isinstance(value, torch.Tensor):
+                yield value
+            elif isinstance(value, tuple):
+                yield from value
+            else:
+                yield from flatten(value, depth - 1)
+
+    return tuple(flatten(inputs, 2))
+
+
+def with_shared_tensors(inputs: AttentionInputs, tensors: tuple[torch.Tensor, ...]) -> AttentionInputs:
+    """A shallow copy of `inputs` holding `tensors` (from `shared_tensors`, or the checkpoint's copies of them)."""
+    it = iter(tensors)
+
+    def rebuild(obj, depth):
+        new = copy.copy(obj)
+        for name, value in _tensor_slots(obj, depth):
+            if isinstance(value, torch.Tensor):
+                value = next(it)
+            elif isinstance(value, tuple):
+                value = tuple(next(it) for _ in value)
+            else:
+                value = rebuild(value, depth - 1)
+            object.__setattr__(new, name, value)
+        return new
+
+    return rebuild(inputs, 2)
+
+
 class TupeLayer(GradientCheckpointingLayer):
     """Post-LayerNorm transformer block (BERT / the released code)."""
 
@@ -159,7 +219,12 @@ class TupeLayer(GradientCheckpointingLayer):
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = FastDropout(config.hidden_dropout_prob)
 
-    def forward(self, x, inputs: AttentionInputs):
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs, *shared: torch.Tensor):
+        """`shared`: with gradient checkpointing, the tensors of `inputs` (`shared_tensors`) passed explicitly, so
+        that the checkpoint sees them as inputs: the recomputation and a reentrant backward then run this layer
+        alone, and the gradient of the positional term shared by all layers flows back through them."""
+        if shared:
+            inputs = with_shared_tensors(inputs, shared)
         attn, probs = self.attention(x, inputs)
         x = self.attention_norm(x + self.dropout(self.attention_output(attn)))
         x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
@@ -252,6 +317,17 @@ class TupePreTrainedModel(PreTrainedModel):
         from .conversion import bert_to_tupe
 
         return bert_to_tupe(cls, model_or_path, **config_overrides)
+
+    def positional_parameter_names(self) -> list[str]:
+        """Names (as `named_parameters()` gives them) of the positional scheme's parameters: position tables,
+        U^Q/U^K, theta, the relative bias table. Optimizers give them groups of their own (`--positional-lr-scale`,
+        `--positional-weight-decay`)."""
+        return [
+            f"{prefix}.{name}"
+            for prefix, module in self.named_modules()
+            if isinstance(module, PositionalScheme)
+            for name, _ in module.named_parameters()
+        ]
 
     def _head_output(
         self,
@@ -419,8 +495,11 @@ class TupeModel(TupePreTrainedModel):
         x = self.embeddings(input_ids, inputs.ctx, inputs_embeds)
         all_hidden = (x,) if output_hidden_states else None
         all_attn = () if output_attentions else None
+        # Gradient checkpointing: the per-forward tensors go to every layer as explicit arguments (see TupeLayer)
+        checkpointing = self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing
+        shared = shared_tensors(inputs) if checkpointing else ()
         for layer in self.layers:
-            x, probs = layer(x, inputs)
+            x, probs = layer(x, inputs, *shared)
             if output_hidden_states:
                 all_hidden += (x,)
             if output_attentions:
@@ -537,9 +616,10 @@ class TupeForMaskedLM(TupePreTrainedModel):
         return self._head_output(MaskedLMOutput, loss, logits, outputs, return_dict)
 
     @classmethod
-    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype = torch.float32) -> TupeForMaskedLM:
+    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype | None = None) -> TupeForMaskedLM:
         """The authors' released TUPE checkpoint (fairseq format, `guolinke/TUPE`): `tupe-r` or `tupe-a`, its
-        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last).
+        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last); in
+        `dtype` (default float32, float64 for a float64 checkpoint).
         `dictionary`: its `dict.txt`, checked against the vocabulary. Loaded without running pickled code; see
         `tupe.modeling.fairseq` and docs/released-checkpoint.md."""
         try:  # absolute and in a try: the converter is not part of the modeling code saved with a model

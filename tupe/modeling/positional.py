@@ -101,11 +101,13 @@ def toeplitz(values: torch.Tensor, n: int) -> torch.Tensor:
 class RelativeBias(nn.Module):
     """`b_{j-i}`: one scalar per head and bucket, shared by all layers (T5 buckets).
 
-    With `cls_bucket`, one extra bucket (index `num_buckets`, 32 by default) holds the [CLS] row and column, i.e.
-    the relative part of the [CLS] reset. The released TUPE-R code stores that value at index 16 of a 32-row
-    table instead, the one bucket T5's bucketing never produces ("positive offset 0"). The two are the same
-    function: in both, [CLS] gets a learned value per head that no offset shares (here row 16 is simply never
-    used), and its row-0 part is a per-query constant that cancels in the softmax anyway.
+    With `cls_bucket`, one extra bucket (index `num_buckets`, 32 by default: a 33-row table) holds the relative
+    part of the [CLS] reset, for the [CLS] row and column. The released TUPE-R code has the same 33-row table
+    (`rel_pos_bins + 1`) and uses row 32 for column 0 (others -> [CLS]), exactly as here; for row 0 ([CLS] ->
+    others) it uses row 16, the one bucket T5's bucketing never produces ("positive offset 0"), where this module
+    uses row 32 again. Row 0 of the logits is one constant per head across all keys, so it cancels in the softmax:
+    the released table loads here row for row and gives the same outputs (`tupe.modeling.fairseq`); row 16 gets
+    no gradient in either.
     """
 
     def __init__(self, config: TupeConfig, cls_bucket: bool = False):
@@ -130,8 +132,13 @@ class RelativeBias(nn.Module):
 class UntiedPositions(nn.Module):
     """TUPE's positional side: one table `p`, its own LayerNorm, and `U^Q`, `U^K` shared by all layers.
 
-    With `theta`, two extra learned position vectors `p_theta_1`, `p_theta_2` go through the same LayerNorm and
-    projections to give the [CLS] reset values (the released code stores them as extra rows of the table).
+    With `theta`, two extra learned position vectors `p_theta_1`, `p_theta_2` (`theta_positions`) go through the
+    same LayerNorm and projections to give the [CLS] reset values. The released code keeps them in its table,
+    which has `max_positions + 1` rows: row 0 is `p_theta_1`, row 1 `p_theta_2`, and token `t` reads row `t + 1`.
+    Here token `t` reads row `t` of `embeddings`. Under the reset (tupe-a, tupe-r) row 0 (token 0, [CLS]) is never
+    used: its row and column of the logits are always overwritten, so it gets no gradient. It stays because the
+    table has one layout for every scheme (the tie-cls ablations and bert-a-d do use it) and checkpoints keep
+    loading unchanged; it costs one row. A converted released checkpoint holds the released row 1 there.
 
     The projections are named `pos_query` / `pos_key`, not `query` / `key`: PEFT matches module names by suffix,
     and BERT's habit `LoraConfig(target_modules=["query", "value"])` must not silently adapt the positional side

@@ -16,6 +16,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.training.optimizers import OPTIMIZERS
 from tupe.training.presets import PRESETS, get_preset
 from tupe.training.reporting import (
     add_hub_arguments,
@@ -52,6 +53,7 @@ class PretrainConfig:
     learning_rate: float | None = None
     warmup_steps: int | None = None
     weight_decay: float | None = None
+    optimizer: str | None = None  # a name of tupe.training.optimizers.OPTIMIZERS
     positional_lr_scale: float = 1.0
     positional_weight_decay: float | None = None
     adam_beta1: float | None = None
@@ -106,6 +108,8 @@ class ResolvedConfig(PretrainConfig):
         from tupe.training.model import check_scheme
 
         check_scheme(self.scheme)
+        if self.optimizer not in OPTIMIZERS:
+            raise TupeError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
         for key in _POSITIVE:
             if int(getattr(self, key)) <= 0:
                 raise TupeError(f"--{key.replace('_', '-')} must be positive, got {getattr(self, key)}")
@@ -267,6 +271,11 @@ def add_model_data_arguments(
         "--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)"
     )
     o.add_argument("--max-steps", type=V.int_range(1, V.MAX_STEPS))
+    o.add_argument(
+        "--optimizer",
+        choices=list(OPTIMIZERS),
+        help="optimizer (default adamw, the paper's; part of the run: --resume refuses a change)",
+    )
     o.add_argument("--lr", dest="learning_rate", type=V.positive_float, help="peak learning rate")
     o.add_argument("--warmup-steps", type=V.nonneg_int)
     o.add_argument("--weight-decay", type=V.nonneg_float)

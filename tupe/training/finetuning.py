@@ -9,8 +9,9 @@ head, data and metrics) is the caller's: GLUE's sentence classification, or a `t
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,84 @@ from tupe.io.files import atomic_write_json
 
 if TYPE_CHECKING:
     from tupe.io.outputs import OutputFolder
+
+
+def add_grid_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    lrs_help: str,
+    seeds_default: Sequence[int],
+    epochs_default: float | None,
+    epochs_help: str,
+    max_seq_len_help: str,
+) -> None:
+    """The grid and recipe flags `tupe glue` and `tupe finetune` share, worded alike (each command words its
+    defaults): learning rates, seeds, epochs, batch sizes, length, subsets, warm-up, weight decay, dropout."""
+    from tupe import validators as V
+
+    p.add_argument("--lrs", type=V.float_list(0.0), help=lrs_help)
+    seeds = ",".join(map(str, seeds_default))
+    p.add_argument(
+        "--seeds", type=V.int_list(0), default=list(seeds_default), help=f"seeds (default {seeds})"
+    )
+    p.add_argument("--epochs", type=V.positive_float, default=epochs_default, help=epochs_help)
+    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
+    p.add_argument(
+        "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
+    )
+    p.add_argument("--max-seq-len", type=V.int_range(8), help=max_seq_len_help)
+    p.add_argument(
+        "--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set"
+    )
+    p.add_argument(
+        "--max-eval-samples",
+        type=V.positive_int,
+        help="use a fixed random subset of each dev set (not comparable)",
+    )
+    p.add_argument(
+        "--warmup-ratio",
+        type=V.float_range(0, 1, hi_open=True),
+        default=0.06,
+        help="linear warm-up fraction (default 0.06)",
+    )
+    p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
+    p.add_argument(
+        "--dropout",
+        type=V.float_range(-1, 1, hi_open=True),
+        default=0.1,
+        help="hidden and attention dropout while fine-tuning (default the paper's 0.1; -1 keeps the checkpoint's)",
+    )
+
+
+def grid_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings `add_grid_arguments` and `add_run_arguments` give, by the settings' field names."""
+    names = ("lrs", "seeds", "epochs", "batch_size", "eval_batch_size", "max_seq_len", "warmup_ratio")
+    return {
+        **{name: getattr(args, name) for name in names},
+        "weight_decay": args.weight_decay,
+        "dropout": None if args.dropout < 0 else args.dropout,  # -1: the checkpoint's
+        "max_train_samples": args.max_train_samples,
+        "max_eval_samples": args.max_eval_samples,
+        "fp16": args.fp16,
+        "bf16": args.bf16,
+    }
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The checkpoint, output and machine flags `tupe glue` and `tupe finetune` share."""
+    from tupe import validators as V
+
+    p.add_argument("--scheme", help="expected position scheme; an error if the checkpoint's differs")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
+    p.add_argument(
+        "--save-models", action="store_true", help="keep every run's fine-tuned model (runs/*/model)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
+    V.add_threads_progress(p, "progress bar")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
+    prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
 
 
 def run_name(lr: float, seed: int) -> str:
@@ -199,7 +278,12 @@ def read_run_result(path: Path) -> dict | None:
     except TupeError:
         return None
     lr, seed = r.get("lr"), r.get("seed")
-    if not isinstance(lr, float | int) or isinstance(lr, bool) or not isinstance(seed, int) or isinstance(seed, bool):
+    if (
+        not isinstance(lr, float | int)
+        or isinstance(lr, bool)
+        or not isinstance(seed, int)
+        or isinstance(seed, bool)
+    ):
         return None
     return r
 

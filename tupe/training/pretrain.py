@@ -234,7 +234,8 @@ def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: di
     keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_length")
     keys += ("vocab_size", "batch_size", "max_steps", "learning_rate", "warmup_steps", "weight_decay")
     keys += ("adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "mlm_probability")
-    recipe = {"preset": run.preset, **{k: getattr(run, k) for k in keys}, "seed": run.seed}
+    recipe = {"preset": run.preset, "optimizer": run.optimizer, **{k: getattr(run, k) for k in keys}}
+    recipe["seed"] = run.seed
     recipe["objective"] = "masked LM (15% of tokens: 80% [MASK], 10% random, 10% kept)"
     data = (
         f"{corpus.describe()}; byte-level BPE tokenizer ({run.vocab_size} entries), packed into "

@@ -24,6 +24,7 @@ from tupe.errors import TupeError
 from tupe.io.files import atomic_write_text
 from tupe.io.outputs import TEMP_OF, read_record, update_record
 from tupe.io.reading import iter_lines, read_json
+from tupe.training.optimizers import DEFAULT_OPTIMIZER
 
 RUN_FILE = "tupe_run.json"
 WRITTEN_FILE = "tupe_files.json"  # the names tupe wrote at the top of the run folder
@@ -154,6 +155,8 @@ def run_identity(run: Any, model: dict[str, Any], corpus: str, tokenizer: str) -
         "optim": {k: getattr(run, k) for k in _OPTIM_KEYS} | {"seed": run.seed, "grad_accum": run.grad_accum},
     }
     # recorded only when set, so runs made before these options existed keep their identity
+    if run.optimizer != DEFAULT_OPTIMIZER:
+        identity["optim"]["optimizer"] = run.optimizer
     if run.positional_lr_scale != 1.0:
         identity["optim"]["positional_lr_scale"] = run.positional_lr_scale
     if run.positional_weight_decay is not None:

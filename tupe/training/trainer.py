@@ -25,6 +25,7 @@ from transformers import Trainer, TrainerCallback
 from tupe.errors import TupeError
 from tupe.io.files import failed_writes_reported, fsync_dir, fsync_tree
 from tupe.training.checkpointing import find_latest_checkpoint, first_nonfinite_parameter, write_manifest
+from tupe.training.optimizers import DEFAULT_OPTIMIZER, OptimizerSettings, build_optimizer
 from tupe.training.run_folder import record_written
 
 
@@ -87,11 +88,6 @@ class SaveAtStepsCallback(TrainerCallback):
         return control
 
 
-def is_positional_parameter(name: str) -> bool:
-    """Parameters of the positional scheme (`tupe.positional.*`) or BERT's position table (hf-bert)."""
-    return ".positional." in f".{name}" or "position_embeddings" in name
-
-
 class LogLastStepCallback(TrainerCallback):
     """Log at the last step too: the Trainer's final train loss adds the steps since the last log from this process
     only, so without it a multi-process summary differed from the single-process one."""
@@ -111,12 +107,14 @@ class PretrainTrainer(Trainer):
         *args,  # noqa: ANN002
         train_sampler=None,  # noqa: ANN001
         skip_nonfinite=False,  # noqa: ANN001
+        optimizer_name: str = DEFAULT_OPTIMIZER,
         positional_lr_scale: float = 1.0,
         positional_weight_decay: float | None = None,
         passes_per_step: float | None = None,
         **kwargs,  # noqa: ANN003
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.optimizer_name = optimizer_name
         self.positional_lr_scale = positional_lr_scale
         self.positional_weight_decay = positional_weight_decay
         # global batch / training blocks: the logged `epoch` is passes over the training blocks, not the
@@ -148,35 +146,22 @@ class PretrainTrainer(Trainer):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def create_optimizer(self, model=None):  # noqa: ANN001, ANN201
-        """The Trainer's AdamW with the positional parameters in groups of their own.
-
-        Positional tables and matrices (the position embeddings, U^Q/U^K, p_theta, the relative bias table) are
-        weights: they are decayed like every weight matrix (`--positional-weight-decay`, default `--weight-decay`), as in the
-        released code, which decays every parameter. The Trainer's default would skip the relative bias table
-        only because its name contains "bias". Their learning rate is `--lr` x `--positional-lr-scale`.
-        """
+        """`optimizer_name` of `tupe.training.optimizers.OPTIMIZERS` (AdamW by default) over the model's parameter
+        groups: positional tables and matrices in groups of their own, decayed as every weight matrix
+        (`--positional-weight-decay`, default `--weight-decay`, as in the released code), at `--lr` x
+        `--positional-lr-scale`."""
         if self.optimizer is not None:
             return self.optimizer
-        model = model if model is not None else self.model
-        decay = set(self.get_decay_parameter_names(model))
-        lr, wd = self.args.learning_rate, self.args.weight_decay
-        pos_wd = wd if self.positional_weight_decay is None else self.positional_weight_decay
-        groups: dict[tuple[float, float], list] = {}
-        for name, param in model.named_parameters():
-            if not param.requires_grad:
-                continue
-            if is_positional_parameter(name):
-                # matrices and tables are decayed; LayerNorm parameters and true biases (1-d) are not
-                key = (lr * self.positional_lr_scale, pos_wd if param.ndim >= 2 else 0.0)
-            else:
-                key = (lr, wd if name in decay else 0.0)
-            groups.setdefault(key, []).append(param)
-        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, model)
-        optimizer_kwargs.pop("lr", None)
-        self.optimizer = optimizer_cls(
-            [{"params": ps, "lr": g_lr, "weight_decay": g_wd} for (g_lr, g_wd), ps in groups.items()],
-            lr=lr,
-            **optimizer_kwargs,
+        a = self.args
+        settings = OptimizerSettings(
+            a.learning_rate, a.weight_decay, (a.adam_beta1, a.adam_beta2), a.adam_epsilon
+        )
+        self.optimizer = build_optimizer(
+            self.optimizer_name,
+            model if model is not None else self.model,
+            settings,
+            self.positional_lr_scale,
+            self.positional_weight_decay,
         )
         return self.optimizer
 
@@ -451,6 +436,7 @@ def build_trainer(run: Any, args: Any, data: Any, model: Any, nonfinite_skipped:
         callbacks=callbacks,
         train_sampler=EpochShuffleSampler(train_blocks, epochs, run.seed),
         skip_nonfinite=run.skip_nonfinite,
+        optimizer_name=run.optimizer,
         positional_lr_scale=run.positional_lr_scale,
         positional_weight_decay=run.positional_weight_decay,
         passes_per_step=run.batch_size / train_blocks,
