@@ -325,3 +325,36 @@ def test_a_real_full_disk_while_checkpointing_is_one_line_and_leaves_no_staging_
 
     for ckpt in out.glob("checkpoint-*"):  # what was kept is complete
         assert verify_checkpoint(ckpt) is None, ckpt
+
+
+# ------------------------------------------------------------------------------------------------ caches
+@pytest.mark.slow
+def test_damaged_caches_are_rebuilt_not_trusted(
+    ctx: Ctx, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Random bytes in a cached `stream.bin` (same size) and a swapped cached `tokenizer.json` are detected by
+    their recorded SHA-256 and rebuilt with a warning; the run then succeeds."""
+    cache = tmp_path / "cache"
+    argv = pretrain_args(ctx.corpus, ctx.tokenizer, cache, tmp_path / "r1", max_steps=2)
+    argv[argv.index("--tokenizer") : argv.index("--tokenizer") + 2] = ["--vocab-size", "300"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    (stream,) = cache.glob("packed/*/stream.bin")
+    stream.write_bytes(os.urandom(stream.stat().st_size))
+    (tok,) = cache.glob("tokenizers/*/tokenizer.json")
+    data = json.loads(tok.read_text())
+    data["model"]["vocab"]["zzz-swapped"] = data["model"]["vocab"].pop(next(iter(data["model"]["vocab"])))
+    tok.write_text(json.dumps(data))
+    argv[argv.index("--out") + 1] = str(tmp_path / "r2")
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "cached tokenizer" in err and "does not match its recorded SHA-256" in err, err
+    assert "cached token stream" in err, err
+
+
+def test_a_tokenizer_pretrain_accepts_is_one_glue_accepts(ctx: Ctx, capsys: pytest.CaptureFixture) -> None:
+    data = json.loads((ctx.tokenizer / "tokenizer.json").read_text())
+    data["post_processor"] = None  # no [CLS] A [SEP] B [SEP]: GLUE would refuse the model hours later
+    bare = _write(ctx.tmp / "bare" / "tokenizer.json", json.dumps(data))
+    code, _, err = run_cli(ctx.pretrain(tokenizer=bare), capsys)
+    assert_user_error(code, err, "does not wrap a sentence pair as [CLS] A [SEP] B [SEP]")
