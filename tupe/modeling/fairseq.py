@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,9 +110,14 @@ def load_fairseq_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             "numpy._core.multiarray.scalar",
         }
         named = [n for n in names if n not in allowed and not n.startswith("numpy.dtypes.")]
-        what = f"it names {', '.join(named[:3])}" if named else one_line(err)
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        if named or found:
+            what = f"it names {', '.join(named[:3]) if named else found.group(1)}"
+        else:  # e.g. a raw pickle (not torch.save): an instruction the safe unpickler does not run
+            reason = re.search(r"WeightsUnpickler error:\s*(.+)", str(err))
+            what = reason.group(1).strip() if reason else "an instruction outside the checkpoint format"
         raise TupeError(
-            f"{path}: refused to load: the pickle needs a type a fairseq checkpoint does not hold ({what}); "
+            f"{path}: refused to load: the pickle needs more than a fairseq checkpoint holds ({what}); "
             "loading it could run code, so nothing in it was run"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
