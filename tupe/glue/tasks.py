@@ -398,7 +398,9 @@ def _split_from_dataset(task: GlueTask, ds, where: str) -> Split:  # noqa: ANN00
     labels = list(ds["label"])
     if task.tsv_labels == ANY_LABEL:
         names = getattr(ds.features["label"], "names", None)  # a ClassLabel: its names
-        labels = [names[x] if names and isinstance(x, int) and 0 <= x < len(names) else str(x) for x in labels]
+        labels = [
+            names[x] if names and isinstance(x, int) and 0 <= x < len(names) else str(x) for x in labels
+        ]
     elif task.is_regression:
         labels = [_check_score(task, float(x), f"{where} row {i}: score {x!r}") for i, x in enumerate(labels)]
     else:

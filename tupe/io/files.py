@@ -161,6 +161,11 @@ def _held(lock_path: Path, info_path: Path, command: str, refusal: str) -> Itera
             pass  # the lock itself holds; only the description of its holder is missing
         yield
     finally:
+        # A finished command leaves no lock files: removed while the lock is still held, so a command waiting on
+        # the old file finds it unlinked once it gets it and starts again on a new one (filelock checks that)
+        for path in (info_path, lock_path):
+            with contextlib.suppress(OSError):
+                path.unlink()
         lock.release()
 
 
