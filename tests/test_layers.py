@@ -190,6 +190,7 @@ def test_architecture_doc_lists_the_layers_in_this_order() -> None:
 _PRIVATE_IMPORTS_PENDING = {
     ("tupe.glue.finetune", "_load_data"),
     ("tupe.glue.finetune", "_subsample"),
+    ("tupe.glue.finetune", "_RUN_SUMMARY_KEYS"),
 }
 
 
