@@ -239,8 +239,15 @@ def _attn_implementation(value: str) -> str | None:
 def add_model_data_arguments(
     p: argparse.ArgumentParser, quiet_help: str = "print nothing but errors"
 ) -> None:
-    """Arguments shared by `pretrain` and `compare` (everything except --scheme/--out)."""
-    g = p.add_argument_group("data")
+    """Arguments shared by `pretrain` and `compare` (everything except --scheme/--out), in four groups."""
+    _add_data_arguments(p.add_argument_group("data"))
+    _add_model_arguments(p.add_argument_group("model"))
+    _add_optimisation_arguments(p.add_argument_group("optimisation"))
+    _add_logging_arguments(p.add_argument_group("evaluation, checkpoints, logging"), quiet_help)
+    V.annotate_ranges(p)
+
+
+def _add_data_arguments(g: Any) -> None:
     g.add_argument(
         "--corpus",
         nargs="+",
@@ -285,7 +292,9 @@ def add_model_data_arguments(
         "--cache-dir",
         help="where tokenizers and packed data are cached (default $TUPE_CACHE or ~/.cache/tupe)",
     )
-    m = p.add_argument_group("model")
+
+
+def _add_model_arguments(m: Any) -> None:
     m.add_argument(
         "--preset", default="mini", choices=sorted(PRESETS), help="size and budget (default: mini)"
     )
@@ -321,7 +330,9 @@ def add_model_data_arguments(
         metavar="NAME",
         help="the same, as transformers' attn_implementation: its sdpa means the default kernel",
     )
-    o = p.add_argument_group("optimisation")
+
+
+def _add_optimisation_arguments(o: Any) -> None:
     add_training_flags(o, ["batch_size"], helps={"batch_size": "preset: 32 mini/small, 64 base, 256 paper"})
     o.add_argument(
         "--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)"
@@ -370,7 +381,9 @@ def add_model_data_arguments(
     )
     add_training_flags(o, ["gradient_checkpointing", "torch_compile"])
     o.add_argument("--seed", type=V.seed_int, default=0)
-    r = p.add_argument_group("evaluation, checkpoints, logging")
+
+
+def _add_logging_arguments(r: Any, quiet_help: str) -> None:
     r.add_argument("--eval-steps", type=V.positive_int, help="validate every N steps")
     r.add_argument("--eval-batch-size", type=V.positive_int)
     r.add_argument("--save-steps", type=V.positive_int, help="checkpoint every N steps")
@@ -385,7 +398,6 @@ def add_model_data_arguments(
     V.add_threads_progress(r)
     r.add_argument("--quiet", action="store_true", help=quiet_help)
     add_report_arguments(r)
-    V.annotate_ranges(p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
