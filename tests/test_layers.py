@@ -82,9 +82,7 @@ def layer_of(module: str) -> tuple[int, str]:
     for i, members in enumerate(LAYERS):
         for member in members:
             inside = module == member or (member != "tupe" and module.startswith(member + "."))
-            if inside and (
-                best is None or len(member) > len(best[1])
-            ):
+            if inside and (best is None or len(member) > len(best[1])):
                 best = (i, member)
     assert best is not None, f"{module} is in no layer: add its package to LAYERS in {__file__} and docs"
     return best
@@ -193,7 +191,6 @@ _PRIVATE_IMPORTS_PENDING = {
     ("tupe.glue.finetune", "_load_data"),
     ("tupe.glue.finetune", "_subsample"),
     ("tupe.glue.finetune", "_RUN_SUMMARY_KEYS"),
-    ("tupe.glue.finetune", "_progress_callback"),
 }
 
 

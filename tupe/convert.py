@@ -163,8 +163,12 @@ def convert_fairseq_checkpoint(
         )
         (folder / "README.md").write_text(card, encoding="utf-8")
 
+    from transformers.utils import logging as hf_logging
+
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "writing shards" bar per small file is noise
     try:
         write(staging, model, "fill-mask")
         for name, head in heads.items():
@@ -176,5 +180,8 @@ def convert_fairseq_checkpoint(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     log(f"convert: wrote {out} (model.safetensors, config.json, tokenizer, README.md)")
     return out

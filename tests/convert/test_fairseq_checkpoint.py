@@ -47,12 +47,14 @@ def _tokens(vocab, lengths, total):
     return ids
 
 
+@pytest.mark.parametrize("kernel", ["auto", "eager"])
 @pytest.mark.parametrize("rel_pos", [True, False], ids=["tupe-r", "tupe-a"])
-def test_masked_lm_logits_equal_the_released_forward(tmp_path, bpe, rel_pos):
+def test_masked_lm_logits_equal_the_released_forward(tmp_path, bpe, rel_pos, kernel):
     from tupe import TupeForMaskedLM
 
     path, args, sd, vocab = _checkpoint(tmp_path, bpe, rel_pos=rel_pos)
     model = TupeForMaskedLM.from_fairseq(path, bpe[1], dtype=torch.float64)
+    model.config.attention_kernel = kernel  # "eager": the reference path (also what output_attentions uses)
     assert model.config.position_scheme == ("tupe-r" if rel_pos else "tupe-a")
     # no padding, at the full length (every position row, every relative bucket the length reaches)
     ids = _tokens(vocab, [24, 24], 24)

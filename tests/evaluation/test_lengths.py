@@ -178,7 +178,7 @@ def test_cli_lengths_option_errors(tmp_path, tokenizer, text_file, capsys):
         (["--lengths", "16,1"], "--lengths"),
         (["--lengths", "16", "--max-length", "16"], "--max-length and --lengths"),
         (["--plot", str(tmp_path / "p.png")], "go with --lengths"),
-        (["--lengths", "64"], "no positions beyond 32"),
+        (["--lengths", "64"], "nothing to evaluate at --lengths 64: "),
     ):
         capsys.readouterr()
         assert main([*base, *extra]) == 2
@@ -225,3 +225,11 @@ def test_every_scheme_runs_at_twice_its_length_or_says_why(tmp_path, tokenizer, 
     longer, _ = at_length(m, 32, "interpolate")
     with torch.inference_mode():
         assert longer.model(ids).logits.shape == (1, 32, len(tokenizer))
+
+
+def test_a_length_longer_than_the_text_is_a_note_and_the_other_lengths_go_on(tmp_path, tokenizer, text_file):
+    rope = load_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
+    r = evaluate_lengths([rope], resolve_corpus([str(text_file)]), [32, 100_000], Settings(**FAST), **QUIET)
+    ok, too_long = r["by_length"]
+    assert ok["evaluated"] and not too_long["evaluated"]
+    assert too_long["note"] == "the text has no full block of 100000 tokens"

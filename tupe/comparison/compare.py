@@ -411,6 +411,7 @@ def run(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds) if args.seeds else None
     if args.parallel < 1:
         raise TupeError(f"--parallel must be at least 1, got {args.parallel}")
+    check_eval_text(args)
     from tupe.runtime import hushed_libraries
 
     def log(msg: str) -> None:
@@ -433,6 +434,17 @@ def run(args: argparse.Namespace) -> int:
         with hushed_libraries(args.progress, args.quiet):
             evaluate_on_text(Path(args.out).expanduser(), summary, args.eval_text, args, log)
     return 0
+
+
+def check_eval_text(args: argparse.Namespace) -> None:
+    """--eval-text resolved before any training, so that a wrong path stops the command at once, not after it."""
+    if getattr(args, "eval_text", None):
+        from tupe.evaluation.runs import resolve_text
+
+        try:
+            resolve_text(args.eval_text, getattr(args, "text_column", "text"))
+        except TupeError as err:
+            raise TupeError(f"--eval-text: {err}") from None
 
 
 def evaluate_on_text(

@@ -142,7 +142,15 @@ def evaluate_lengths(
         )
         result = None
         if chosen:
-            result = evaluate(chosen, corpus, dataclasses.replace(settings, max_length=length), log=log)
+            try:
+                result = evaluate(chosen, corpus, dataclasses.replace(settings, max_length=length), log=log)
+            except TupeError as err:
+                if "make no block of" not in str(err):
+                    raise
+                log(f"length {length}: {err}")  # a short text: no full block at this length, the others go on
+                for m in chosen:
+                    notes[m.name] = f"the text has no full block of {length} tokens"
+        if result is not None:
             text, used = result["text"], result["settings"]
             runs.append(
                 {"length": length, **{k: result[k] for k in ("tokenizer_groups", "models", "seconds")}}
@@ -174,7 +182,7 @@ def evaluate_lengths(
             entries.append(entry)
     if text is None:
         raise TupeError(
-            f"no model can run at any of --lengths {','.join(map(str, lengths))}: "
+            f"nothing to evaluate at --lengths {','.join(map(str, lengths))}: "
             + "; ".join(f"{e['model']}: {e['note']}" for e in entries[: len(models)])
         )
     return {
