@@ -26,7 +26,7 @@ def test_loads_a_tupe_checkpoint_with_its_kernel_and_tokenizer(tmp_path, tokeniz
     assert isinstance(model, TupeForMaskedLM) and not model.training
     assert model.config.attention_kernel == "fold" and len(tok) == len(tokenizer)
     encoder, _ = load_model_and_tokenizer(tmp_path, TupeModel, attn_implementation="eager")
-    assert isinstance(encoder, TupeModel) and encoder.config.attention_kernel == "eager"
+    assert isinstance(encoder, TupeModel) and encoder.resolve_attention_kernel() == "eager"
 
 
 def test_converts_a_bert_checkpoint(tmp_path, tokenizer):

@@ -64,7 +64,8 @@ def _card_notes(ckpt: str, state: dict[str, Any], dictionary: Any, lowercase: bo
         f"Converted by `tupe convert fairseq` from the fairseq checkpoint `{Path(ckpt).name}` of the authors' "
         "released TUPE code (https://github.com/guolinke/TUPE; the TUPE-R checkpoint of its README is "
         "`tupe_ckp.tar.gz`). The encoder's outputs equal the released forward's (see `docs/released-checkpoint.md` "
-        "of the `tupe` package); weights were stored in float32.",
+        "of the `tupe` package); weights stored in float32 (float64 if the checkpoint's were), widened exactly "
+        "from a half-precision checkpoint.",
         "",
         f"Tokenizer: Moses (`tokenizer.perl -no-escape -l en`, via sacremoses){' after lower-casing' if lowercase else ''}"
         f", the fastBPE codes, the fairseq dictionary `{Path(dictionary.path).name}` "
@@ -162,8 +163,12 @@ def convert_fairseq_checkpoint(
         )
         (folder / "README.md").write_text(card, encoding="utf-8")
 
+    from transformers.utils import logging as hf_logging
+
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "writing shards" bar per small file is noise
     try:
         write(staging, model, "fill-mask")
         for name, head in heads.items():
@@ -175,5 +180,8 @@ def convert_fairseq_checkpoint(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     log(f"convert: wrote {out} (model.safetensors, config.json, tokenizer, README.md)")
     return out

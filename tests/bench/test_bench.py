@@ -100,8 +100,8 @@ def test_bench_command_end_to_end(tmp_path, capsys):
             "0",
             "--schemes",
             "bert-a,tupe-a,tupe-r",
-            "--backends",
-            "eager,sdpa,sdpa-fold,fused,default",
+            "--attention-kernel",
+            "eager,sdpa,fused,default",  # kernels every scheme has (sdpa-fold: the attention-only test)
             "--peak-flops",
             "1e11",  # fixed: measuring the peak would take most of this test's time
             "--quiet",
@@ -113,7 +113,7 @@ def test_bench_command_end_to_end(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["matmul_peak_flops"] == 1e11
     labels = [r["label"] for r in result["steps"]]
-    assert labels[0] == "hf-bert" and len(labels) == 1 + 3 * 5
+    assert labels[0] == "hf-bert" and len(labels) == 1 + 3 * 4
     for r in result["steps"]:
         assert r["steps_timed"] == 2 and r["step_s_q1"] <= r["step_s_median"] <= r["step_s_q3"]
         assert 0 < r["mfu"] and r["peak_memory_bytes"] > 0
@@ -122,7 +122,7 @@ def test_bench_command_end_to_end(tmp_path, capsys):
     assert ratio == pytest.approx(
         steps["tupe-a [default]"]["step_s_median"] / steps["bert-a [default]"]["step_s_median"]
     )
-    assert steps["tupe-a [sdpa-fold]"]["kernel"] == "fold" and steps["tupe-r [sdpa-fold]"]["kernel"] == "sdpa"
+    assert steps["tupe-a [default]"]["kernel"] == "fused" and steps["bert-a [default]"]["kernel"] == "fused"
     assert steps["tupe-a [eager]"]["kernel"] == "eager"
     assert "hf-bert" in capsys.readouterr().out
 
@@ -163,11 +163,22 @@ def test_bench_rejects_unknown_scheme(capsys):
 
 
 # ---------------------------------------------------------------------- shapes, breakdown, end-to-end mode
-def test_backend_names_agree_with_the_runner():
-    from tupe.bench.command import BACKEND_NAMES
-    from tupe.bench.runner import BACKENDS
+def test_backends_are_registry_kernels_refused_where_they_cannot_run(capsys):
+    """Every kernel of the registry (and the aliases default, sdpa-fold) is a backend; one that cannot run a
+    scheme is refused before any timing, with the reason, never silently replaced by another kernel."""
+    from tupe.bench.runner import backend_kernel
+    from tupe.modeling import ATTENTION_KERNELS
 
-    assert tuple(BACKENDS) == BACKEND_NAMES
+    assert [backend_kernel(k, "tupe-a") for k in ATTENTION_KERNELS] == list(ATTENTION_KERNELS)
+    assert backend_kernel("sdpa-fold", "tupe-a") == "fold" and backend_kernel("default", "tupe-r") == "auto"
+    assert main(["bench", "--schemes", "tupe-a,tupe-r", "--attention-kernel", "eager,sdpa-fold"]) == 2
+    err = capsys.readouterr().err
+    assert "'fold' needs a low-rank content-free term" in err and "position_scheme 'tupe-r'" in err
+    assert main(["bench", "--backends", "flash"]) == 2  # the old flag name still works
+    assert (
+        "unknown attention kernel 'flash' in --attention-kernel; choose from: auto, eager, sdpa, fold, fused, flex"
+        in capsys.readouterr().err
+    )
 
 
 def test_shapes_and_mini_batch_defaults():

@@ -47,12 +47,14 @@ def _tokens(vocab, lengths, total):
     return ids
 
 
+@pytest.mark.parametrize("kernel", ["auto", "eager"])
 @pytest.mark.parametrize("rel_pos", [True, False], ids=["tupe-r", "tupe-a"])
-def test_masked_lm_logits_equal_the_released_forward(tmp_path, bpe, rel_pos):
+def test_masked_lm_logits_equal_the_released_forward(tmp_path, bpe, rel_pos, kernel):
     from tupe import TupeForMaskedLM
 
     path, args, sd, vocab = _checkpoint(tmp_path, bpe, rel_pos=rel_pos)
     model = TupeForMaskedLM.from_fairseq(path, bpe[1], dtype=torch.float64)
+    model.config.attention_kernel = kernel  # "eager": the reference path (also what output_attentions uses)
     assert model.config.position_scheme == ("tupe-r" if rel_pos else "tupe-a")
     # no padding, at the full length (every position row, every relative bucket the length reaches)
     ids = _tokens(vocab, [24, 24], 24)
@@ -101,7 +103,15 @@ def test_convert_command_writes_a_complete_folder(tmp_path, bpe):
     from tupe.cli import main
     from tupe.io.checkpoints import load_model_and_tokenizer
 
-    path, args, sd, _ = _checkpoint(tmp_path, bpe, heads={"sentence_classification_head": 2})
+    # a float64 checkpoint (as a released model run in float64 saves): converted without rounding
+    args = fairseq_args()
+    sd = random_state_dict(
+        args, 7 + len(read_dict_txt(bpe[1])) + 1, heads={"sentence_classification_head": 2}
+    )
+    sd = {k: v.double() if v.is_floating_point() else v for k, v in sd.items()}
+    sd["decoder.lm_head.weight"] = sd[ENC + "embed_tokens.weight"]
+    path = tmp_path / "checkpoint_best.pt"
+    save_checkpoint(path, args, sd)
     out = tmp_path / "converted"
     codes, dict_txt, _ = bpe
     argv = [
@@ -132,7 +142,8 @@ def test_convert_command_writes_a_complete_folder(tmp_path, bpe):
     )
     assert json.loads((out / "config.json").read_text())["pretrain_steps"] == 1000
 
-    model = AutoModelForMaskedLM.from_pretrained(out, dtype=torch.float64).eval()
+    model = AutoModelForMaskedLM.from_pretrained(out).eval()
+    assert model.dtype == torch.float64
     tok = AutoTokenizer.from_pretrained(out)
     enc = tok(
         ["The lazy dog jumps.", "Mr. Smith went to Washington, and the fox followed."],
@@ -164,6 +175,12 @@ def test_a_pickle_that_would_run_a_command_is_refused_and_nothing_runs(tmp_path,
             return (os.system, (f"touch {marker}",))
 
     args = fairseq_args()
+    # torch's legacy (non-zip) format too, and the payload hidden inside the Namespace
+    legacy = tmp_path / "legacy.pt"
+    args_payload = fairseq_args(save_dir=Payload())
+    torch.save({"args": args_payload, "model": {}}, str(legacy), _use_new_zipfile_serialization=False)
+    with pytest.raises(TupeError, match=r"legacy.pt: refused to load.*(posix|os)\.system"):
+        load_fairseq_checkpoint(legacy)
     bad = tmp_path / "hostile.pt"
     torch.save({"args": args, "model": {}, "extra_state": {"x": Payload()}}, str(bad))
     with pytest.raises(TupeError, match=r"hostile.pt: refused to load.*(posix|os)\.system"):

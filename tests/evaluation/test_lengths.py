@@ -13,6 +13,7 @@ from tupe.cli import main
 from tupe.data.corpus import resolve_corpus
 from tupe.evaluation.evaluate import Settings, evaluate, load_model
 from tupe.evaluation.lengths import at_length, evaluate_lengths, extend_table, plot_lengths, table_key
+from tupe.modeling.positional import SCHEMES
 
 from .conftest import save_bert, save_tupe
 
@@ -177,7 +178,7 @@ def test_cli_lengths_option_errors(tmp_path, tokenizer, text_file, capsys):
         (["--lengths", "16,1"], "--lengths"),
         (["--lengths", "16", "--max-length", "16"], "--max-length and --lengths"),
         (["--plot", str(tmp_path / "p.png")], "go with --lengths"),
-        (["--lengths", "64"], "no positions beyond 32"),
+        (["--lengths", "64"], "nothing to evaluate at --lengths 64: "),
     ):
         capsys.readouterr()
         assert main([*base, *extra]) == 2
@@ -195,8 +196,6 @@ def test_plot_draws_every_model(tmp_path, tokenizer, text_file):
 def test_table_row_0_is_never_used_under_the_cls_reset_and_extension_keeps_it(tmp_path, tokenizer, scheme):
     """docs/evaluation.md: with the [CLS] reset, row 0 gets no gradient (it never reaches the output), and the
     extension methods leave it where it is instead of mixing it into stream positions."""
-    from tupe.modeling.positional import SCHEMES
-
     assert SCHEMES[scheme].resets_cls
     m = load_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=32))
     ids = torch.randint(5, len(tokenizer), (2, 32))
@@ -208,3 +207,29 @@ def test_table_row_0_is_never_used_under_the_cls_reset_and_extension_keeps_it(tm
     for method in ("interpolate", "repeat"):
         longer, _ = at_length(m, 70, method)
         assert torch.equal(longer.model.state_dict()[table_key(m)][0], m.model.state_dict()[table_key(m)][0])
+
+
+@pytest.mark.parametrize(
+    "scheme", sorted(__import__("tupe.modeling.positional", fromlist=["SCHEMES"]).SCHEMES)
+)
+def test_every_scheme_runs_at_twice_its_length_or_says_why(tmp_path, tokenizer, scheme):
+    """Asked of the class: with a learned table, `none` refuses and `interpolate` runs; without one it runs."""
+    m = load_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=16))
+    ids = torch.randint(5, len(tokenizer), (1, 32))
+    ids[:, 0] = tokenizer.cls_token_id
+    plain, note = at_length(m, 32, "none")
+    if table_key(m) is not None:
+        assert plain is None and note.startswith("no positions beyond 16")
+    else:
+        assert note is None and plain.max_length == 32
+    longer, _ = at_length(m, 32, "interpolate")
+    with torch.inference_mode():
+        assert longer.model(ids).logits.shape == (1, 32, len(tokenizer))
+
+
+def test_a_length_longer_than_the_text_is_a_note_and_the_other_lengths_go_on(tmp_path, tokenizer, text_file):
+    rope = load_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
+    r = evaluate_lengths([rope], resolve_corpus([str(text_file)]), [32, 100_000], Settings(**FAST), **QUIET)
+    ok, too_long = r["by_length"]
+    assert ok["evaluated"] and not too_long["evaluated"]
+    assert too_long["note"] == "the text has no full block of 100000 tokens"

@@ -12,6 +12,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tupe import POSITION_SCHEMES, TupeConfig, TupeForMaskedLM
+from tupe.modeling import (
+    ATTENTION_KERNELS,
+    AttentionKernel,
+    register_attention_kernel,
+    resolve_attention_kernel,
+    unregister_attention_kernel,
+)
 from tupe.modeling.kernels import (
     FOLD_PAD_LOGIT,
     FastDropout,
@@ -86,25 +93,63 @@ def test_flex_kernel_matches_eager_forward(scheme):
     torch.testing.assert_close(outs["flex"], outs["auto"], atol=2e-5, rtol=1e-5)
 
 
+def _kernel(model, dtype=torch.float32, **kwargs) -> str:
+    """The kernel the model's forward pass runs: the AttentionInputs it builds, and the public resolver agree."""
+    name = model.tupe._attention_inputs(8, None, dtype, **kwargs).kernel.name
+    assert (
+        name
+        == resolve_attention_kernel(model, dtype=dtype, **kwargs)
+        == model.tupe.resolve_attention_kernel(dtype, **kwargs)
+    )
+    return name
+
+
 def test_auto_kernel_choice_on_cpu():
     config = tiny_config("tupe-a", attention_probs_dropout_prob=0.1)
     model = TupeForMaskedLM(config)
-    inputs = model.tupe._attention_inputs(8, None, torch.float32, eager=False)
-    assert inputs.kernel == "fused"  # training with attention dropout: SDPA would run its math fallback
+    assert _kernel(model) == "fused"  # training with attention dropout: SDPA would run its math fallback
+    assert _kernel(model, probabilities=True) == "eager"  # output_attentions: the kernel that returns them
     model.eval()
-    assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "sdpa"
+    assert _kernel(model) == "sdpa"
     model.config.attention_kernel = "fold"
-    assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "fold"
+    assert _kernel(model) == "fold"
     model.config.attention_kernel = "auto"
     with torch.no_grad():
         model.train()
-        assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == "sdpa"
+        assert _kernel(model) == "sdpa"
     # no dropout: a content-free term still sends SDPA to its math kernel (its mask needs a gradient), so "fused";
     # without a term SDPA's flash kernel applies
     for scheme, expected in (("tupe-a", "fused"), ("tupe-r", "fused"), ("bert-a", "sdpa"), ("rope", "sdpa")):
         model = TupeForMaskedLM(tiny_config(scheme, attention_probs_dropout_prob=0.0))
-        assert model.tupe._attention_inputs(8, None, torch.float32, eager=False).kernel == expected, scheme
-        assert model.tupe._attention_inputs(8, None, torch.bfloat16, eager=False).kernel == "sdpa", scheme
+        assert _kernel(model) == expected, scheme
+        assert _kernel(model, torch.bfloat16) == "sdpa", scheme
+
+
+def test_auto_kernel_choice_on_gpus_from_a_config():
+    """The rules for devices this machine may lack, read from the config alone (no model, no GPU needed)."""
+    cases = (
+        ("tupe-a", "fold"),
+        ("tupe-a-tie-cls", "fold"),
+        ("tupe-r", "flex"),
+        ("bert-r", "flex"),
+        ("rope", "sdpa"),
+    )
+    for scheme, expected in cases:
+        config = tiny_config(scheme)
+        assert resolve_attention_kernel(config, "cuda", torch.bfloat16, training=True, grad=True) == expected
+    # flex has no attention dropout: "auto" passes it over, an explicit request is refused
+    config = tiny_config("tupe-r", attention_probs_dropout_prob=0.1)
+    assert resolve_attention_kernel(config, "cuda", torch.float32, training=True, grad=True) == "sdpa"
+    config.attention_kernel = "flex"
+    with pytest.raises(ValueError, match="attention_kernel 'flex' has no attention dropout"):
+        resolve_attention_kernel(config, "cuda", torch.float32, training=True, grad=True)
+
+
+def test_fused_refuses_half_precision_instead_of_switching_kernel():
+    model = TupeForMaskedLM(tiny_config("tupe-a", attention_kernel="fused"))
+    assert _kernel(model) == "fused"
+    with pytest.raises(ValueError, match="'fused' runs in float32/float64 only, not bfloat16"):
+        _kernel(model, torch.bfloat16)
 
 
 def test_kernel_validated_against_scheme():
@@ -127,18 +172,182 @@ def test_flex_refuses_attention_dropout_in_training():
     with pytest.raises(ValueError, match="dropout"):
         model(torch.randint(5, 50, (1, 8)))
     model.eval()  # no dropout in eval mode: allowed
-    assert model.tupe._attention_inputs(8, None, torch.float32).kernel == "flex"
+    assert _kernel(model) == "flex"
+    model.train()
+    model.config.attention_probs_dropout_prob = 0.0
+    with pytest.raises(ValueError, match="no backward on cpu"):  # flex_attention has no CPU backward
+        model(torch.randint(5, 50, (1, 8)))
 
 
 def test_kernel_saved_and_overridden_at_load(tmp_path):
-    """The kernel is read back from config.json; `from_pretrained(attn_implementation=K)` replaces it."""
+    """The kernel is read back from config.json; `from_pretrained(attn_implementation=K)` overrides it for the
+    loaded model (as transformers' attn_implementation does, it is not saved); "sdpa", transformers' default,
+    keeps the saved kernel."""
     TupeForMaskedLM(tiny_config("tupe-a", attention_kernel="fold")).save_pretrained(tmp_path)
     assert '"attention_kernel": "fold"' in (tmp_path / "config.json").read_text()
-    assert TupeForMaskedLM.from_pretrained(tmp_path).config.attention_kernel == "fold"
-    fused = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="fused")
-    assert fused.config.attention_kernel == "fused" and fused.config._attn_implementation == "sdpa"
-    eager = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="eager")
-    assert eager.config.attention_kernel == "eager"
+    assert resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path)) == "fold"
+    assert (
+        resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="sdpa"))
+        == "fold"
+    )
+    for name, expected in (
+        ("fused", "fused"),
+        ("eager", "eager"),
+        ("flex_attention", "flex"),
+        ("auto", "sdpa"),
+    ):
+        model = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation=name).eval()
+        assert model.config._attn_implementation == expected if name != "auto" else "auto"
+        assert resolve_attention_kernel(model) == expected, name
+        assert model.tupe.config is model.config  # the encoder (its own PreTrainedModel) sees the same choice
+    model.save_pretrained(tmp_path / "again")
+    assert resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path / "again")) == "fold"
+
+
+@pytest.mark.parametrize(
+    "name", ["flash_attention_2", "flash_attention_3", "paged|sdpa", "kernels-community/x"]
+)
+def test_unknown_attn_implementation_refused_in_one_line(tmp_path, name):
+    TupeForMaskedLM(tiny_config("tupe-r")).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as err:
+        TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation=name)
+    message = str(err.value)
+    assert "\n" not in message and "http" not in message and "huggingface.co" not in message
+    assert message.startswith(
+        f"unknown attn_implementation {name!r}; valid: auto, eager, sdpa, fold, fused, flex"
+    )
+    assert "flex_attention=flex" in message
+    model = TupeForMaskedLM.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="unknown attn_implementation"):
+        model.set_attn_implementation(name)
+    model.config._attn_implementation = (
+        name  # set directly, bypassing transformers: refused at the forward pass
+    )
+    with pytest.raises(ValueError, match="unknown attn_implementation"):
+        model(torch.randint(5, 50, (1, 8)))
+
+
+def test_attn_implementation_refuses_a_kernel_the_scheme_cannot_run(tmp_path):
+    TupeForMaskedLM(tiny_config("bert-a")).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="attn_implementation 'flex' needs a content-free logit term"):
+        TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="flex_attention")
+    with pytest.raises(ValueError, match="kernels for it: auto, eager, sdpa, fused"):
+        TupeForMaskedLM.from_pretrained(tmp_path).set_attn_implementation("fold")
+
+
+def test_set_attn_implementation_on_a_loaded_model(tmp_path):
+    """`set_attn_implementation` switches the kernel of a loaded model; the outputs stay those of the reference."""
+    TupeForMaskedLM(tiny_config("tupe-a")).save_pretrained(tmp_path)
+    model = TupeForMaskedLM.from_pretrained(tmp_path).eval()
+    ids, mask, _ = _batch()
+    with torch.no_grad():
+        reference = model(ids, attention_mask=mask).logits
+    for name in ("eager", "fold", "fused", "sdpa", "auto", "flex_attention"):
+        model.set_attn_implementation(name)
+        expected = {"sdpa": "sdpa", "auto": "sdpa", "flex_attention": "flex"}.get(name, name)  # CPU, eval
+        assert resolve_attention_kernel(model) == expected, name
+        with torch.no_grad():
+            torch.testing.assert_close(
+                model(ids, attention_mask=mask).logits, reference, atol=2e-5, rtol=1e-5
+            )
+    model.set_attn_implementation("fused")
+    model.set_attn_implementation("sdpa")  # transformers' default: back to the saved kernel ("auto")
+    assert model.config._attn_implementation == "sdpa" and resolve_attention_kernel(model) == "sdpa"
+    model.train()
+    assert resolve_attention_kernel(model) == "fused"  # "auto" again: CPU training with a content-free term
+
+
+def test_a_registered_kernel_runs_a_model_and_is_gone_after_unregistering():
+    """Adding a kernel is one function plus one registry entry: it becomes a valid `attention_kernel`, applies to
+    the schemes its `needs` allow, runs every layer, and can be chosen by "auto"."""
+    calls = []
+
+    def toy(q, k, v, ctx, mask, dropout_p, probabilities):  # the eager formula, written out plainly
+        calls.append(q.shape)
+        logits = q @ k.transpose(-1, -2) * ctx.logit_scale + ctx.bias + (0 if mask is None else mask)
+        return torch.softmax(logits, -1) @ v, None
+
+    register_attention_kernel(
+        AttentionKernel("toy", toy, "a test kernel", needs=frozenset({"bias"}), auto=lambda s: not s.trains)
+    )
+    try:
+        assert "toy" in ATTENTION_KERNELS and "toy" in SCHEMES["tupe-r"].kernels()
+        assert "toy" not in SCHEMES["bert-a"].kernels()
+        with pytest.raises(ValueError, match="needs a content-free logit term"):
+            TupeConfig(position_scheme="rope", attention_kernel="toy")
+        config = tiny_config("tupe-r", attention_kernel="toy")
+        ids, mask, labels = _batch()
+        ref_logits, ref_grads = _run(config, "auto", "eager", ids, mask, labels)
+        logits, grads = _run(config, "toy", "sdpa", ids, mask, labels)
+        assert len(calls) == config.num_hidden_layers
+        torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-5)
+        for name in ref_grads:
+            torch.testing.assert_close(grads[name], ref_grads[name], atol=2e-5, rtol=1e-4, msg=name)
+        model = TupeForMaskedLM(tiny_config("tupe-r")).eval()  # "auto" picks it by its own rule (no training)
+        assert resolve_attention_kernel(model) == "toy"
+        with pytest.raises(ValueError, match="already registered"):
+            register_attention_kernel(AttentionKernel("toy", toy, "again"))
+    finally:
+        unregister_attention_kernel("toy")
+    assert "toy" not in ATTENTION_KERNELS and "toy" not in SCHEMES["tupe-r"].kernels()
+    with pytest.raises(ValueError, match="unknown attention_kernel 'toy'"):
+        TupeConfig(position_scheme="tupe-r", attention_kernel="toy")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_eager_softmax_runs_in_the_model_dtype(dtype):
+    """The reference is exact in float64 (its softmax in float64), and float32 for half types."""
+    from tupe.modeling.kernels import eager_attention
+    from tupe.modeling.positional import PositionalContext
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)
+    padding = torch.zeros(2, 1, 1, 6, dtype=dtype)
+    padding[1, ..., 4:] = torch.finfo(dtype).min
+    ctx = PositionalContext(0.5, bias=bias.to(dtype))
+    out, probs = eager_attention(q.to(dtype), k.to(dtype), v.to(dtype), ctx, padding, 0.0, True)
+    assert out.dtype == probs.dtype == dtype
+    exact = torch.softmax(q @ k.transpose(-1, -2) * 0.5 + bias + padding.double().clamp(min=-1e300), -1)
+    tol = {torch.float64: 1e-15, torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(probs.double(), exact, atol=tol, rtol=0)
+    assert probs[1, ..., 4:].abs().max() == 0
+    torch.testing.assert_close(out.double(), exact @ v, atol=tol * 10, rtol=tol * 10)
+
+
+def test_float64_eager_model_equals_the_fast_kernels_to_rounding():
+    """With the softmax in float64, the eager reference and the float64 kernels agree to ~1e-15, not 1e-6."""
+    config = tiny_config("tupe-r")
+    ids, mask, labels = _batch()
+    outs = {}
+    for kernel in ("eager", "fused", "sdpa"):
+        torch.manual_seed(0)
+        model = TupeForMaskedLM(config).double()
+        model.config.attention_kernel = kernel
+        outs[kernel] = model(ids, attention_mask=mask).logits
+    for kernel in ("fused", "sdpa"):
+        torch.testing.assert_close(outs[kernel], outs["eager"], atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("scheme", ["tupe-a", "tupe-r", "bert-a", "rope"])
+def test_export_with_a_padding_mask_and_dynamic_shapes(scheme):
+    """No Python branch on tensor values: torch.export traces the forward with a mask, for every batch size and
+    length, and the exported program equals the model at other shapes, with and without padding."""
+    from torch.export import Dim, export
+
+    model = TupeForMaskedLM(tiny_config(scheme)).eval()
+    ids, mask, _ = _batch(12)
+    batch, seq = Dim("batch", min=1, max=64), Dim("seq", min=2, max=model.config.max_position_embeddings)
+    dynamic = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
+    program = export(model, (ids,), {"attention_mask": mask}, dynamic_shapes=dynamic)
+    for b, n, pad in ((1, 5, 0), (4, 17, 3), (2, 30, 0)):
+        ids = torch.randint(5, 50, (b, n))
+        mask = torch.ones(b, n, dtype=torch.long)
+        mask[-1, n - pad :] = 0
+        with torch.no_grad():
+            expected = model(ids, attention_mask=mask).logits
+        got = program.module()(ids, attention_mask=mask).logits
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 def _reference_attention(q, k, v, bias, padding, scale, p):

@@ -27,3 +27,13 @@ def test_compare_eval_text(
     assert [m["name"] for m in result["models"]] == ["bert-a", "tupe-a"]
     assert [m["path"] for m in result["models"]] == [str(out / "bert-a"), str(out / "tupe-a")]
     assert "bert-a - tupe-a" in printed and "paired on the same blocks and masks" in printed
+
+
+def test_a_wrong_eval_text_stops_compare_and_demo_before_any_training(tmp_path: Path, capsys):
+    missing = tmp_path / "nope.txt"
+    for cmd in (["compare", "--schemes", "bert-a,tupe-a"], ["demo"]):
+        out = tmp_path / cmd[0]
+        assert main([*cmd, "--out", str(out), "--eval-text", str(missing), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "--eval-text: " in err and str(missing) in err and len(err.splitlines()) == 1, err
+        assert not out.exists()

@@ -26,6 +26,10 @@ def test_table_larger_than_the_blocks_trains_and_evaluate_flags_untrained_rows(
     assert (m.max_length, m.train_length) == (48, 32)
     assert load_model(out / "checkpoint-2").train_length == 32  # read from the run folder above it
     settings = Settings(bootstrap=0, pppl_tokens=0, progress=False, max_blocks=4)
+    from tupe.evaluation.evaluate import evaluate
+
+    plain = evaluate([m], resolve_corpus([str(tiny_corpus)]), settings, log=lambda s: None)
+    assert plain["tokenizer_groups"][0]["block_length"] == 32  # the trained rows, not the table's 48
     r = evaluate_lengths([m], resolve_corpus([str(tiny_corpus)]), [32, 48, 64], settings, log=lambda s: None)
     notes = [(e["length"], e["evaluated"], e["note"]) for e in r["by_length"]]
     assert notes == [
@@ -35,8 +39,9 @@ def test_table_larger_than_the_blocks_trains_and_evaluate_flags_untrained_rows(
     ]
 
 
-def test_table_smaller_than_the_blocks_is_refused(tmp_path, tiny_run):
+def test_table_smaller_than_the_blocks_is_refused_before_any_work(tmp_path, tiny_run):
     from tupe.training.pretrain import pretrain
 
     with pytest.raises(TupeError, match="--max-position-embeddings 16 is smaller than --max-length 32"):
-        pretrain(tiny_run(tmp_path / "run", max_position_embeddings=16))
+        pretrain(tiny_run(tmp_path / "run", max_position_embeddings=16, prepare_only=True))
+    assert not (tmp_path / "run").exists()

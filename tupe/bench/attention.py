@@ -33,14 +33,13 @@ class AttentionCandidate:
 def build_attention_candidate(
     scheme: str, backend: str, shape: Shape, batch_size: int, seq_len: int, device: torch.device
 ) -> AttentionCandidate:
-    from tupe.modeling.modeling_tupe import TupeModel
+    from tupe.modeling import TupeModel, resolve_attention_kernel
 
     config = tupe_config(
         scheme, backend, shape, seq_len, vocab_size=8, intermediate_size=8
     )  # no embeddings used
     torch.manual_seed(0)
     model = TupeModel(config).to(device).train()
-    eager = config.attention_kernel == "eager"
     h, d = config.num_attention_heads, config.head_dim
     g = torch.Generator(device="cpu").manual_seed(1)
     # (b, n, 3, h, d) leaves viewed as (b, h, n, d), the layout the fused QKV projection produces
@@ -49,10 +48,10 @@ def build_attention_candidate(
         for _ in range(config.num_hidden_layers)
     ]
     grads = [torch.randn(batch_size, h, seq_len, d, generator=g).to(device) for _ in leaves]
-    resolved = "eager" if eager else model._attention_inputs(seq_len, None, torch.float32, eager=False).kernel
+    resolved = resolve_attention_kernel(model, device, torch.float32, training=True, grad=True)
 
     def run() -> None:
-        inputs = model._attention_inputs(seq_len, None, torch.float32, eager)
+        inputs = model._attention_inputs(seq_len, None, torch.float32)
         outs = []
         for layer, leaf in zip(model.layers, leaves):
             q, k, v = leaf.permute(2, 0, 3, 1, 4)

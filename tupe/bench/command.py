@@ -35,9 +35,6 @@ from .flops import Shape, preset_shape
 if TYPE_CHECKING:
     import torch
 
-# Backend names, as in runner.BACKENDS (kept here so the parser needs no torch; tests check they agree)
-BACKEND_NAMES = ("eager", "sdpa", "sdpa-fold", "fused", "flex", "default")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -46,9 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated position schemes (default: %(default)s)",
     )
     parser.add_argument(
+        "--attention-kernel",
         "--backends",
+        dest="backends",
         default="eager,sdpa,default",
-        help=f"comma-separated, from {', '.join(BACKEND_NAMES)} (default: %(default)s)",
+        metavar="KERNELS",
+        help="comma-separated attention kernels, each timed for every scheme: auto or a name of the model's kernel "
+        "registry (tupe.modeling.ATTENTION_KERNELS; built in: eager, sdpa, fold, fused, flex), or the aliases "
+        "default (= auto) and sdpa-fold (= fold); a kernel that cannot run a scheme is refused, not replaced "
+        "(default: %(default)s). --backends is the old name",
     )
     parser.add_argument(
         "--preset",
@@ -304,8 +307,6 @@ def _time_shape(name: str, shape: Shape, args: argparse.Namespace, schemes, back
         cands.append(build_hf_bert(shape, args.seq_len, batch, device, torch.float32))
     for s in schemes:
         for b in backends:
-            if b == "flex" and device.type != "cuda":
-                raise TupeError("backend flex needs CUDA (flex_attention has no CPU backward)")
             cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32, autocast))
     peak_dtype = autocast or torch.float32
     fixed = args.peak_flops
@@ -361,8 +362,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tupe.modeling import POSITION_SCHEMES
+    from tupe.modeling.kernels import ATTENTION_KERNELS, KERNEL_ALIASES
 
-    from .runner import BACKENDS
+    from .runner import backend_kernel
 
     if args.json:  # checked before the minutes of timing, not after
         args.json = V.check_out_file("--json", args.json)
@@ -374,7 +376,11 @@ def run(args: argparse.Namespace) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = V.parse_device(args.device)
     schemes = V.name_list(args.schemes, POSITION_SCHEMES, "--schemes", "scheme")
-    backends = V.name_list(args.backends, list(BACKENDS), "--backends", "backend")
+    kernels = (*ATTENTION_KERNELS, *KERNEL_ALIASES)
+    backends = V.name_list(args.backends, kernels, "--attention-kernel", "attention kernel")
+    for s in schemes:  # a kernel that cannot run a scheme: refused now, with the reason, before any timing
+        for b in backends:
+            backend_kernel(b, s)
     args.seq_len, args.batch_size = default_batch(args.preset, args.seq_len, args.batch_size)
     if args.seq_len < 2 or args.batch_size < 1 or args.rounds < 1:
         raise TupeError("--seq-len must be >= 2, --batch-size and --rounds >= 1")

@@ -19,23 +19,14 @@ from tupe.training.model import HF_BERT
 
 from .flops import Shape, train_step_flops
 
-# Backend name -> TupeConfig.attention_kernel
-BACKENDS: dict[str, str] = {
-    "eager": "eager",  # the reference: logits materialised as written in the spec
-    "sdpa": "sdpa",  # SDPA, content-free term (+ padding) as one additive mask
-    "sdpa-fold": "fold",  # SDPA, low-rank term folded into q/k (tupe-a, tupe-a-tie-cls)
-    "fused": "fused",  # kernels.biased_attention
-    "flex": "flex",  # flex_attention score_mod (CUDA)
-    "default": "auto",  # what TupeForMaskedLM does out of the box
-}
-
 
 def backend_kernel(backend: str, scheme: str) -> str:
-    """The attention kernel a backend runs for a scheme: "sdpa" where the backend's kernel does not apply."""
+    """The attention kernel a backend (a kernel name of the registry, or an alias such as `sdpa-fold`, `default`)
+    runs for a scheme; a kernel that cannot run the scheme is refused with the reason, never replaced."""
+    from tupe.modeling.kernels import check_kernel_for_scheme
     from tupe.modeling.positional import scheme_class
 
-    kernel = BACKENDS[backend]
-    return kernel if kernel in scheme_class(scheme).kernels() else "sdpa"
+    return check_kernel_for_scheme(backend, scheme, scheme_class(scheme).terms(), "backend")
 
 
 def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrides):
@@ -159,15 +150,13 @@ def build_tupe(
     compute_dtype: torch.dtype | None = None,
 ) -> Candidate:
     """A TupeForMaskedLM candidate; `compute_dtype` (the autocast dtype, if any) decides the kernel label."""
-    from tupe.modeling import TupeForMaskedLM
+    from tupe.modeling import TupeForMaskedLM, resolve_attention_kernel
 
     config = tupe_config(scheme, backend, shape, seq_len)
     torch.manual_seed(0)
     model = TupeForMaskedLM(config).to(device=device, dtype=dtype).train()
-    resolved = "eager"
-    if config.attention_kernel != "eager":
-        with torch.autocast(device.type, enabled=False):
-            resolved = model.tupe._attention_inputs(seq_len, None, compute_dtype or dtype, eager=False).kernel
+    # the kernel a training step runs (refused here, before any timing, if it cannot run this step)
+    resolved = resolve_attention_kernel(model, device, compute_dtype or dtype, training=True, grad=True)
     rows = int((batch["labels"] != -100).sum())
     flops = train_step_flops(shape, scheme, batch["input_ids"].shape[0], seq_len, rows)
     label = f"{scheme} [{backend}]"

@@ -43,6 +43,7 @@ from tupe.io.files import atomic_write_text
 from tupe.io.outputs import OutputFolder
 from tupe.io.reading import Refused, open_regular, read_json
 from tupe.training.arguments import add_compare_arguments as add_arguments  # noqa: F401 - the CLI's hook
+from tupe.training.model import check_scheme
 from tupe.training.pretrain import SUMMARY_FILE, PretrainConfig, config_from_args, pretrain
 
 LOG_DIR = "logs"  # a parallel run's output: DIR/logs/<scheme>[-seed-<s>].log
@@ -405,9 +406,12 @@ def _paired_or_size(
 
 def run(args: argparse.Namespace) -> int:
     schemes = parse_schemes(args.schemes)
+    for scheme in schemes:  # a kernel that cannot run one of them: refused before the first run starts
+        check_scheme(scheme, args.attention_kernel)
     seeds = parse_seeds(args.seeds) if args.seeds else None
     if args.parallel < 1:
         raise TupeError(f"--parallel must be at least 1, got {args.parallel}")
+    check_eval_text(args)
     from tupe.runtime import hushed_libraries
 
     def log(msg: str) -> None:
@@ -430,6 +434,17 @@ def run(args: argparse.Namespace) -> int:
         with hushed_libraries(args.progress, args.quiet):
             evaluate_on_text(Path(args.out).expanduser(), summary, args.eval_text, args, log)
     return 0
+
+
+def check_eval_text(args: argparse.Namespace) -> None:
+    """--eval-text resolved before any training, so that a wrong path stops the command at once, not after it."""
+    if getattr(args, "eval_text", None):
+        from tupe.evaluation.runs import resolve_text
+
+        try:
+            resolve_text(args.eval_text, getattr(args, "text_column", "text"))
+        except TupeError as err:
+            raise TupeError(f"--eval-text: {err}") from None
 
 
 def evaluate_on_text(

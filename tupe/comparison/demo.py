@@ -92,10 +92,11 @@ def verdict(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe.comparison.compare import compare, parse_schemes
+    from tupe.comparison.compare import check_eval_text, compare, parse_schemes
     from tupe.training.pretrain import PretrainConfig
 
     schemes = parse_schemes(args.schemes)
+    check_eval_text(args)
     t0 = time.perf_counter()
     steps = args.max_steps or DEMO_STEPS
     base = PretrainConfig(

@@ -1,7 +1,10 @@
 """The study of every positional scheme (issue 23, item 3): one command that a session launches and can resume.
 
-    python -m tupe.comparison.study --out /work/runs/study [--resume] [--parallel 2] \\
-        [--ood-text /path/to/mnli/train_subset.json --ood-text-column text_a] [--glue-data /path/to/glue]
+    python -m tupe.comparison.study --out /work/runs/study --resume --parallel 2 \
+        [--ood-text mnli_premises.txt] [--glue-data /path/to/glue]
+
+(`mnli_premises.txt`: the MultiNLI premises as a text file, one premise per document, i.e. separated by blank
+lines; a JSON object of records is not a table the corpus reader takes.)
 
 Stages, each written under `--out` (outside the repository) and skipped on `--resume` when its output exists:
 

@@ -424,11 +424,12 @@ def evaluate(
     results_groups = []
     for gi, g in enumerate(groups, start=1):
         tok = g.models[0].tokenizer
-        length = min(m.max_length for m in g.models)
+        limit = min(m.max_length for m in g.models)
+        length = min(min(m.train_length or m.max_length, m.max_length) for m in g.models)  # trained rows only
         if settings.max_length is not None:
-            if settings.max_length < 2 or settings.max_length > length:
+            if settings.max_length < 2 or settings.max_length > limit:
                 raise TupeError(
-                    f"--max-length {settings.max_length} must be between 2 and the models' max length {length}"
+                    f"--max-length {settings.max_length} must be between 2 and the models' max length {limit}"
                 )
             length = settings.max_length
         g.blocks = make_blocks(

@@ -142,7 +142,15 @@ def evaluate_lengths(
         )
         result = None
         if chosen:
-            result = evaluate(chosen, corpus, dataclasses.replace(settings, max_length=length), log=log)
+            try:
+                result = evaluate(chosen, corpus, dataclasses.replace(settings, max_length=length), log=log)
+            except TupeError as err:
+                if "make no block of" not in str(err):
+                    raise
+                log(f"length {length}: {err}")  # a short text: no full block at this length, the others go on
+                for m in chosen:
+                    notes[m.name] = f"the text has no full block of {length} tokens"
+        if result is not None:
             text, used = result["text"], result["settings"]
             runs.append(
                 {"length": length, **{k: result[k] for k in ("tokenizer_groups", "models", "seconds")}}
@@ -174,7 +182,7 @@ def evaluate_lengths(
             entries.append(entry)
     if text is None:
         raise TupeError(
-            f"no model can run at any of --lengths {','.join(map(str, lengths))}: "
+            f"nothing to evaluate at --lengths {','.join(map(str, lengths))}: "
             + "; ".join(f"{e['model']}: {e['note']}" for e in entries[: len(models)])
         )
     return {
@@ -199,6 +207,16 @@ def evaluate_lengths(
     }
 
 
+def _label(name: str) -> str:
+    """A model's legend entry: a run folder's name; `NAME/seed-K` (several seeds of one scheme) -> NAME."""
+    if "/seed-" in name and not Path(name).exists():
+        return name.split("/seed-")[0]
+    path = Path(name)
+    if path.name.startswith(("seed-", "checkpoint-")) and path.parent.name:
+        return f"{path.parent.name}/{path.name}"
+    return path.name or name
+
+
 def plot_lengths(result: dict[str, Any], out_png: str | Path) -> Path:
     """Loss against block length, one line per model (95% CI as a band), each model's training length marked."""
     import io
@@ -212,20 +230,34 @@ def plot_lengths(result: dict[str, Any], out_png: str | Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7.5, 4.6), dpi=130)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for k, m in enumerate(result["models"]):
-        color = colors[k % len(colors)]
+    styles = ["-", "--", "-.", (0, (1, 1))]  # beyond the colour cycle, the line style tells groups apart
+    groups: dict[str, int] = {}  # seeds of one scheme (NAME/seed-K) share a colour and a legend entry
+    trained = {m["train_length"] for m in result["models"] if m["train_length"]}
+    for m in result["models"]:
+        label = _label(m["name"])
+        first = label not in groups
+        k = groups.setdefault(label, len(groups))
+        color, style = colors[k % len(colors)], styles[(k // len(colors)) % len(styles)]
         points = [e for e in result["by_length"] if e["model"] == m["name"] and e["evaluated"]]
         xs = [e["length"] for e in points]
         ys = [e["loss"]["value"] for e in points]
-        label = Path(m["name"]).name or m["name"]
-        ax.plot(xs, ys, marker="o", color=color, label=label)
+        ax.plot(xs, ys, marker="o", color=color, linestyle=style, label=label if first else None)
         if points and all(e["loss"]["low"] is not None for e in points):
             lo = [e["loss"]["low"] for e in points]
             hi = [e["loss"]["high"] for e in points]
             ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
-        if m["train_length"]:
+        if m["train_length"] and len(trained) > 1:
             ax.axvline(m["train_length"], color=color, linestyle=":", linewidth=1.2)
-    ax.plot([], [], linestyle=":", color="0.3", label="training length (dotted, same colour)")
+    if len(trained) == 1:
+        ax.axvline(
+            next(iter(trained)),
+            color="0.3",
+            linestyle=":",
+            linewidth=1.2,
+            label=f"training length {next(iter(trained))}",
+        )
+    elif trained:
+        ax.plot([], [], linestyle=":", color="0.3", label="training length (dotted, same colour)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(result["lengths"], [str(n) for n in result["lengths"]])
     ax.minorticks_off()

@@ -42,7 +42,8 @@ MODEL_FILES = (
 # the code a tupe checkpoint carries for users without tupe (auto_map); tupe itself never runs it
 _TUPE_CODE = ("configuration_tupe.", "modeling_tupe.")
 # ... and a folder of `tupe convert fairseq`, for its tokenizer (tupe loads its installed class of that name)
-_TUPE_TOKENIZER = ("FairseqMosesBPETokenizer", "fairseq_tokenizer.FairseqMosesBPETokenizer")
+_TUPE_TOKENIZER = "FairseqMosesBPETokenizer"
+_TUPE_TOKENIZER_CODE = (f"tokenization_fairseq.{_TUPE_TOKENIZER}", f"fairseq_tokenizer.{_TUPE_TOKENIZER}")
 
 MAX_VOCAB = 1 << 22
 MAX_WIDTH = 1 << 16
@@ -99,8 +100,8 @@ def refuse_custom_code(folder: str | os.PathLike, what: str = "model folder") ->
             continue
         if (
             name == "tokenizer_config.json"
-            and data.get("tokenizer_class") == _TUPE_TOKENIZER[0]
-            and all(t == _TUPE_TOKENIZER[1] for t in targets)
+            and data.get("tokenizer_class") == _TUPE_TOKENIZER
+            and all(t in _TUPE_TOKENIZER_CODE for t in targets)
         ):
             continue
         shown = next((t for t in targets), "?")

@@ -1,4 +1,10 @@
 from .configuration_tupe import POSITION_SCHEMES, TupeConfig
+from .kernels import (
+    ATTENTION_KERNELS,
+    AttentionKernel,
+    register_attention_kernel,
+    unregister_attention_kernel,
+)
 from .modeling_tupe import (
     TupeForMaskedLM,
     TupeForMultipleChoice,
@@ -7,9 +13,12 @@ from .modeling_tupe import (
     TupeForTokenClassification,
     TupeModel,
     TupePreTrainedModel,
+    resolve_attention_kernel,
 )
 
 __all__ = [
+    "ATTENTION_KERNELS",
+    "AttentionKernel",
     "POSITION_SCHEMES",
     "TupeConfig",
     "TupeForMaskedLM",
@@ -19,6 +28,9 @@ __all__ = [
     "TupeForTokenClassification",
     "TupeModel",
     "TupePreTrainedModel",
+    "register_attention_kernel",
+    "resolve_attention_kernel",
+    "unregister_attention_kernel",
 ]
 
 # importing this package registers the model with the `transformers` Auto classes (`import tupe` arranges for

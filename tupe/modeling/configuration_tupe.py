@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from .kernels import ATTENTION_KERNELS, check_kernel_for_scheme, requested_kernel_name
 from .positional import SCHEMES, scheme_class
 
 POSITION_SCHEMES: tuple[str, ...] = tuple(SCHEMES)
 
-# The one attention switch (saved in config.json); see `TupeModel` and docs/model.md "Attention kernels".
-ATTENTION_KERNELS: tuple[str, ...] = ("auto", "eager", "sdpa", "fold", "fused", "flex")
+# The one attention switch (saved in config.json) takes "auto" or a name of the kernel registry (kernels.py), read
+# live: `ATTENTION_KERNELS`. See docs/model.md "Attention kernels".
+__all__ = ["ATTENTION_KERNELS", "POSITION_SCHEMES", "TupeConfig"]
 
 
 class TupeConfig(PretrainedConfig):
@@ -27,11 +29,13 @@ class TupeConfig(PretrainedConfig):
             (num_masked, vocab)); off by default, so logits are (batch, seq, vocab) as in every transformers masked
             LM. `tupe pretrain` turns it on for its own training (same loss, much less head work).
         rope_theta: base of the rotary frequencies for `rope`.
-        attention_kernel: the attention path, one of `ATTENTION_KERNELS`, saved with the model so a reloaded
-            model runs the kernel it was trained and benchmarked with. "auto" picks per forward pass (see
-            `TupeModel`); "eager" is the reference; "fold" needs a low-rank content-free term and "flex" a
-            content-free term (`PositionalScheme.kernels()` lists what applies). All are exact against "eager".
-            `from_pretrained(..., attn_implementation=K)` sets it too.
+        attention_kernel: the attention path, "auto" or a name of the kernel registry (`ATTENTION_KERNELS`),
+            saved with the model so a reloaded model runs the kernel it was trained and benchmarked with. "auto"
+            picks per forward pass (`tupe.modeling.resolve_attention_kernel`); "eager" is the reference; a kernel
+            that cannot run the scheme is refused with the reason (`PositionalScheme.kernels()` lists what
+            applies). All are exact against "eager". transformers' `attn_implementation` (`from_pretrained(...,
+            attn_implementation=K)`, `set_attn_implementation(K)`, `config._attn_implementation`) overrides it
+            for the loaded model without saving it; its "sdpa", transformers' default, keeps this value.
     """
 
     model_type = "tupe"
@@ -100,19 +104,24 @@ class TupeConfig(PretrainedConfig):
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     def validate_attention_kernel(self) -> str:
-        """`attention_kernel`, checked against the scheme (e.g. "fold" needs a low-rank content-free term)."""
-        kernel, scheme = self.attention_kernel, scheme_class(self.position_scheme)
-        if kernel not in ATTENTION_KERNELS:
-            raise ValueError(
-                f"unknown attention_kernel {kernel!r}; valid kernels: {', '.join(ATTENTION_KERNELS)}"
-            )
-        if kernel not in scheme.kernels():
-            why = "a low-rank content-free term" if kernel == "fold" else "a content-free logit term"
-            raise ValueError(
-                f"attention_kernel {kernel!r} needs {why}, which position_scheme {self.position_scheme!r} does "
-                f"not have; kernels for it: {', '.join(scheme.kernels())}"
-            )
-        return kernel
+        """`attention_kernel` (aliases resolved), checked against the registry and the scheme."""
+        scheme = scheme_class(self.position_scheme)
+        self.attention_kernel = check_kernel_for_scheme(
+            self.attention_kernel, self.position_scheme, scheme.terms()
+        )
+        return self.attention_kernel
+
+    def requested_attention_kernel(self) -> str:
+        """The kernel name this config asks for ("auto" or a registry name): transformers' `_attn_implementation`
+        where it names one (its default "sdpa", and None, mean this config's `attention_kernel`), checked against
+        the registry and the scheme."""
+        kernel = self.validate_attention_kernel()
+        override = getattr(self, "_attn_implementation", None)
+        name = requested_kernel_name(override, kernel)
+        if name == kernel:
+            return kernel
+        terms = scheme_class(self.position_scheme).terms()
+        return check_kernel_for_scheme(name, self.position_scheme, terms, "attn_implementation")
 
     @property
     def head_dim(self) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,9 +110,14 @@ def load_fairseq_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             "numpy._core.multiarray.scalar",
         }
         named = [n for n in names if n not in allowed and not n.startswith("numpy.dtypes.")]
-        what = f"it names {', '.join(named[:3])}" if named else one_line(err)
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        if named or found:
+            what = f"it names {', '.join(named[:3]) if named else found.group(1)}"
+        else:  # e.g. a raw pickle (not torch.save): an instruction the safe unpickler does not run
+            reason = re.search(r"WeightsUnpickler error:\s*(.+)", str(err))
+            what = reason.group(1).strip() if reason else "an instruction outside the checkpoint format"
         raise TupeError(
-            f"{path}: refused to load: the pickle needs a type a fairseq checkpoint does not hold ({what}); "
+            f"{path}: refused to load: the pickle needs more than a fairseq checkpoint holds ({what}); "
             "loading it could run code, so nothing in it was run"
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
@@ -249,6 +255,9 @@ def config_from_fairseq(
             f"{ckpt}: args.encoder_embed_dim={args.encoder_embed_dim} but the embeddings are {hidden} wide"
         )
     heads = _arg(args, "encoder_attention_heads")
+    if heads is None:  # not saved: the relative table's columns, else fairseq's bert_base default
+        rel = sd.get(ENC + "relative_attention_bias.weight")
+        heads = int(rel.shape[1]) if rel is not None and rel.dim() == 2 else 12
     if not isinstance(heads, int) or heads <= 0 or hidden % heads:
         raise TupeError(
             f"{ckpt}: args.encoder_attention_heads={heads!r} does not divide the hidden size {hidden}"
@@ -425,6 +434,13 @@ def _load(model: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str) -
         raise RuntimeError(f"conversion left tensors unset: missing={missing} unexpected={unexpected}")
 
 
+def weights_dtype(sd: dict[str, torch.Tensor]) -> torch.dtype:
+    """The precision to keep: float64 for a float64 checkpoint, else float32 (fp16/bf16 training checkpoints are
+    widened exactly)."""
+    floats = [t.dtype for t in sd.values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return torch.float64 if torch.float64 in floats else torch.float32
+
+
 def _state(checkpoint: str | os.PathLike | dict) -> tuple[dict[str, Any], str]:
     if isinstance(checkpoint, dict):
         return checkpoint, "checkpoint"
@@ -434,9 +450,10 @@ def _state(checkpoint: str | os.PathLike | dict) -> tuple[dict[str, Any], str]:
 def masked_lm_from_fairseq(
     checkpoint: str | os.PathLike | dict,
     dictionary: str | os.PathLike | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> TupeForMaskedLM:
-    """`TupeForMaskedLM` with the weights of a released checkpoint (a path, or the loaded dict).
+    """`TupeForMaskedLM` with the weights of a released checkpoint (a path, or the loaded dict), in `dtype`
+    (default: `weights_dtype`, so a float64 checkpoint is not rounded).
 
     `dictionary`: the checkpoint's `dict.txt`, checked against the embedding rows (and recorded in the config as
     `fairseq_dictionary`); the ids are fairseq's either way (`<pad>` 1, `<s>` 0, `</s>` 2, `<mask>` last)."""
@@ -447,16 +464,18 @@ def masked_lm_from_fairseq(
     config = config_from_fairseq(state["args"], sd, ckpt)
     if dictionary is not None:
         build_dictionary(dictionary, config.vocab_size)
-    model = AutoModelForMaskedLM.from_config(config)
+    model = AutoModelForMaskedLM.from_config(config).to(
+        dtype or weights_dtype(sd)
+    )  # before loading: no rounding
     tensors, used = encoder_tensors(sd, config, ckpt)
     _check_all_used(sd, used, ckpt)
     _load(model, tensors, ckpt)
     model.tie_weights()
-    return model.to(dtype).eval()
+    return model.eval()
 
 
 def classifiers_from_fairseq(
-    checkpoint: str | os.PathLike | dict, dtype: torch.dtype = torch.float32
+    checkpoint: str | os.PathLike | dict, dtype: torch.dtype | None = None
 ) -> dict[str, TupeForSequenceClassification]:
     """One `TupeForSequenceClassification` per classification head of a released (fine-tuned) checkpoint."""
     from transformers import AutoModelForSequenceClassification  # as above: no import of modeling_tupe
@@ -472,12 +491,12 @@ def classifiers_from_fairseq(
     for name in names:
         config = config_from_fairseq(args, sd, ckpt)
         config.num_labels = int(sd[f"{CLS_HEADS}{name}.out_proj.weight"].shape[0])
-        model = AutoModelForSequenceClassification.from_config(config)
+        model = AutoModelForSequenceClassification.from_config(config).to(dtype or weights_dtype(sd))
         tensors, _ = encoder_tensors(sd, config, ckpt)
         tensors = {k: v for k, v in tensors.items() if k.startswith("tupe.")}
         head, _ = _head_tensors(sd, name, ckpt)
         _load(model, {**tensors, **head}, f"{ckpt} head {name}")
-        heads[name] = model.to(dtype).eval()
+        heads[name] = model.eval()
     return heads
 
 

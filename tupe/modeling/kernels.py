@@ -1,6 +1,20 @@
-"""Fast attention, dropout and masked-LM loss kernels behind the model, each exact against the plain formula.
+"""The attention kernel registry, and the fast exact kernels behind it (plus the one-pass masked-LM loss).
 
-Why these exist (measured on the project's 2-core CPUs, see `docs/benchmarks.md`):
+**The registry.** An attention kernel is one function with one signature,
+
+    fn(q, k, v, ctx, mask, dropout_p, probabilities) -> (output, probabilities or None)
+
+on projected (b, h, n, d) queries, keys and values (rotary positions and added positional queries/keys already
+applied), the scheme's `PositionalContext`, the additive key mask (the (b, 1, 1, n) padding, or what the kernel's
+`prepare` made of it once per forward pass), the attention-dropout probability (0 outside training) and whether
+the attention probabilities are wanted; registered once as an `AttentionKernel` entry that says what it needs
+(`needs`: context terms such as a low-rank fold), what it can take (`handles`), the dtypes and devices it runs on,
+whether it has dropout, and when "auto" picks it. `TupeConfig.attention_kernel`, `PositionalScheme.kernels()`,
+`from_pretrained(attn_implementation=...)`, `--attention-kernel` and `tupe bench` all read this one table: adding a
+kernel is one function plus one `register_attention_kernel(AttentionKernel(...))` (docs/model.md "Attention
+kernels"). Kernel names are compared here only.
+
+**Why the fast kernels exist** (measured on the project's 2-core CPUs, see `docs/benchmarks.md`):
 - `torch.nn.functional.dropout` on CPU draws its mask with `bernoulli_`, several times slower than 16 random
   bits per element and a comparison (`keep_scale_mask`); with attention dropout, or with a content-free term as
   a mask that needs a gradient, SDPA on CPU falls back to its unfused "math" kernel, which materialises scores,
@@ -13,15 +27,22 @@ Why these exist (measured on the project's 2-core CPUs, see `docs/benchmarks.md`
   columns, padded to a multiple of 8, so SDPA runs without any n x n tensor (long sequences). The query/key
   heads become wider than the value heads, which rules out SDPA's flash kernel; CUDA runs the memory-efficient one.
 - `flex_bias_attention` (CUDA): `flex_attention` with the content-free term read inside the kernel (no dropout:
-  `TupeModel` refuses it when training with attention dropout).
+  the registry refuses it when training with attention dropout).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from .positional import PositionalContext
 
 # Logit added to padded keys in the folded path: far below any real logit, so exp() underflows to exactly 0,
 # yet finite (and representable in float16/bfloat16) so that 0 * it never produces NaN.
@@ -273,3 +294,317 @@ def _compiled_flex():
 
         _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
     return _COMPILED_FLEX
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The attention kernel registry
+# ----------------------------------------------------------------------------------------------------------------
+
+# What a scheme's `PositionalContext` may carry that concerns a kernel (`PositionalScheme.terms()` lists a scheme's).
+# A kernel refuses a scheme that has a term marked "must take" which the kernel does not list in `handles`; terms
+# not marked so are optional representations (the fold is the bias again) or are applied before any kernel runs.
+CONTEXT_TERMS: dict[str, tuple[str, bool]] = {
+    # name: (description for messages, must a kernel take it)
+    "bias": ("a content-free logit term (ctx.bias, (h, n, n), shared by the batch)", True),
+    "fold": ("a low-rank content-free term (ctx.fold: extra query/key columns equal to ctx.bias)", False),
+    "rotary": ("rotary positions (ctx.rotary, applied to queries and keys)", False),
+}
+
+KernelFn = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
+"""fn(q, k, v, ctx, mask, dropout_p, probabilities) -> (output (b, h, n, d), probabilities (b, h, n, n) or None)."""
+
+
+@dataclass(frozen=True)
+class KernelSituation:
+    """What one forward pass looks like to the kernel choice: the scheme's context terms, device, compute dtype,
+    train mode (dropout active), whether gradients are recorded, and whether probabilities are wanted."""
+
+    terms: frozenset[str]
+    device_type: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    training: bool = False
+    grad: bool = False
+    dropout: bool = False  # attention dropout active: training and attention_probs_dropout_prob > 0
+    probabilities: bool = False
+
+    @property
+    def trains(self) -> bool:
+        """A training step: train mode with gradients recorded."""
+        return self.training and self.grad
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One registry entry: the function and what it needs; see the module docstring for the signature.
+
+    - needs: context terms the scheme must have (e.g. {"fold"}); handles: "must take" terms it can take.
+    - dtypes: compute dtypes it runs in (None: any). train_devices: device types it has a backward on (None: any).
+    - dropout: whether it implements attention dropout (else training with dropout is refused).
+    - probabilities: whether it returns the attention probabilities (`output_attentions` needs one that does).
+    - prepare(ctx, padding, dtype) -> mask: run once per forward pass, its result is every layer's `mask`.
+    - auto(situation) -> bool: when "auto" picks it (first match in registration order; else `AUTO_FALLBACK`).
+    - positions_applied_by_kernel: the kernel gets q and k before ctx.rotary / ctx.query_add (and applies them).
+    """
+
+    name: str
+    fn: KernelFn
+    summary: str
+    needs: frozenset[str] = frozenset()
+    handles: frozenset[str] = frozenset({"bias"})
+    dtypes: tuple[torch.dtype, ...] | None = None
+    train_devices: tuple[str, ...] | None = None
+    dropout: bool = True
+    probabilities: bool = False
+    prepare: Callable[[Any, torch.Tensor | None, torch.dtype], torch.Tensor | None] | None = None
+    auto: Callable[[KernelSituation], bool] | None = None
+    positions_applied_by_kernel: bool = False
+
+    def scheme_refusal(self, terms: frozenset[str]) -> str | None:
+        """Why this kernel cannot run a scheme with these context terms, or None."""
+        missing = sorted(self.needs - terms)
+        if missing:
+            return "needs " + " and ".join(CONTEXT_TERMS[t][0] for t in missing)
+        untaken = sorted(t for t in terms - self.handles - self.needs if CONTEXT_TERMS.get(t, ("", True))[1])
+        if untaken:
+            return "cannot take " + " and ".join(CONTEXT_TERMS.get(t, (t,))[0] for t in untaken)
+        return None
+
+    def refusal(self, situation: KernelSituation) -> str | None:
+        """Why this kernel cannot run this forward pass, or None."""
+        why = self.scheme_refusal(situation.terms)
+        if why:
+            return why
+        if self.dtypes is not None and situation.dtype not in self.dtypes:
+            names = "/".join(str(t).removeprefix("torch.") for t in self.dtypes)
+            return f"runs in {names} only, not {str(situation.dtype).removeprefix('torch.')} (autocast?)"
+        if situation.dropout and not self.dropout:
+            return "has no attention dropout, so it cannot train with attention_probs_dropout_prob > 0"
+        if (
+            situation.trains
+            and self.train_devices is not None
+            and situation.device_type not in self.train_devices
+        ):
+            return f"has no backward on {situation.device_type} (it trains on {'/'.join(self.train_devices)} only)"
+        return None
+
+
+_REGISTRY: dict[str, AttentionKernel] = {}
+AUTO = "auto"  # not a kernel: picks one per forward pass (`AttentionKernel.auto`)
+AUTO_FALLBACK = "sdpa"  # what "auto" runs when no kernel's `auto` rule holds
+# Other names for kernels, accepted wherever a kernel name is: transformers' and `tupe bench`'s.
+KERNEL_ALIASES: dict[str, str] = {"flex_attention": "flex", "sdpa-fold": "fold", "default": AUTO}
+
+
+# transformers sets `config._attn_implementation` to "sdpa" on every model that asks for nothing else: for tupe that
+# value (and None) means "the config's attention_kernel"; any other value names a kernel (or alias) itself.
+TRANSFORMERS_DEFAULT = "sdpa"
+
+
+def canonical_attn_implementation(value: str | None) -> str:
+    """transformers' `attn_implementation` as tupe keeps it in `config._attn_implementation`: None and "sdpa" ->
+    "sdpa" (the config's `attention_kernel`), a kernel name or alias -> its name ("flex_attention" -> "flex");
+    anything else (e.g. "flash_attention_2") a one-line ValueError listing what exists."""
+    if value is None or value == TRANSFORMERS_DEFAULT:
+        return TRANSFORMERS_DEFAULT
+    return canonical_kernel_name(value, "attn_implementation")
+
+
+def requested_kernel_name(attn_implementation: str | None, attention_kernel: str) -> str:
+    """The kernel a config asks for: its `_attn_implementation` unless that is transformers' default."""
+    impl = canonical_attn_implementation(attn_implementation)
+    return attention_kernel if impl == TRANSFORMERS_DEFAULT else impl
+
+
+class _KernelNames(Sequence[str]):
+    """`ATTENTION_KERNELS`: "auto" then every registered kernel, read live from the registry."""
+
+    def _names(self) -> tuple[str, ...]:
+        return (AUTO, *_REGISTRY)
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204 - Sequence protocol
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(_REGISTRY) + 1
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+ATTENTION_KERNELS: Sequence[str] = _KernelNames()
+
+
+def register_attention_kernel(kernel: AttentionKernel) -> AttentionKernel:
+    """Add a kernel under `kernel.name` (refused if the name is taken); returns it."""
+    if kernel.name in _REGISTRY or kernel.name in KERNEL_ALIASES or kernel.name == AUTO:
+        raise ValueError(f"attention kernel {kernel.name!r} is already registered")
+    unknown = sorted((kernel.needs | kernel.handles) - set(CONTEXT_TERMS))
+    if unknown:
+        raise ValueError(
+            f"attention kernel {kernel.name!r}: unknown context terms {unknown}; known: {list(CONTEXT_TERMS)}"
+        )
+    _REGISTRY[kernel.name] = kernel
+    return kernel
+
+
+def unregister_attention_kernel(name: str) -> None:
+    """Remove a registered kernel (e.g. a test's toy kernel)."""
+    _REGISTRY.pop(name)
+
+
+def canonical_kernel_name(name: str, what: str = "attention_kernel") -> str:
+    """A registered name or "auto", aliases resolved; anything else is refused in one line listing what exists."""
+    name = KERNEL_ALIASES.get(name, name)
+    if name != AUTO and name not in _REGISTRY:
+        raise ValueError(
+            f"unknown {what} {name!r}; valid: {', '.join(ATTENTION_KERNELS)} "
+            f"(aliases: {', '.join(f'{a}={k}' for a, k in KERNEL_ALIASES.items())})"
+        )
+    return name
+
+
+def get_attention_kernel(name: str) -> AttentionKernel:
+    """The registry entry of a (canonical or alias) kernel name; "auto" is not a kernel."""
+    return _REGISTRY[canonical_kernel_name(name)]
+
+
+def kernels_for_terms(terms: frozenset[str]) -> tuple[str, ...]:
+    """The `attention_kernel` values that apply to a scheme with these context terms ("auto" always does)."""
+    return (AUTO, *(k.name for k in _REGISTRY.values() if k.scheme_refusal(terms) is None))
+
+
+def check_kernel_for_scheme(
+    name: str, scheme: str, terms: frozenset[str], what: str = "attention_kernel"
+) -> str:
+    """The canonical name, or a ValueError saying why it cannot run this scheme and what can."""
+    name = canonical_kernel_name(name, what)
+    why = None if name == AUTO else _REGISTRY[name].scheme_refusal(terms)
+    if why:
+        raise ValueError(
+            f"{what} {name!r} {why}, which position_scheme {scheme!r} does not have or allow; "
+            f"kernels for it: {', '.join(kernels_for_terms(terms))}"
+        )
+    return name
+
+
+def select_kernel(name: str, situation: KernelSituation) -> AttentionKernel:
+    """The kernel that runs one forward pass: `name` (checked against the situation, refused with the reason) or,
+    for "auto", the first kernel whose `auto` rule holds. Probabilities wanted from a kernel that has none: the
+    first registered kernel that returns them (the eager reference), as `transformers` models do."""
+    name = canonical_kernel_name(name)
+    if situation.probabilities and (name == AUTO or not _REGISTRY[name].probabilities):
+        return next(
+            k for k in _REGISTRY.values() if k.probabilities and k.scheme_refusal(situation.terms) is None
+        )
+    if name == AUTO:
+        for kernel in _REGISTRY.values():
+            if kernel.auto is not None and kernel.refusal(situation) is None and kernel.auto(situation):
+                return kernel
+        name = AUTO_FALLBACK
+    kernel = _REGISTRY[name]
+    why = kernel.refusal(situation)
+    if why:
+        raise ValueError(
+            f"attention_kernel {name!r} {why}; set attention_kernel (or --attention-kernel) to another"
+        )
+    return kernel
+
+
+# ---- the kernels ------------------------------------------------------------------------------------------------
+
+
+def eager_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
+    """The reference: the logits exactly as written in docs/model.md, materialised; softmax in the model's dtype
+    (float32 for float16/bfloat16), so the reference is exact in float64."""
+    logits = torch.matmul(q, k.transpose(-1, -2)) * ctx.logit_scale  # (b, h, n, n)
+    if ctx.bias is not None:
+        logits = logits + ctx.bias.to(logits.dtype)
+    if mask is not None:
+        logits = logits + mask.to(logits.dtype)
+    half = logits.dtype in (torch.float16, torch.bfloat16)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32 if half else None).to(q.dtype)
+    dropped = F.dropout(probs, dropout_p, True) if dropout_p > 0.0 else probs
+    return torch.matmul(dropped, v), probs
+
+
+def sdpa_mask(
+    ctx: PositionalContext, padding: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """The content-free term plus the padding as one additive (1 or b, h, n, n) mask, once for all layers."""
+    if ctx.bias is None:
+        return padding
+    mask = ctx.bias.to(dtype)[None]  # (1, h, n, n): broadcast over the batch
+    if padding is not None:
+        mask = (mask + padding).clamp(min=torch.finfo(dtype).min)
+    return mask
+
+
+def sdpa_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
+    """`scaled_dot_product_attention` with `sdpa_mask` as its additive mask."""
+    mask = None if mask is None else mask.to(q.dtype)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=ctx.logit_scale
+    ), None
+
+
+def fold_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
+    """Low-rank term and padding folded into extra query/key columns (`fold_queries_keys`): no n x n tensor at
+    all. q/k end up wider than v, so SDPA's flash kernel does not apply; CUDA runs the memory-efficient one."""
+    q, k = fold_queries_keys(q, k, ctx.fold, ctx.logit_scale, mask)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0), None
+
+
+def fused_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
+    """CPU training: one n x n buffer, the shared (h, n, n) term broadcast, the fast dropout mask."""
+    return biased_attention(q, k, v, ctx.bias, mask, ctx.logit_scale, dropout_p), None
+
+
+def flex_attention_kernel(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
+    """`flex_attention` with the content-free term read in a score_mod (`flex_bias_attention`)."""
+    return flex_bias_attention(q, k, v, ctx.bias, mask, ctx.logit_scale), None
+
+
+_FLOATS = (torch.float32, torch.float64)
+
+for _kernel in (
+    AttentionKernel(
+        "eager",
+        eager_attention,
+        "the reference: logits materialised as written, softmax in the model's dtype; returns probabilities",
+        probabilities=True,
+    ),
+    AttentionKernel(
+        "sdpa",
+        sdpa_attention,
+        "scaled_dot_product_attention, content-free term + padding as one additive mask",
+        prepare=sdpa_mask,
+    ),
+    AttentionKernel(
+        "fold",
+        fold_attention,
+        "SDPA with the low-rank term and padding folded into extra query/key columns: no n x n tensor",
+        needs=frozenset({"fold"}),
+        auto=lambda s: s.device_type != "cpu",  # GPUs: no n x n tensor at all (long sequences)
+    ),
+    AttentionKernel(
+        "fused",
+        fused_attention,
+        "kernels.biased_attention: one n x n buffer, the shared term broadcast, fast dropout mask (CPU training)",
+        dtypes=_FLOATS,
+        # CPU training: SDPA runs its unfused math kernel with dropout or with a mask that needs a gradient
+        auto=lambda s: s.device_type == "cpu" and s.trains and (s.dropout or "bias" in s.terms),
+    ),
+    AttentionKernel(
+        "flex",
+        flex_attention_kernel,
+        "flex_attention with the content-free term in a score_mod (compiled on CUDA; no dropout)",
+        needs=frozenset({"bias"}),
+        dropout=False,
+        train_devices=("cuda",),
+        auto=lambda s: s.device_type == "cuda" and "bias" in s.terms,
+    ),
+):
+    register_attention_kernel(_kernel)

@@ -3,7 +3,7 @@
 Read top to bottom: embeddings, attention (the reference and its exact fast kernels), layer, encoder, heads. The
 positional scheme (positional.py) is evaluated once per forward pass; its content-free term is shared by every
 layer. The attention kernel is one config field, `config.attention_kernel`, resolved once per forward pass by
-`TupeModel._choose_kernel`; the kernels themselves are in kernels.py.
+`resolve_attention_kernel`; the kernels and their registry are in kernels.py (`attend` is a lookup).
 """
 
 from __future__ import annotations
@@ -32,13 +32,16 @@ try:  # transformers >= 5 initialises through these (they respect already-loaded
 except ImportError:  # pragma: no cover
     init = nn.init
 
-from .configuration_tupe import ATTENTION_KERNELS, TupeConfig
+from .configuration_tupe import TupeConfig
 from .kernels import (
+    AttentionKernel,
     FastDropout,
-    biased_attention,
-    flex_bias_attention,
-    fold_queries_keys,
+    KernelSituation,
+    canonical_attn_implementation,
+    check_kernel_for_scheme,
     masked_lm_loss,
+    requested_kernel_name,
+    select_kernel,
 )
 from .positional import (
     PositionalContext,
@@ -47,19 +50,67 @@ from .positional import (
     UntiedPositions,
     apply_rotary,
     build_scheme,
+    scheme_class,
 )
+
+
+def resolve_attention_kernel(
+    model_or_config: PreTrainedModel | TupeConfig,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    training: bool | None = None,
+    *,
+    grad: bool | None = None,
+    probabilities: bool = False,
+) -> str:
+    """The registry name of the kernel a forward pass runs ("auto" resolved), or a ValueError saying why the
+    requested kernel cannot run it. Defaults from a model: its device, dtype and train mode; from a config: CPU,
+    float32, eval. `grad` (default: `torch.is_grad_enabled()`) tells a training step from a no-grad pass;
+    `probabilities`: `output_attentions` is asked for. `dtype` is the compute dtype (the autocast dtype if any)."""
+    config = model_or_config.config if isinstance(model_or_config, PreTrainedModel) else model_or_config
+    if isinstance(model_or_config, PreTrainedModel):
+        weight = next(model_or_config.parameters())
+        device = weight.device if device is None else device
+        dtype = weight.dtype if dtype is None else dtype
+        training = model_or_config.training if training is None else training
+    device = torch.device("cpu" if device is None else device)
+    dtype = torch.float32 if dtype is None else dtype
+    grad = torch.is_grad_enabled() if grad is None else grad
+    return _select_kernel(config, device, dtype, bool(training), grad, probabilities).name
+
+
+def _select_kernel(
+    config: TupeConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    training: bool,
+    grad: bool,
+    probabilities: bool,
+) -> AttentionKernel:
+    dropout = training and config.attention_probs_dropout_prob > 0
+    terms = scheme_class(config.position_scheme).terms()
+    situation = KernelSituation(terms, device.type, dtype, training, grad, dropout, probabilities)
+    return select_kernel(config.requested_attention_kernel(), situation)
+
+
+def _tracing() -> bool:
+    """Being traced or compiled (torch.export, torch.compile, TorchScript): no Python branch on tensor values."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 @dataclass
 class AttentionInputs:
-    """Per-forward tensors shared by all layers: the positional context and the masks built from it once."""
+    """Per-forward tensors shared by all layers: the positional context, the masks built from it once, the kernel."""
 
     ctx: PositionalContext
     padding: (
         torch.Tensor | None
-    )  # (b, 1, 1, n) additive, 0 for tokens and dtype-min for padding; None if no padding
-    sdpa_mask: torch.Tensor | None  # content-free term + padding, (1 or b, h, n, n), for the "sdpa" kernel
-    kernel: str = "sdpa"  # "eager", "sdpa", "fold", "fused" or "flex": see TupeModel._choose_kernel
+    )  # (b, 1, 1, n) additive: 0 for tokens, dtype-min for padding; None: no padding
+    mask: (
+        torch.Tensor | None
+    )  # what every layer's kernel gets: `kernel.prepare(ctx, padding, dtype)`, else padding
+    kernel: AttentionKernel  # the registry entry resolved for this pass (`resolve_attention_kernel`)
+    probabilities: bool = False  # output_attentions
 
 
 class TupeEmbeddings(nn.Module):
@@ -112,45 +163,16 @@ class TupeSelfAttention(nn.Module):
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The attention core on projected (b, h, n, d) queries, keys, values: what the kernels differ in
-        (`tupe bench --attention-only` times this). Probabilities are returned by the eager kernel only."""
-        ctx = inputs.ctx
-        if ctx.rotary is not None:
-            q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
-        if ctx.query_add is not None:
-            q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
+        """The attention core on projected (b, h, n, d) queries, keys, values: the scheme's rotary / added
+        positions, then the resolved registry kernel (`tupe bench --attention-only` times this)."""
+        ctx, kernel = inputs.ctx, inputs.kernel
+        if not kernel.positions_applied_by_kernel:
+            if ctx.rotary is not None:
+                q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
+            if ctx.query_add is not None:
+                q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
         dropout_p = self.dropout_p if self.training else 0.0
-
-        if inputs.kernel == "eager":
-            # Reference path: the logits exactly as written in the spec, materialised.
-            logits = torch.matmul(q, k.transpose(-1, -2)) * ctx.logit_scale  # (b, h, n, n)
-            if ctx.bias is not None:
-                logits = logits + ctx.bias.to(logits.dtype)
-            if inputs.padding is not None:
-                logits = logits + inputs.padding.to(logits.dtype)
-            probs = torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(F.dropout(probs, dropout_p, self.training), v)
-        elif inputs.kernel == "fused":
-            # CPU training: one n x n buffer, the shared (h, n, n) term broadcast, fast dropout mask (kernels.py).
-            out = biased_attention(q, k, v, ctx.bias, inputs.padding, ctx.logit_scale, dropout_p)
-            probs = None
-        elif inputs.kernel == "flex":
-            out = flex_bias_attention(q, k, v, ctx.bias, inputs.padding, ctx.logit_scale)
-            probs = None
-        elif inputs.kernel == "fold":
-            # Low-rank content-free term and padding folded into extra query/key columns: no n x n tensor at all.
-            # q/k end up wider than v, so SDPA's flash kernel does not apply (it needs equal widths); on CUDA the
-            # memory-efficient kernel runs, on CPU the math kernel.
-            q, k = fold_queries_keys(q, k, ctx.fold, ctx.logit_scale, inputs.padding)
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)
-            probs = None
-        else:
-            mask = None if inputs.sdpa_mask is None else inputs.sdpa_mask.to(q.dtype)
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=ctx.logit_scale
-            )
-            probs = None
-        return out, probs
+        return kernel.fn(q, k, v, ctx, inputs.mask, dropout_p, inputs.probabilities)
 
 
 def _tensor_slots(obj, depth: int = 2):
@@ -348,34 +370,38 @@ class TupePreTrainedModel(PreTrainedModel):
             return tuple(t for t in (loss, *fields.values(), hidden_states, attentions) if t is not None)
         return output_cls(loss=loss, **fields, hidden_states=hidden_states, attentions=attentions)
 
-    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
-        """`from_pretrained(..., attn_implementation=K)` with K any `ATTENTION_KERNELS` value sets
-        `config.attention_kernel` (and so is saved with the model); transformers itself then sees "eager" or
-        "sdpa". Plain "sdpa" (transformers' default name) keeps the config's kernel."""
-        if attn_implementation in ATTENTION_KERNELS and attn_implementation != "sdpa":
-            self.config.attention_kernel = attn_implementation
-            self.config.validate_attention_kernel()
-            attn_implementation = "eager" if attn_implementation == "eager" else "sdpa"
-        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
+    def _check_and_adjust_attn_implementation(
+        self,
+        attn_implementation: str | None,
+        is_init_check: bool = False,
+        allow_all_kernels: bool = False,
+        **kwargs,
+    ) -> str:
+        """transformers' door to the kernel registry (`from_pretrained(..., attn_implementation=K)`,
+        `set_attn_implementation(K)`): K is "eager", "sdpa" (transformers' default: the config's
+        `attention_kernel`), "flex_attention" (the "flex" kernel) or any registry name, kept as
+        `config._attn_implementation` for this model (not saved); anything else is refused in one line."""
+        name = canonical_attn_implementation(attn_implementation)
+        saved = self.config.validate_attention_kernel()
+        kernel = requested_kernel_name(name, saved)
+        terms = scheme_class(self.config.position_scheme).terms()
+        what = "attention_kernel" if kernel == saved else "attn_implementation"
+        check_kernel_for_scheme(kernel, self.config.position_scheme, terms, what)
+        return name
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """The kernel is looked up per forward pass, so `set_attn_implementation` works on a loaded model."""
+        return True
 
 
 class TupeModel(TupePreTrainedModel):
     """The encoder: embeddings, one positional scheme, `num_hidden_layers` blocks.
 
-    `config.attention_kernel` picks the attention path (saved in config.json); every choice is exact against
-    the eager reference (tests/modeling/test_fast_paths.py):
-    - "auto" (default): "fused" for float32/64 training on CPU with attention dropout or a content-free term
-      (SDPA would fall back to its unfused math kernel there; without either it runs its flash kernel), "fold"
-      on CUDA where the content-free term is low-rank, "flex" on CUDA for other (h, n, n) terms without
-      dropout, else "sdpa";
-    - "eager": the reference, logits materialised as written in docs/model.md (also used whenever
-      `output_attentions` is asked for, or transformers' `config._attn_implementation` is "eager");
-    - "sdpa": SDPA with the content-free term (+ padding) as one additive (1 or b, h, n, n) mask;
-    - "fold": SDPA with the low-rank term and padding folded into extra query/key columns (tupe-a,
-      tupe-a-tie-cls);
-    - "fused": `kernels.biased_attention` (float32/64; "sdpa" under autocast);
-    - "flex": `torch.nn.attention.flex_attention` with a score_mod; it has no dropout, so training with
-      attention dropout is refused.
+    `config.attention_kernel` (saved in config.json) or transformers' `attn_implementation` picks the attention
+    kernel from the registry in kernels.py, once per forward pass (`resolve_attention_kernel`); every kernel is
+    exact against the eager reference (tests/modeling/test_fast_paths.py). `output_attentions` runs the eager
+    reference, the kernel that returns probabilities. docs/model.md "Attention kernels" lists them.
     """
 
     def __init__(self, config: TupeConfig):
@@ -407,56 +433,30 @@ class TupeModel(TupePreTrainedModel):
                 f"which cut at the tokenizer's model_max_length"
             )
 
+    def resolve_attention_kernel(
+        self, dtype: torch.dtype | None = None, *, probabilities: bool = False
+    ) -> str:
+        """The kernel this model's next forward pass runs (see the module-level `resolve_attention_kernel`)."""
+        return resolve_attention_kernel(self, dtype=dtype, probabilities=probabilities)
+
     def _attention_inputs(
-        self, n: int, attention_mask: torch.Tensor | None, dtype, eager: bool = False
+        self, n: int, attention_mask: torch.Tensor | None, dtype: torch.dtype, probabilities: bool = False
     ) -> AttentionInputs:
         ctx = self.positional(n)
+        device = self.embeddings.word_embeddings.weight.device
+        kernel = _select_kernel(
+            self.config, device, dtype, self.training, torch.is_grad_enabled(), probabilities
+        )
         padding = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        # Without padding no mask at all (faster kernels); traced or compiled, the padding term is always built:
+        # whether a mask has zeros is a tensor's value, and export/compile need one graph for every mask.
+        if attention_mask is not None and (_tracing() or not bool(attention_mask.all())):
             keep = attention_mask[:, None, None, :].to(torch.bool)
             padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
                 ~keep, torch.finfo(dtype).min
             )
-        kernel = "eager" if eager else self._choose_kernel(ctx, dtype)
-        sdpa_mask = None
-        if kernel == "sdpa":
-            if ctx.bias is not None:
-                sdpa_mask = ctx.bias.to(dtype)[None]  # (1, h, n, n): broadcast over the batch
-                if padding is not None:
-                    sdpa_mask = (sdpa_mask + padding).clamp(
-                        min=torch.finfo(dtype).min
-                    )  # once, for all layers
-            else:
-                sdpa_mask = padding
-        return AttentionInputs(ctx, padding, sdpa_mask, kernel)
-
-    def _choose_kernel(self, ctx: PositionalContext, dtype: torch.dtype) -> str:
-        """Resolve `config.attention_kernel` for this forward pass (see the class docstring)."""
-        kernel = self.config.validate_attention_kernel()
-        if getattr(self.config, "_attn_implementation", None) == "eager":
-            return "eager"
-        dropout = self.training and self.config.attention_probs_dropout_prob > 0
-        if kernel == "flex" and dropout:
-            raise ValueError(
-                "attention_kernel 'flex' cannot train with attention dropout (flex_attention has none); "
-                "set attention_probs_dropout_prob=0 or use another kernel"
-            )
-        if kernel == "fused":
-            return "fused" if dtype in (torch.float32, torch.float64) else "sdpa"
-        if kernel != "auto":
-            return kernel
-        device = self.embeddings.word_embeddings.weight.device
-        if device.type == "cpu":
-            # Training: SDPA runs its unfused math kernel with dropout or with a mask that needs a gradient.
-            trains = self.training and torch.is_grad_enabled() and dtype in (torch.float32, torch.float64)
-            if trains and (dropout or ctx.has_bias):
-                return "fused"
-            return "sdpa"
-        if ctx.fold is not None:
-            return "fold"
-        if ctx.has_bias and not dropout and device.type == "cuda":
-            return "flex"
-        return "sdpa"
+        mask = padding if kernel.prepare is None else kernel.prepare(ctx, padding, dtype)
+        return AttentionInputs(ctx, padding, mask, kernel, probabilities)
 
     def forward(
         self,
@@ -490,7 +490,9 @@ class TupeModel(TupePreTrainedModel):
             if torch.is_autocast_enabled(source.device.type)
             else self.embeddings.word_embeddings.weight.dtype
         )
-        inputs = self._attention_inputs(n, attention_mask, compute_dtype, eager=bool(output_attentions))
+        inputs = self._attention_inputs(
+            n, attention_mask, compute_dtype, probabilities=bool(output_attentions)
+        )
 
         x = self.embeddings(input_ids, inputs.ctx, inputs_embeds)
         all_hidden = (x,) if output_hidden_states else None
@@ -616,9 +618,10 @@ class TupeForMaskedLM(TupePreTrainedModel):
         return self._head_output(MaskedLMOutput, loss, logits, outputs, return_dict)
 
     @classmethod
-    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype = torch.float32) -> TupeForMaskedLM:
+    def from_fairseq(cls, checkpoint, dictionary=None, dtype: torch.dtype | None = None) -> TupeForMaskedLM:
         """The authors' released TUPE checkpoint (fairseq format, `guolinke/TUPE`): `tupe-r` or `tupe-a`, its
-        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last).
+        masked-LM head tied to the embeddings, fairseq's ids (`<s>` 0, `<pad>` 1, `</s>` 2, `<mask>` last); in
+        `dtype` (default float32, float64 for a float64 checkpoint).
         `dictionary`: its `dict.txt`, checked against the vocabulary. Loaded without running pickled code; see
         `tupe.modeling.fairseq` and docs/released-checkpoint.md."""
         try:  # absolute and in a try: the converter is not part of the modeling code saved with a model

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
+from .kernels import kernels_for_terms
+
 if TYPE_CHECKING:
     from .configuration_tupe import TupeConfig
 
@@ -94,7 +96,11 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int =
 
 def toeplitz(values: torch.Tensor, n: int) -> torch.Tensor:
     """(h, 2n-1) per-offset values, offset k - (n-1) at index k  ->  (h, n, n) with [i, j] = values[j - i + n - 1]."""
-    # unfold gives windows w[s, t] = values[s + t]; row s = n-1-i puts offset j - i at column j.
+    # unfold gives windows w[s, t] = values[s + t]; row s = n-1-i puts offset j - i at column j. A view, no copy;
+    # traced (torch.export), where unfold fixes n to the traced length, the same values by indexing.
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        i = torch.arange(n, device=values.device)
+        return values[:, i[None, :] - i[:, None] + n - 1]
     return values.unfold(-1, n, 1).flip(-2)
 
 
@@ -123,9 +129,7 @@ class RelativeBias(nn.Module):
         bias = toeplitz(self.bias(buckets).t(), n)  # (h, n, n)
         if self.cls_bucket:
             cls = self.bias.weight[self.num_buckets][:, None]  # (h, 1)
-            bias = bias.clone()
-            bias[:, 0, :] = cls
-            bias[:, 1:, 0] = cls
+            bias = cls_reset(bias, torch.cat([cls, cls], dim=1))
         return bias
 
 
@@ -173,7 +177,14 @@ class UntiedPositions(nn.Module):
 
 
 def cls_reset(v: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """`reset_theta(v)`: row 0 ([CLS] as query) -> theta_1, column 0 below it (others -> [CLS]) -> theta_2."""
+    """`reset_theta(v)`: row 0 ([CLS] as query) -> theta_1, column 0 below it (others -> [CLS]) -> theta_2.
+
+    (h, n, n), (h, 2) -> (h, n, n). Traced (torch.export), the same values by selection: writing into a slice of
+    length n - 1 makes export assume n >= 3."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        first = torch.arange(v.shape[-1], device=v.device) == 0
+        v = torch.where(first[None, None, :], theta[:, 1, None, None], v)
+        return torch.where(first[None, :, None], theta[:, 0, None, None], v)
     v = v.clone()
     v[:, 0, :] = theta[:, 0:1]
     v[:, 1:, 0] = theta[:, 1:2]
@@ -201,6 +212,7 @@ class PositionalScheme(nn.Module):
     resets_cls: ClassVar[bool] = False  # [CLS] row/column of the content-free term replaced by theta
     content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits
     low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns (kernel "fold")
+    rotary: ClassVar[bool] = False  # queries and keys rotated by position (RoPE)
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
     position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
     uses_position: ClassVar[bool] = True  # False only for the position-blind control (nope)
@@ -211,13 +223,16 @@ class PositionalScheme(nn.Module):
         self.logit_scale = (self.score_dims * config.head_dim) ** -0.5
 
     @classmethod
+    def terms(cls) -> frozenset[str]:
+        """What this scheme's contexts carry that an attention kernel may need or must take
+        (`kernels.CONTEXT_TERMS`); a scheme with another kind of term overrides this."""
+        flags = (("bias", cls.content_free), ("fold", cls.low_rank), ("rotary", cls.rotary))
+        return frozenset(term for term, present in flags if present)
+
+    @classmethod
     def kernels(cls) -> tuple[str, ...]:
-        """The `TupeConfig.attention_kernel` values that apply to this scheme."""
-        return (
-            ("auto", "eager", "sdpa", "fused")
-            + (("fold",) if cls.low_rank else ())
-            + (("flex",) if cls.content_free else ())
-        )
+        """The `TupeConfig.attention_kernel` values that apply to this scheme, from the kernel registry."""
+        return kernels_for_terms(cls.terms())
 
     @classmethod
     def extra_forward_flops(cls, hidden: int, seq_len: int) -> float:
@@ -323,12 +338,13 @@ class TupeA(PositionalScheme):
         """Query `[s p U^Q, 1]` (zero for [CLS]), key `[p U^K, 0]` with `[0, theta_2]` for [CLS]: exact because the
         [CLS] query row is a constant (`theta_1`) that cancels in the softmax."""
         h, n, _ = q.shape
-        q_extra = torch.cat([q * self.logit_scale, q.new_ones(h, n, 1)], dim=-1)
-        q_extra = torch.cat([torch.zeros_like(q_extra[:, :1]), q_extra[:, 1:]], dim=1)
+        first = (torch.arange(n, device=q.device) == 0)[
+            :, None
+        ]  # (n, 1): the [CLS] row, selected, not sliced
+        q_extra = torch.cat([q * self.logit_scale, q.new_ones(h, n, 1)], dim=-1).masked_fill(first, 0.0)
         k_extra = torch.cat([k, k.new_zeros(h, n, 1)], dim=-1)
         k_cls = torch.cat([k.new_zeros(h, 1, k.shape[-1]), theta[:, 1].reshape(h, 1, 1)], dim=-1)
-        k_extra = torch.cat([k_cls, k_extra[:, 1:]], dim=1)
-        return q_extra, k_extra
+        return q_extra, torch.where(first, k_cls, k_extra)
 
 
 class TupeATieCls(TupeA):
@@ -371,6 +387,7 @@ class Rope(PositionalScheme):
 
     name = "rope"
     display_name = "RoPE"
+    rotary = True
 
     def __init__(self, config: TupeConfig):
         super().__init__(config)

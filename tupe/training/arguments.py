@@ -46,7 +46,7 @@ class PretrainConfig:
     intermediate_size: int | None = None
     dropout: float | None = None
     dense_prediction: bool = False
-    attn_implementation: str | None = None
+    attention_kernel: str | None = None  # None: the model's default ("auto"; hf-bert: transformers' "sdpa")
     batch_size: int | None = None
     grad_accum: int = 1
     max_steps: int | None = None
@@ -107,12 +107,17 @@ class ResolvedConfig(PretrainConfig):
     def __post_init__(self) -> None:
         from tupe.training.model import check_scheme
 
-        check_scheme(self.scheme)
+        check_scheme(self.scheme, self.attention_kernel)
         if self.optimizer not in OPTIMIZERS:
             raise TupeError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
         for key in _POSITIVE:
             if int(getattr(self, key)) <= 0:
                 raise TupeError(f"--{key.replace('_', '-')} must be positive, got {getattr(self, key)}")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < self.max_length:
+            raise TupeError(
+                f"--max-position-embeddings {self.max_position_embeddings} is smaller than --max-length "
+                f"{self.max_length}: blocks would have no row"
+            )
         per_step = self.world_size * self.grad_accum
         if self.batch_size % per_step:
             raise TupeError(
@@ -195,6 +200,27 @@ def training_arguments(run: ResolvedConfig):
     )
 
 
+def _attention_kernel(value: str) -> str:
+    """`--attention-kernel`: a name of the kernel registry (checked when given: it imports the model package)."""
+    from tupe.modeling.kernels import canonical_kernel_name
+
+    try:
+        return canonical_kernel_name(value, "attention kernel")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _attn_implementation(value: str) -> str | None:
+    """`--attn-implementation`: as `from_pretrained(attn_implementation=...)` reads it ("sdpa": the default)."""
+    from tupe.modeling.kernels import TRANSFORMERS_DEFAULT, canonical_attn_implementation
+
+    try:
+        name = canonical_attn_implementation(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return None if name == TRANSFORMERS_DEFAULT else name
+
+
 def add_model_data_arguments(
     p: argparse.ArgumentParser, quiet_help: str = "print nothing but errors"
 ) -> None:
@@ -262,7 +288,21 @@ def add_model_data_arguments(
         action="store_true",
         help="LM head on every position (default: masked positions only)",
     )
-    m.add_argument("--attn-implementation", choices=["sdpa", "eager"])
+    m.add_argument(
+        "--attention-kernel",
+        type=_attention_kernel,
+        metavar="NAME",
+        help="attention kernel, saved with the model: auto (default: the fastest exact one for each step) or a "
+        "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS; built in: eager, the reference, "
+        "sdpa, fold, fused, flex), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
+    )
+    m.add_argument(
+        "--attn-implementation",
+        dest="attention_kernel",
+        type=_attn_implementation,
+        metavar="NAME",
+        help="the same, as transformers' attn_implementation: its sdpa means the default kernel",
+    )
     o = p.add_argument_group("optimisation")
     o.add_argument(
         "--batch-size", type=V.positive_int, help="global batch (sequences per optimizer step, all processes)"

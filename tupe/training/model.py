@@ -16,9 +16,20 @@ HF_BERT = "hf-bert"  # transformers' own BertForMaskedLM, the independent contro
 SCHEMES: tuple[str, ...] = (*POSITION_SCHEMES, HF_BERT)  # what --scheme accepts
 
 
-def check_scheme(scheme: str) -> None:
+def check_scheme(scheme: str, attention_kernel: str | None = None) -> None:
+    """An unknown scheme, or an `--attention-kernel` that cannot run it, refused before any work."""
     if scheme not in SCHEMES:
         raise TupeError(f"unknown scheme {scheme!r}; choose one of: {', '.join(SCHEMES)}")
+    if attention_kernel is not None and scheme != HF_BERT:
+        from tupe.modeling.kernels import check_kernel_for_scheme
+        from tupe.modeling.positional import scheme_class
+
+        try:
+            check_kernel_for_scheme(
+                attention_kernel, scheme, scheme_class(scheme).terms(), "--attention-kernel"
+            )
+        except ValueError as err:
+            raise TupeError(str(err)) from None
 
 
 def _max_positions(config: Any, max_length: int) -> int:
@@ -64,16 +75,15 @@ def model_config(run: Any, tokenizer: Any) -> dict[str, Any]:
 def build_model(config: Any, model_kwargs: dict[str, Any]):
     """A freshly initialised masked-LM model for the run (`config`: its `PretrainConfig`)."""
     from tupe.modeling import TupeConfig, TupeForMaskedLM
+    from tupe.modeling.kernels import AUTO
 
     check_scheme(config.scheme)
     if config.scheme == HF_BERT:
         from transformers import BertConfig, BertForMaskedLM
 
         kwargs = {k: v for k, v in model_kwargs.items() if k != "model_type"}
-        return BertForMaskedLM(BertConfig(**kwargs, attn_implementation=config.attn_implementation or "sdpa"))
-    mcfg = TupeConfig(**model_kwargs)
-    if (
-        config.attn_implementation == "eager"
-    ):  # the reference kernel, saved with the model ("sdpa": the default)
-        mcfg.attention_kernel = "eager"
-    return TupeForMaskedLM(mcfg)
+        # transformers' own names (eager, sdpa, ...); "auto" is its default, which it refuses by that name
+        attn = None if config.attention_kernel == AUTO else config.attention_kernel
+        return BertForMaskedLM(BertConfig(**kwargs, attn_implementation=attn))
+    # the kernel is saved with the model; one that cannot run the scheme is refused here, in one line
+    return TupeForMaskedLM(TupeConfig(**model_kwargs, attention_kernel=config.attention_kernel or AUTO))
