@@ -82,9 +82,7 @@ def layer_of(module: str) -> tuple[int, str]:
     for i, members in enumerate(LAYERS):
         for member in members:
             inside = module == member or (member != "tupe" and module.startswith(member + "."))
-            if inside and (
-                best is None or len(member) > len(best[1])
-            ):
+            if inside and (best is None or len(member) > len(best[1])):
                 best = (i, member)
     assert best is not None, f"{module} is in no layer: add its package to LAYERS in {__file__} and docs"
     return best

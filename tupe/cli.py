@@ -82,8 +82,11 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line naming the option (no usage dump), so every user error looks alike."""
 
+    help_prog: str | None = None  # whose --help the hint names: the sub-command's, once it is known
+
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
+        prog = self.help_prog or self.prog
+        raise _UsageError(f"{prog}: error: {message} (see `{prog} --help`)")
 
 
 def _one_line(err: BaseException) -> str:
@@ -119,6 +122,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="tupe",
         description="Pre-train, fine-tune, analyse and benchmark TUPE and baseline BERT encoders.",
     )
+    parser.help_prog = f"tupe {command}" if command else None  # unknown flags are reported by this parser
     parser.add_argument("--version", action="version", version=f"tupe {version()}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -126,3 +126,30 @@ def start_cli(argv: list[str], fault: str | None = None, **kw: object) -> subpro
     return subprocess.Popen(
         cmd, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
     )
+
+
+@pytest.fixture(scope="session")
+def finished_run(rel_corpus, rel_tokenizer, rel_cache, tmp_path_factory):  # noqa: ANN001, ANN201
+    from tupe.cli import main
+
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main([str(a) for a in pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, max_steps=4)]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def glue_assets(tmp_path_factory):  # noqa: ANN001, ANN201
+    from tests.glue.fixtures import make_checkpoint, write_task
+
+    root = tmp_path_factory.mktemp("rel_glue")
+    model = make_checkpoint(root / "model")
+    for task in ("SST-2", "STS-B", "MRPC"):
+        write_task(root / "data", task, n_train=16, n_dev=8)
+    return model, root / "data"
+
+
+@pytest.fixture()
+def ctx(tmp_path, rel_corpus, rel_tokenizer, rel_cache, finished_run, glue_assets):  # noqa: ANN001
+    from .bad_inputs import Ctx
+
+    return Ctx(tmp_path, rel_corpus, rel_tokenizer, rel_cache, finished_run, *glue_assets)

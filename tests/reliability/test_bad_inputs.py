@@ -10,32 +10,7 @@ from pathlib import Path
 import pytest
 
 from .bad_inputs import CASES, Case, Ctx
-from .conftest import assert_user_error, pretrain_args, run_cli
-
-
-@pytest.fixture(scope="session")
-def finished_run(rel_corpus, rel_tokenizer, rel_cache, tmp_path_factory):  # noqa: ANN001, ANN201
-    from tupe.cli import main
-
-    out = tmp_path_factory.mktemp("finished") / "run"
-    assert main([str(a) for a in pretrain_args(rel_corpus, rel_tokenizer, rel_cache, out, max_steps=4)]) == 0
-    return out
-
-
-@pytest.fixture(scope="session")
-def glue_assets(tmp_path_factory):  # noqa: ANN001, ANN201
-    from tests.glue.fixtures import make_checkpoint, write_task
-
-    root = tmp_path_factory.mktemp("rel_glue")
-    model = make_checkpoint(root / "model")
-    for task in ("SST-2", "STS-B", "MRPC"):
-        write_task(root / "data", task, n_train=16, n_dev=8)
-    return model, root / "data"
-
-
-@pytest.fixture()
-def ctx(tmp_path, rel_corpus, rel_tokenizer, rel_cache, finished_run, glue_assets) -> Ctx:  # noqa: ANN001
-    return Ctx(tmp_path, rel_corpus, rel_tokenizer, rel_cache, finished_run, *glue_assets)
+from .conftest import assert_user_error, run_cli
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

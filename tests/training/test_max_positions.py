@@ -42,6 +42,6 @@ def test_table_larger_than_the_blocks_trains_and_evaluate_flags_untrained_rows(
 def test_table_smaller_than_the_blocks_is_refused_before_any_work(tmp_path, tiny_run):
     from tupe.training.pretrain import pretrain
 
-    with pytest.raises(TupeError, match="--max-position-embeddings 16 is smaller than --max-length 32"):
+    with pytest.raises(TupeError, match="--max-position-embeddings 16 is smaller than --max-seq-len 32"):
         pretrain(tiny_run(tmp_path / "run", max_position_embeddings=16, prepare_only=True))
     assert not (tmp_path / "run").exists()

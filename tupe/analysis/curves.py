@@ -86,7 +86,10 @@ def find_runs(path: str | Path) -> list[tuple[Path, str]]:
     `tupe compare` folder is all its runs, `DIR/<scheme>/` or `DIR/<scheme>/seed-<k>/`, in the comparison's
     scheme order (reference first) with seeds in numeric order, grouped by scheme."""
     path = Path(path)
-    if (path / "metrics.jsonl").is_file():
+    if os.path.lexists(path / "metrics.jsonl"):
+        from tupe.io.reading import check_regular
+
+        check_regular(path / "metrics.jsonl", "metrics log")  # a FIFO or a device: refused by name
         return [(path, run_label(path))]
     if not path.is_dir():
         raise TupeError(

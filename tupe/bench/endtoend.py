@@ -130,7 +130,7 @@ def compare_end_to_end(groups: list[dict], args, schemes: list[str], threads: in
         flag, _, value = a.partition("=")
         if flag == "--batch-size":
             batch_size = int(value)
-        elif flag == "--max-length":
+        elif flag in ("--max-seq-len", "--max-length"):
             seq_len = int(value)
         elif flag in _SHAPE_FLAGS:
             shape[_SHAPE_FLAGS[flag]] = type(shape[_SHAPE_FLAGS[flag]])(value)

@@ -125,8 +125,21 @@ class Corpus:
 
 
 def _files_in(folder: Path) -> list[Path]:
+    """The text files under `folder`, recursively, following symbolic links to folders (a linked subfolder of a
+    corpus is part of it) with loop protection: a folder already read (a link back up the tree, two links to one
+    place) is skipped with a warning naming it."""
     out = []
-    for root, dirs, names in os.walk(folder):
+    seen: set[tuple[int, int]] = set()
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        try:
+            st = os.stat(root)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            _warn_once(f"corpus folder {root}: a symbolic link to a folder already read; skipped (no loop)")
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for n in sorted(names):
             p = Path(root) / n
@@ -184,7 +197,7 @@ def resolve_corpus(
 
     for src in sources:
         src = os.path.expanduser(str(src))
-        if any(ch in src for ch in "*?["):
+        if any(ch in src for ch in "*?[") and not os.path.lexists(src):  # an existing file's name is literal
             matches = sorted(Path(m) for m in glob.glob(src, recursive=True))
             if not matches:
                 raise TupeError(f"corpus pattern {src!r} matches no file")

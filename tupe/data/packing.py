@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import numpy as np
 from tupe.data.corpus import text_rule
 from tupe.data.tokenizer import CLS_ID, SEP_ID, tokenizer_fingerprint
 from tupe.errors import TupeError
-from tupe.io.files import failed_writes_reported
+from tupe.io.files import failed_writes_reported, sha256_file
 
 PACK_VERSION = "stream-v1"
 _GROUP_CHARS = 4096  # lines of one document are joined (with " ") into encoder inputs of about this size
@@ -38,6 +39,32 @@ _GROUP_CHARS = 4096  # lines of one document are joined (with " ") into encoder 
 def default_cache_dir() -> Path:
     """`$TUPE_CACHE` if set, else `~/.cache/tupe`."""
     return Path(os.environ.get("TUPE_CACHE") or Path.home() / ".cache" / "tupe")
+
+
+_DTYPES = ("uint16", "uint32", "int32", "int64")
+
+
+def packed_problem(path: Path, deep: bool = True) -> str | None:
+    """None if `path` is a complete packed stream as tupe wrote it, else what is wrong: `meta.json` of the wrong
+    shape, `stream.bin` not a regular file, of another size than `num_tokens` says, or (`deep`) not matching its
+    recorded SHA-256 (random bytes in a stream give ids beyond the vocabulary, an IndexError mid-training)."""
+    from tupe.io.reading import check_regular, read_json
+
+    try:
+        meta = read_json(path / "meta.json", "packed stream metadata")
+        stream = path / "stream.bin"
+        size = check_regular(stream, "packed token stream").st_size
+    except TupeError as err:
+        return str(err)
+    n, dtype = meta.get("num_tokens"), meta.get("dtype")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0 or dtype not in _DTYPES:
+        return "meta.json: num_tokens or dtype missing or invalid"
+    if size != n * np.dtype(dtype).itemsize:
+        return f"stream.bin has {size} bytes, {n} tokens of {dtype} need {n * np.dtype(dtype).itemsize} (truncated?)"
+    want = meta.get("stream_sha256")
+    if deep and want is not None and want != sha256_file(stream):
+        return "stream.bin does not match its recorded SHA-256 (changed or corrupt)"
+    return None
 
 
 @dataclass
@@ -53,12 +80,12 @@ class PackedCorpus:
     def open(cls, path: str | os.PathLike, block_size: int) -> PackedCorpus:
         """The cached stream in `path` (a folder written by `load_or_build_packed`) as blocks of `block_size`."""
         path = Path(path)
-        try:
-            meta = json.loads((path / "meta.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise TupeError(f"{path}: not a packed token stream ({e})") from None
+        problem = packed_problem(path, deep=False)  # sizes; load_or_build_packed checks the SHA-256
+        if problem is not None:
+            raise TupeError(f"{path}: not a usable packed token stream ({problem})")
+        meta = json.loads((path / "meta.json").read_text())
         if meta["num_tokens"] == 0:
-            raise TupeError(f"corpus {meta['corpus']} produced no tokens")
+            raise TupeError(f"corpus {meta.get('corpus', path)} produced no tokens")
         stream = np.memmap(
             path / "stream.bin", dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],)
         )
@@ -199,6 +226,15 @@ def load_or_build_packed(
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = packed_cache_key(corpus, tokenizer, sep_id)
     target = cache_dir / "packed" / key
+    if os.path.lexists(target / "meta.json"):
+        problem = packed_problem(target)
+        if problem is not None:  # a damaged cache entry is rebuilt, never trusted
+            print(
+                f"warning: cached token stream {target}: {problem}; tokenizing again",
+                file=sys.stderr,
+                flush=True,
+            )
+            shutil.rmtree(target, ignore_errors=True)
     if not (target / "meta.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
@@ -213,6 +249,7 @@ def load_or_build_packed(
                     corpus, tokenizer, tmp / "stream.bin", progress=progress, sep_id=sep_id
                 )
                 meta.update(
+                    stream_sha256=sha256_file(tmp / "stream.bin"),
                     corpus=corpus.describe(),
                     corpus_fingerprint=corpus.fingerprint(),
                     tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),

@@ -82,6 +82,10 @@ def open_saved(path: Path) -> Any:  # noqa: ANN401 - datasets.Dataset
 def open_file(path: Path) -> Any:  # noqa: ANN401 - datasets.IterableDataset
     """A parquet or JSON / JSON-lines file, streamed by the `datasets` reader of its kind."""
     builder = TABLE_SUFFIXES[path.suffix.lower()]
+    if builder == "json":
+        from tupe.io.reading import check_json_rows
+
+        check_json_rows(path, "corpus file")  # null or a number would crash datasets' reader (a segfault)
     with _datasets_quiet_offline() as datasets:
         try:
             return datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True)

@@ -12,12 +12,13 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tupe.errors import TupeError
-from tupe.io.files import write_error
+from tupe.io.files import sha256_file, write_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -114,6 +115,15 @@ def check_tokenizer(tok, where: str = "tokenizer") -> None:  # noqa: ANN001
                 f"{where}: special token {t} has id {got}, the tupe models need {i}; "
                 "train one with `tupe pretrain --vocab-size N` or fix its special tokens"
             )
+    # what GLUE fine-tuning relies on (tupe.io.checkpoints.load_tokenizer): a tokenizer pretrain accepts must be
+    # one the fine-tuning of its model accepts, not a refusal hours later
+    cls_id, sep_id = tok.convert_tokens_to_ids("[CLS]"), tok.convert_tokens_to_ids("[SEP]")
+    ids = tok("a", "b")["input_ids"]
+    if not ids or ids[0] != cls_id or ids[-1] != sep_id or ids.count(sep_id) < 2:
+        raise TupeError(
+            f"{where}: the tokenizer does not wrap a sentence pair as [CLS] A [SEP] B [SEP] (got ids {ids[:6]}): "
+            "its post-processor is missing or wrong, and fine-tuning (tupe glue) needs it"
+        )
 
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
@@ -169,6 +179,26 @@ def tokenizer_fingerprint(tok) -> str:  # noqa: ANN001
     return hashlib.sha256(json.dumps(definition, ensure_ascii=False).encode()).hexdigest()[:20]
 
 
+CACHE_RECORD = "tupe_cache.json"  # SHA-256 of the cached tokenizer.json, checked before each reuse
+
+
+def _cached_tokenizer_problem(target: Path) -> str | None:
+    """None if the cached tokenizer is the one tupe trained (its recorded SHA-256), else what is wrong with it: a
+    changed, swapped or corrupt cache entry is trained again instead of trusted."""
+    from tupe.io.reading import check_regular, read_json
+
+    try:
+        check_regular(target / "tokenizer.json", "cached tokenizer")
+        if not (target / CACHE_RECORD).is_file():
+            return None  # written by an older tupe: the special-token and pair checks still run
+        want = read_json(target / CACHE_RECORD, "cache record").get("tokenizer.json")
+    except TupeError as err:
+        return str(err)
+    if want != sha256_file(target / "tokenizer.json"):
+        return "tokenizer.json does not match its recorded SHA-256 (changed or corrupt)"
+    return None
+
+
 def get_or_train_tokenizer(
     corpus,  # noqa: ANN001
     cache_dir: Path,
@@ -190,8 +220,16 @@ def get_or_train_tokenizer(
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     target = Path(cache_dir) / "tokenizers" / key
     if (target / "tokenizer.json").exists():
-        log(f"tokenizer: reusing cached BPE ({vocab_size} entries) from {target}")
-        return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
+        problem = _cached_tokenizer_problem(target)
+        if problem is None:
+            log(f"tokenizer: reusing cached BPE ({vocab_size} entries) from {target}")
+            tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
+            check_tokenizer(tok, str(target))
+            return tok
+        print(
+            f"warning: cached tokenizer {target}: {problem}; training it again", file=sys.stderr, flush=True
+        )
+        shutil.rmtree(target, ignore_errors=True)
     log(f"tokenizer: training byte-level BPE with {vocab_size} entries on {corpus.describe()}")
     tok = train_tokenizer(corpus, vocab_size, min_frequency, max_bytes, show_progress=progress)
     tmp = None
@@ -199,6 +237,9 @@ def get_or_train_tokenizer(
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
         tok.save_pretrained(str(tmp))
+        (tmp / CACHE_RECORD).write_text(
+            json.dumps({"tokenizer.json": sha256_file(tmp / "tokenizer.json")}) + "\n"
+        )
     except OSError as err:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -421,13 +421,6 @@ def _versions() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------------- CLI
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -470,9 +463,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"narrower than {SMALL_MODEL_WIDTH})",
         max_seq_len_help="max tokens per example (default min(512, model's max))",
     )
-    p.add_argument("--adam-betas", default="0.9,0.999", help="Adam betas (default the paper's 0.9,0.999)")
-    p.add_argument("--adam-eps", type=V.positive_float, default=1e-6, help="Adam epsilon (default 1e-6)")
-    p.add_argument("--clip", type=V.nonneg_float, default=1.0, help="gradient clipping norm (default 1.0)")
     add_run_arguments(p)
     add_report_arguments(p)
     add_hub_arguments(
@@ -484,15 +474,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     V.annotate_ranges(p)
 
 
+def settings_from_args(args: argparse.Namespace) -> GlueSettings:
+    """The run settings of `tupe glue`'s options (the shared flag vocabulary, tupe/training/flags.py)."""
+    return GlueSettings(task=get_task(args.task).name, **grid_settings(args))
+
+
 def run(args: argparse.Namespace) -> int:
-    try:
-        betas = _floats(args.adam_betas)
-    except argparse.ArgumentTypeError as err:
-        raise TupeError(f"--adam-betas: {err}") from None
-    if len(betas) != 2:
-        raise TupeError(f"--adam-betas needs two numbers, got {args.adam_betas!r}")
-    if not all(0 <= b < 1 for b in betas):
-        raise TupeError(f"--adam-betas must be two numbers in [0, 1), got {args.adam_betas!r}")
     V.check_out_folder("--out", args.out)
     for flag, value in (("--data-dir", args.data_dir), ("--train-file", args.train_file)):
         if value is not None and not str(value).startswith("hub"):
@@ -510,14 +497,7 @@ def run(args: argparse.Namespace) -> int:
         raise TupeError(f"--dropout must be in [0, 1) (or -1 for the checkpoint's), got {args.dropout}")
     if args.lrs is not None and any(lr <= 0 for lr in args.lrs):
         raise TupeError(f"learning rates must be positive, got {args.lrs}")
-    settings = GlueSettings(
-        task=get_task(args.task).name,
-        adam_beta1=betas[0],
-        adam_beta2=betas[1],
-        adam_epsilon=args.adam_eps,
-        max_grad_norm=args.clip,
-        **grid_settings(args),
-    )
+    settings = settings_from_args(args)
     V.apply_threads(args.threads)
     quiet = args.quiet
 

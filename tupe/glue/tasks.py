@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tupe.errors import TupeError, one_line
+from tupe.io.reading import json_type_name
 
 
 def _norm(name: str) -> str:
@@ -264,15 +266,35 @@ def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
         ) from None
 
 
+GLUE_FILE_LIMIT = 4 << 30  # the largest GLUE file (QQP/MNLI train) is under 500 MB
+MAX_SENTENCE_CHARS = 1 << 20  # GLUE sentences are a few hundred characters; a megabyte is not a sentence
+
+
 def _decoded(path: Path, what: str) -> str:
-    if not path.is_file():
+    from tupe.io.reading import read_bytes
+
+    if not os.path.lexists(path):
         raise TupeError(f"{path}: no such file (expected {what})")
+    # regular files only (a FIFO or a device would block or never end), bounded; bytes, not read_text:
+    # universal-newline mode would also split rows on a lone "\r" inside a sentence
+    data = read_bytes(path, GLUE_FILE_LIMIT, what)
     try:
-        # bytes, not read_text: universal-newline mode would also split rows on a lone "\r" inside a sentence;
-        # utf-8-sig drops a byte-order mark (MRPC's files start with one)
-        return path.read_bytes().decode("utf-8-sig")
+        return data.decode("utf-8-sig")  # utf-8-sig drops a byte-order mark (MRPC's files start with one)
     except UnicodeDecodeError as err:
         raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def _sentence(value: object, where: str) -> str:
+    """A sentence cell: a string (a number is taken as its text), of a sane length; anything else is refused."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        kind = (
+            "an object" if isinstance(value, dict) else "a list" if isinstance(value, list) else repr(value)
+        )
+        raise TupeError(f"{where}: a sentence must be a string, got {kind}")
+    text = str(value)
+    if len(text) > MAX_SENTENCE_CHARS:
+        raise TupeError(f"{where}: a sentence of {len(text):,} characters; is it the right file?")
+    return text
 
 
 def tsv_rows(text: str) -> list[tuple[int, list[str]]]:
@@ -347,9 +369,9 @@ def read_delimited(task: GlueTask, path: str | Path, delimiter: str = "\t") -> S
                 f"{where}: malformed row: {len(fields)} {kind} fields, expected {n_columns} for {task.name}"
             )
         labels.append(_parse_label(task, fields[label_col], where))
-        text_a.append(fields[cols[0]])
+        text_a.append(_sentence(fields[cols[0]], where))
         if task.is_pair:
-            text_b.append(fields[cols[1]])
+            text_b.append(_sentence(fields[cols[1]], where))
         index.append(lineno)
     if not labels:
         raise TupeError(f"{path}: no examples")
@@ -398,7 +420,9 @@ def _split_from_dataset(task: GlueTask, ds, where: str) -> Split:  # noqa: ANN00
     labels = list(ds["label"])
     if task.tsv_labels == ANY_LABEL:
         names = getattr(ds.features["label"], "names", None)  # a ClassLabel: its names
-        labels = [names[x] if names and isinstance(x, int) and 0 <= x < len(names) else str(x) for x in labels]
+        labels = [
+            names[x] if names and isinstance(x, int) and 0 <= x < len(names) else str(x) for x in labels
+        ]
     elif task.is_regression:
         labels = [_check_score(task, float(x), f"{where} row {i}: score {x!r}") for i, x in enumerate(labels)]
     else:
@@ -441,6 +465,11 @@ def _from_data_files(task: GlueTask, folder: Path) -> TaskData | None:
         raise TupeError(f"{folder}: {task.name} train files found but no {missing[0]!r} split files")
     import datasets
 
+    from tupe.io.reading import check_json_rows
+
+    for builder, files in found.values():  # type: ignore[misc]
+        for f in files if builder == "json" else ():
+            check_json_rows(f, "GLUE file")  # null or a number would crash datasets' reader (a segfault)
     try:
         dsd = datasets.DatasetDict(
             {
@@ -513,19 +542,27 @@ def split_from_json(task: GlueTask, path: str | Path) -> Split:
     path = Path(path)
     if not path.is_file():
         raise TupeError(f"{path}: no such file")
-    text = path.read_text(encoding="utf-8-sig")
+    text = _decoded(path, "a JSON or JSON-lines file")
     records: list[tuple[int, dict]] = []
     try:
         data = json.loads(text)
+        if not isinstance(data, dict | list):
+            raise TupeError(
+                f"{path}: expected JSON objects (one per line, or a list of them), got {json_type_name(data)}"
+            )
         items = data.values() if isinstance(data, dict) else data
         records = [(i, r) for i, r in enumerate(items)]
         line_of = None
+    except RecursionError:
+        raise TupeError(f"{path}: JSON nested too deeply to be read") from None
     except json.JSONDecodeError:
         line_of = {}
         for lineno, line in enumerate(text.split("\n"), start=1):
             if line.strip():
                 try:
                     records.append((lineno, json.loads(line)))
+                except RecursionError:
+                    raise TupeError(f"{path}:{lineno}: JSON nested too deeply to be read") from None
                 except json.JSONDecodeError as err:
                     raise TupeError(f"{path}:{lineno}: not JSON ({err.msg})") from None
     cols_a = ("text_a", task.hf_text_columns[0], task.text_columns[0])
@@ -553,8 +590,8 @@ def split_from_json(task: GlueTask, path: str | Path) -> Split:
             label = task.label_names.index(str(raw))
         else:
             label = _parse_label(task, str(raw), where)
-        text_a.append(str(a))
-        text_b.append(str(b))
+        text_a.append(_sentence(a, where))
+        text_b.append(_sentence(b, where))
         labels.append(label)
         index.append(pos)
     if not labels:

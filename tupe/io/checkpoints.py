@@ -22,6 +22,18 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 
 
+# What makes two checkpoints the same model: its scheme and shape (a resumed run's checkpoint must match them)
+MODEL_SHAPE_KEYS = (
+    "position_scheme",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+
+
 def check_safetensors(path: str | os.PathLike) -> None:
     """Raise a one-line `TupeError` if `path` is not a complete safetensors file (truncated, corrupt, empty).
 
@@ -211,17 +223,7 @@ def inspect_checkpoint(model_dir: str | Path, scheme: str | None = None) -> tupl
     files = check_model_weights(model_dir)
     # from_pretrained(ignore_mismatched_sizes=True) would silently re-initialise an encoder that does not fit
     check_weights_match_config(model_dir)
-    keep = (
-        "position_scheme",
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-    )
+    keep = (*MODEL_SHAPE_KEYS, "hidden_dropout_prob", "attention_probs_dropout_prob")
     info = ModelInfo(
         path=str(model_dir.resolve()),
         scheme=config.position_scheme,

@@ -161,6 +161,11 @@ def _held(lock_path: Path, info_path: Path, command: str, refusal: str) -> Itera
             pass  # the lock itself holds; only the description of its holder is missing
         yield
     finally:
+        # A finished command leaves no lock files: removed while the lock is still held, so a command waiting on
+        # the old file finds it unlinked once it gets it and starts again on a new one (filelock checks that)
+        for path in (info_path, lock_path):
+            with contextlib.suppress(OSError):
+                path.unlink()
         lock.release()
 
 
@@ -210,26 +215,76 @@ class WriteError(TupeError, OSError):
         return str(self.args[0]) if self.args else "write failed"
 
 
-_WRITE_FAILURE_MARKERS = ("no space left", "file write failed", "storagefull", "ioerror", "disk quota")
+_WRITE_FAILURE_MARKERS = (
+    "no space left",
+    "file write failed",
+    "storagefull",
+    "ioerror",
+    "disk quota",
+    "file too large",
+    # torch.save's C++ zip writer on a full disk: "[enforce fail at inline_container.cc:672] . unexpected pos
+    # 9472 vs 9364", "basic_ios::clear: iostream error"
+    "inline_container",
+    "iostream error",
+    "unexpected pos",
+)
+_REASONS = ("No space left on device", "File too large", "Disk quota exceeded", "Input/output error")
 
 
 def is_write_failure(err: BaseException) -> bool:
     """An `OSError`, or the way torch.save (RuntimeError from its C++ writer) and safetensors (SafetensorError)
-    report a failed write (disk full, I/O error)."""
+    report a failed write (disk full, file too large, I/O error)."""
     if isinstance(err, OSError):
         return True
     text = str(err).lower()
     return any(m in text for m in _WRITE_FAILURE_MARKERS)
 
 
+def _free_bytes(path: str | os.PathLike) -> int | None:
+    p = Path(path)
+    for candidate in (p, *p.parents):
+        if candidate.exists():
+            try:
+                st = os.statvfs(candidate)
+            except OSError:
+                return None
+            return st.f_bavail * st.f_frsize
+    return None
+
+
+def _reason(err: BaseException, path: str | os.PathLike) -> str:
+    """The failure in words: the OS's own (`strerror`), a known phrase inside a library's message, or, for the
+    C++ writers' cryptic messages, 'No space left on device' when the file system is indeed (nearly) full."""
+    strerror = getattr(err, "strerror", None)
+    if strerror:
+        return strerror
+    text = " ".join(str(err).split())
+    for phrase in _REASONS:
+        if phrase.lower() in text.lower():
+            return phrase
+    free = _free_bytes(path)
+    if free is not None and free < (4 << 20):
+        return f"No space left on device ({free} bytes free)"
+    return text[:200]
+
+
 def write_error(
-    path: str | os.PathLike, err: OSError, kept: str = "the previous version is kept"
+    path: str | os.PathLike, err: BaseException, kept: str = "the previous version is kept"
 ) -> WriteError:
     """A one-line error for a failed write (disk full, permissions): the path, the reason and what was kept."""
     if isinstance(err, WriteError):
         return err
-    reason = getattr(err, "strerror", None) or " ".join(str(err).split())[:200]
-    return WriteError(f"cannot write {path}: {reason}; {kept}")
+    return WriteError(f"cannot write {path}: {_reason(err, path)}; {kept}")
+
+
+def _failed_path(err: BaseException, path: str | os.PathLike) -> str | os.PathLike:
+    """The file the failure names, if it is one of the output's (under `path`'s folder): a copy's error can name
+    its *source* (tupe's own modeling_tupe.py, copied into a checkpoint), which is not what failed to be written."""
+    root = Path(path).absolute().parent
+    for name in (getattr(err, "filename2", None), getattr(err, "filename", None)):
+        if name and Path(os.fsdecode(name)).absolute().is_relative_to(root):
+            return name
+    return path
 
 
 @contextlib.contextmanager
@@ -239,9 +294,9 @@ def failed_writes_reported(
     cleanup: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """Turn a failed write inside the block (`is_write_failure`; `TupeError`s pass unchanged) into one
-    `WriteError` naming the file (the exception's own `filename` where it has one, else `path`) and what was kept
-    (`kept` may be a function, for a message that depends on the state after the failure). `cleanup` (removing
-    partial files) runs first; other exceptions pass through untouched."""
+    `WriteError` naming the file (the exception's own `filename` where it is an output file, else `path`) and what
+    was kept (`kept` may be a function, for a message that depends on the state after the failure). `cleanup`
+    (removing partial files) runs first; other exceptions pass through untouched."""
     try:
         yield
     except Exception as err:
@@ -249,7 +304,7 @@ def failed_writes_reported(
             raise
         if cleanup is not None:
             cleanup()
-        where = getattr(err, "filename", None) or path
+        where = _failed_path(err, path)
         raise write_error(where, err, kept() if callable(kept) else kept) from None
 
 

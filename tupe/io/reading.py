@@ -186,3 +186,46 @@ def check_folder_files(folder: str | os.PathLike, names: tuple[str, ...], what: 
         p = folder / name
         if os.path.lexists(p):
             check_regular(p, f"{what}'s {name}")
+
+
+def check_json_rows(path: str | os.PathLike, what: str = "JSON file", head: int = 1 << 20) -> None:
+    """Before `datasets` reads a `.json`/`.jsonl` file: a regular file whose values are JSON objects (a list of
+    them, or one per line). `datasets`' JSON reader crashes the process (a segmentation fault, no message) on a
+    file holding `null`, and fails with a traceback on a number or a string; checked on the first `head` bytes."""
+    with open_regular(path, what) as fh:
+        data = fh.read(head)
+    complete = len(data) < head
+    text = data.decode("utf-8-sig", errors="replace")
+    body = text.lstrip()
+    want = "JSON objects (one per line, or a list of them)"
+    if not body:
+        raise TupeError(f"{path}: empty ({what}); expected {want}")
+    if body[0] == "[":
+        rest = body[1:].lstrip()
+        if rest and rest[0] not in "{]":
+            raise TupeError(f"{path}: a list of {_first_value(rest)}, expected {want}")
+        return
+    if body[0] != "{":
+        raise TupeError(f"{path}: {_first_value(body)}, expected {want}")
+    lines = text.split("\n")
+    if not complete:
+        lines = lines[:-1]  # possibly cut by the head limit
+    try:
+        first = json.loads(lines[0]) if lines else None
+    except (ValueError, RecursionError):
+        return  # one object over several lines (pretty-printed): the reader's own errors name the file
+    if not isinstance(first, dict):
+        return
+    for lineno, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("{"):
+            raise TupeError(f"{path}:{lineno}: {_first_value(stripped)}, expected a JSON object on each line")
+
+
+def _first_value(text: str) -> str:
+    """'null', 'a number', ... for the JSON value `text` starts with (for messages)."""
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text)
+    except (ValueError, RecursionError):
+        return f"not JSON ({text[:20]!r})"
+    return json_type_name(value)

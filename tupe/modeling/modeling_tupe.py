@@ -176,15 +176,19 @@ class TupeSelfAttention(nn.Module):
 
 
 def _tensor_slots(obj, depth: int = 2):
-    """(attribute name, value) of the tensors and tuples of tensors that `obj` holds, and of the plain objects it
-    holds (`depth` levels down): what `AttentionInputs` and its `PositionalContext` share with every layer."""
+    """(attribute name, value) of the tensors and tuples of tensors that `obj` holds, and of the plain objects
+    holding some (`depth` levels down): what `AttentionInputs` and its `PositionalContext` share with every layer."""
     for name, value in vars(obj).items():
         if isinstance(value, torch.Tensor) or (
             isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value)
         ):
             yield name, value
         elif (
-            depth and hasattr(value, "__dict__") and not isinstance(value, nn.Module) and not callable(value)
+            depth
+            and hasattr(value, "__dict__")
+            and not isinstance(value, nn.Module)
+            and not callable(value)
+            and next(_tensor_slots(value, depth - 1), None) is not None
         ):
             yield name, value
 
@@ -193,7 +197,7 @@ def shared_tensors(inputs: AttentionInputs) -> tuple[torch.Tensor, ...]:
     """Every tensor the layers read from `inputs`, flattened (the order `with_shared_tensors` expects). A
     content-free term still to be built (`PositionalContext.bias_fn`) is built first, outside any layer, unless
     the kernel folds it (then no layer reads it)."""
-    if inputs.kernel != "fold":
+    if getattr(inputs.kernel, "name", inputs.kernel) != "fold":
         inputs.ctx.bias  # noqa: B018 - builds the cached term
 
     def flatten(obj, depth):

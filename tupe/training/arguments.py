@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.training.flags import LR_SCHEDULERS, add_training_flags, precision_flags
 from tupe.training.optimizers import OPTIMIZERS
 from tupe.training.presets import PRESETS, get_preset
 from tupe.training.reporting import (
@@ -50,8 +52,11 @@ class PretrainConfig:
     batch_size: int | None = None
     grad_accum: int = 1
     max_steps: int | None = None
+    epochs: float | None = None  # instead of max_steps: known once the data is
+    lr_scheduler: str | None = None
     learning_rate: float | None = None
     warmup_steps: int | None = None
+    warmup_ratio: float | None = None  # instead of warmup_steps
     weight_decay: float | None = None
     optimizer: str | None = None  # a name of tupe.training.optimizers.OPTIMIZERS
     positional_lr_scale: float = 1.0
@@ -70,6 +75,8 @@ class PretrainConfig:
     eval_batch_size: int | None = None
     seed: int = 0
     precision: str = "auto"
+    gradient_checkpointing: bool = False
+    torch_compile: bool = False
     cache_dir: str | None = None
     resume: bool = False
     overwrite: bool = False
@@ -94,6 +101,11 @@ class PretrainConfig:
             if name in values and value is None:
                 fields[name] = values[name]
         fields["save_at"] = tuple(int(s) for s in fields["save_at"] or ())
+        for given, other in (("epochs", "max_steps"), ("warmup_ratio", "warmup_steps")):
+            if fields[given] is not None:
+                if getattr(self, other) is not None:
+                    raise TupeError(f"{_flag(given)} and {_flag(other)} say the same thing: give one")
+                fields[other] = None  # from `given`, in `for_data`
         world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else int(world_size)
         return ResolvedConfig(**fields, world_size=world)
 
@@ -108,14 +120,18 @@ class ResolvedConfig(PretrainConfig):
         from tupe.training.model import check_scheme
 
         check_scheme(self.scheme, self.attention_kernel)
+        if self.lr_scheduler not in LR_SCHEDULERS:
+            raise TupeError(
+                f"unknown --lr-scheduler {self.lr_scheduler!r}; choose one of: {', '.join(LR_SCHEDULERS)}"
+            )
         if self.optimizer not in OPTIMIZERS:
             raise TupeError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
         for key in _POSITIVE:
-            if int(getattr(self, key)) <= 0:
+            if getattr(self, key) is not None and int(getattr(self, key)) <= 0:
                 raise TupeError(f"--{key.replace('_', '-')} must be positive, got {getattr(self, key)}")
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.max_length:
             raise TupeError(
-                f"--max-position-embeddings {self.max_position_embeddings} is smaller than --max-length "
+                f"--max-position-embeddings {self.max_position_embeddings} is smaller than --max-seq-len "
                 f"{self.max_length}: blocks would have no row"
             )
         per_step = self.world_size * self.grad_accum
@@ -123,6 +139,14 @@ class ResolvedConfig(PretrainConfig):
             raise TupeError(
                 f"--batch-size {self.batch_size} (global) is not divisible by processes x --grad-accum = {per_step}"
             )
+
+    def for_data(self, train_blocks: int) -> ResolvedConfig:
+        """`--epochs` and `--warmup-ratio` as steps, once the number of training blocks is known."""
+        steps = self.max_steps
+        if steps is None:
+            steps = max(1, math.ceil(self.epochs * train_blocks / self.batch_size))
+        warmup = self.warmup_steps if self.warmup_steps is not None else round(self.warmup_ratio * steps)
+        return dataclasses.replace(self, max_steps=steps, warmup_steps=warmup)
 
     @property
     def out_dir(self) -> Path:
@@ -132,6 +156,10 @@ class ResolvedConfig(PretrainConfig):
     def per_device_batch_size(self) -> int:
         """Sequences per process and forward pass: the global batch over processes x accumulation steps."""
         return self.batch_size // (self.world_size * self.grad_accum)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 _POSITIVE = (
@@ -145,21 +173,6 @@ _POSITIVE = (
 )
 
 
-def _precision_flags(precision: str) -> dict[str, bool]:
-    import torch
-
-    if precision not in ("auto", "fp32", "bf16", "fp16"):
-        raise TupeError(f"--precision must be auto, fp32, bf16 or fp16, got {precision!r}")
-    cuda = torch.cuda.is_available()
-    if precision == "auto":
-        if not cuda:
-            return {"bf16": False, "fp16": False}
-        return {"bf16": torch.cuda.is_bf16_supported(), "fp16": not torch.cuda.is_bf16_supported()}
-    if precision in ("bf16", "fp16") and not cuda:
-        raise TupeError(f"--precision {precision} needs a GPU here; use fp32 (the default on CPU)")
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
-
-
 def training_arguments(run: ResolvedConfig):
     """The Trainer's arguments for a run. Creating them also sets up torch.distributed under torchrun."""
     import torch
@@ -167,7 +180,7 @@ def training_arguments(run: ResolvedConfig):
 
     return TrainingArguments(
         output_dir=str(run.out_dir),
-        max_steps=run.max_steps,
+        max_steps=run.max_steps if run.max_steps is not None else -1,  # --epochs: set once the data is known
         per_device_train_batch_size=run.per_device_batch_size,
         per_device_eval_batch_size=run.eval_batch_size or run.per_device_batch_size,
         gradient_accumulation_steps=run.grad_accum,
@@ -177,8 +190,8 @@ def training_arguments(run: ResolvedConfig):
         adam_beta2=run.adam_beta2,
         adam_epsilon=run.adam_epsilon,
         max_grad_norm=run.max_grad_norm,
-        lr_scheduler_type="linear",
-        warmup_steps=run.warmup_steps,
+        lr_scheduler_type=run.lr_scheduler,
+        warmup_steps=run.warmup_steps or 0,
         logging_steps=run.logging_steps,
         eval_strategy="steps",
         eval_steps=run.eval_steps,
@@ -196,7 +209,9 @@ def training_arguments(run: ResolvedConfig):
         include_num_input_tokens_seen="non_padding",
         average_tokens_across_devices=True,
         use_cpu=not torch.cuda.is_available(),  # also what makes accelerate run data-parallel on CPU (gloo)
-        **_precision_flags(run.precision),
+        **precision_flags(run.precision),
+        activation_checkpointing=run.gradient_checkpointing,  # transformers 5's name for gradient_checkpointing
+        torch_compile=run.torch_compile,
     )
 
 
@@ -224,8 +239,15 @@ def _attn_implementation(value: str) -> str | None:
 def add_model_data_arguments(
     p: argparse.ArgumentParser, quiet_help: str = "print nothing but errors"
 ) -> None:
-    """Arguments shared by `pretrain` and `compare` (everything except --scheme/--out)."""
-    g = p.add_argument_group("data")
+    """Arguments shared by `pretrain` and `compare` (everything except --scheme/--out), in four groups."""
+    _add_data_arguments(p.add_argument_group("data"))
+    _add_model_arguments(p.add_argument_group("model"))
+    _add_optimisation_arguments(p.add_argument_group("optimisation"))
+    _add_logging_arguments(p.add_argument_group("evaluation, checkpoints, logging"), quiet_help)
+    V.annotate_ranges(p)
+
+
+def _add_data_arguments(g: Any) -> None:
     g.add_argument(
         "--corpus",
         nargs="+",
@@ -256,8 +278,11 @@ def add_model_data_arguments(
     g.add_argument(
         "--tokenizer-max-mb", type=V.positive_float, help="train the BPE on the first N MB of text only"
     )
-    g.add_argument(
-        "--max-length", type=V.int_range(2, V.MAX_LENGTH), help="block length in tokens ([CLS] included)"
+    add_training_flags(
+        g,
+        ["max_seq_len"],
+        dests={"max_seq_len": "max_length"},
+        helps={"max_seq_len": "the block length, [CLS] included; preset: 128 mini/small, 512 base/paper"},
     )
     g.add_argument(
         "--valid-every", type=V.int_range(2), help="1 block in N is validation (default 200: 199:1)"
@@ -267,7 +292,9 @@ def add_model_data_arguments(
         "--cache-dir",
         help="where tokenizers and packed data are cached (default $TUPE_CACHE or ~/.cache/tupe)",
     )
-    m = p.add_argument_group("model")
+
+
+def _add_model_arguments(m: Any) -> None:
     m.add_argument(
         "--preset", default="mini", choices=sorted(PRESETS), help="size and budget (default: mini)"
     )
@@ -280,7 +307,7 @@ def add_model_data_arguments(
         "--max-position-embeddings",
         type=V.int_range(2),
         metavar="N",
-        help="rows of a learned position table (default: --max-length); more rows than --max-length leaves the "
+        help="rows of a learned position table (default: --max-seq-len); more rows than --max-seq-len leaves the "
         "rows beyond it untrained (`tupe evaluate --lengths` says so)",
     )
     m.add_argument(
@@ -303,10 +330,10 @@ def add_model_data_arguments(
         metavar="NAME",
         help="the same, as transformers' attn_implementation: its sdpa means the default kernel",
     )
-    o = p.add_argument_group("optimisation")
-    o.add_argument(
-        "--batch-size", type=V.positive_int, help="global batch (sequences per optimizer step, all processes)"
-    )
+
+
+def _add_optimisation_arguments(o: Any) -> None:
+    add_training_flags(o, ["batch_size"], helps={"batch_size": "preset: 32 mini/small, 64 base, 256 paper"})
     o.add_argument(
         "--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)"
     )
@@ -317,7 +344,15 @@ def add_model_data_arguments(
         help="optimizer (default adamw, the paper's; part of the run: --resume refuses a change)",
     )
     o.add_argument("--lr", dest="learning_rate", type=V.positive_float, help="peak learning rate")
-    o.add_argument("--warmup-steps", type=V.nonneg_int)
+    add_training_flags(
+        o,
+        ["warmup_steps", "warmup_ratio", "lr_scheduler"],
+        helps={
+            "warmup_steps": "preset: 100 mini/small, 5k base, 10k paper",
+            "warmup_ratio": "instead of --warmup-steps",
+            "lr_scheduler": "default linear, the paper's: linear decay to 0",
+        },
+    )
     o.add_argument("--weight-decay", type=V.nonneg_float)
     o.add_argument(
         "--positional-lr-scale",
@@ -332,18 +367,23 @@ def add_model_data_arguments(
         help="weight decay of the positional tables (default: --weight-decay, as the released code, which decays "
         "every parameter; 0 exempts them)",
     )
-    o.add_argument("--adam-beta1", type=V.unit_interval)
-    o.add_argument("--adam-beta2", type=V.unit_interval)
-    o.add_argument("--adam-epsilon", type=V.positive_float)
-    o.add_argument("--max-grad-norm", type=V.nonneg_float, help="gradient clipping (default 1.0)")
-    o.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "fp32", "bf16", "fp16"],
-        help="auto: bf16 (or fp16) on GPUs, fp32 on CPU",
+    add_training_flags(
+        o,
+        ["adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "precision"],
+        defaults={"precision": "auto"},
+        helps={
+            "adam_beta1": "default 0.9",
+            "adam_beta2": "default 0.999",
+            "adam_epsilon": "default 1e-6, the paper's",
+            "max_grad_norm": "default 1.0",
+            "precision": "default auto",
+        },
     )
+    add_training_flags(o, ["gradient_checkpointing", "torch_compile"])
     o.add_argument("--seed", type=V.seed_int, default=0)
-    r = p.add_argument_group("evaluation, checkpoints, logging")
+
+
+def _add_logging_arguments(r: Any, quiet_help: str) -> None:
     r.add_argument("--eval-steps", type=V.positive_int, help="validate every N steps")
     r.add_argument("--eval-batch-size", type=V.positive_int)
     r.add_argument("--save-steps", type=V.positive_int, help="checkpoint every N steps")
@@ -358,7 +398,6 @@ def add_model_data_arguments(
     V.add_threads_progress(r)
     r.add_argument("--quiet", action="store_true", help=quiet_help)
     add_report_arguments(r)
-    V.annotate_ranges(p)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -390,6 +429,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip (and count) batches whose loss is NaN/inf instead of stopping the run",
     )
     add_model_data_arguments(p)
+    add_training_flags(
+        p.add_argument_group("length in epochs"),
+        ["epochs"],
+        helps={"epochs": "instead of --max-steps: steps = epochs x training blocks / --batch-size"},
+    )
     add_hub_arguments(
         p,
         push_help="push the final model to the Hugging Face Hub (needs a login; the Trainer's push_to_hub)",

@@ -26,7 +26,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tupe.errors import TupeError, one_line
-from tupe.io.checkpoints import check_model_weights, list_checkpoints
+from tupe.io.checkpoints import MODEL_SHAPE_KEYS, check_model_weights, list_checkpoints
 from tupe.io.files import atomic_write_json, sha256_file
 from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json
 
@@ -184,16 +184,7 @@ class ResumePoint:
 
 
 # the model config values a checkpoint must share with the run that resumes from it
-_RESUME_MUST_MATCH = (
-    "model_type",
-    "position_scheme",
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-)
+_RESUME_MUST_MATCH = ("model_type", *MODEL_SHAPE_KEYS)
 
 
 def select_resume_checkpoint(

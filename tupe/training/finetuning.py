@@ -34,18 +34,23 @@ def add_grid_arguments(
     """The grid and recipe flags `tupe glue` and `tupe finetune` share, worded alike (each command words its
     defaults): learning rates, seeds, epochs, batch sizes, length, subsets, warm-up, weight decay, dropout."""
     from tupe import validators as V
+    from tupe.training.flags import add_training_flags
 
     p.add_argument("--lrs", type=V.float_list(0.0), help=lrs_help)
     seeds = ",".join(map(str, seeds_default))
     p.add_argument(
         "--seeds", type=V.int_list(0), default=list(seeds_default), help=f"seeds (default {seeds})"
     )
-    p.add_argument("--epochs", type=V.positive_float, default=epochs_default, help=epochs_help)
-    p.add_argument("--batch-size", type=V.positive_int, default=32, help="train batch size (default 32)")
+    add_training_flags(
+        p,
+        ["epochs", "batch_size"],
+        defaults={"epochs": epochs_default, "batch_size": 32},
+        helps={"epochs": epochs_help, "batch_size": "default 32"},
+    )
     p.add_argument(
         "--eval-batch-size", type=V.positive_int, default=64, help="evaluation batch size (default 64)"
     )
-    p.add_argument("--max-seq-len", type=V.int_range(8), help=max_seq_len_help)
+    add_training_flags(p, ["max_seq_len"], helps={"max_seq_len": max_seq_len_help})
     p.add_argument(
         "--max-train-samples", type=V.positive_int, help="use a fixed random subset of the training set"
     )
@@ -54,12 +59,15 @@ def add_grid_arguments(
         type=V.positive_int,
         help="use a fixed random subset of each dev set (not comparable)",
     )
-    p.add_argument(
-        "--warmup-ratio",
-        type=V.float_range(0, 1, hi_open=True),
-        default=0.06,
-        help="linear warm-up fraction (default 0.06)",
-    )
+    add_training_flags(
+        p,
+        ["warmup_ratio", "lr_scheduler", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm"],
+        defaults={"warmup_ratio": 0.06, "lr_scheduler": "linear", "adam_beta1": 0.9, "adam_beta2": 0.999,
+                  "adam_epsilon": 1e-6, "max_grad_norm": 1.0},
+        helps={"warmup_ratio": "default 0.06", "lr_scheduler": "default linear", "adam_beta1": "default 0.9, the "
+               "paper's", "adam_beta2": "default 0.999, the paper's", "adam_epsilon": "default 1e-6",
+               "max_grad_norm": "default 1.0"},
+    )  # fmt: skip
     p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
     p.add_argument(
         "--dropout",
@@ -71,21 +79,24 @@ def add_grid_arguments(
 
 def grid_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings `add_grid_arguments` and `add_run_arguments` give, by the settings' field names."""
+    from tupe.training.flags import precision_flags
+
     names = ("lrs", "seeds", "epochs", "batch_size", "eval_batch_size", "max_seq_len", "warmup_ratio")
+    names += ("lr_scheduler", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm")
     return {
         **{name: getattr(args, name) for name in names},
         "weight_decay": args.weight_decay,
         "dropout": None if args.dropout < 0 else args.dropout,  # -1: the checkpoint's
         "max_train_samples": args.max_train_samples,
         "max_eval_samples": args.max_eval_samples,
-        "fp16": args.fp16,
-        "bf16": args.bf16,
+        **precision_flags(args.precision),  # the settings' fp16 / bf16
     }
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The checkpoint, output and machine flags `tupe glue` and `tupe finetune` share."""
     from tupe import validators as V
+    from tupe.training.flags import add_training_flags
 
     p.add_argument("--scheme", help="expected position scheme; an error if the checkpoint's differs")
     p.add_argument("--tokenizer", help="tokenizer directory (default: the model directory)")
@@ -95,9 +106,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="discard runs in --out made with other settings")
     V.add_threads_progress(p, "progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", action="store_true", help="mixed precision (GPU)")
-    prec.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    add_training_flags(p, ["precision"], defaults={"precision": "fp32"}, helps={"precision": "default fp32"})
 
 
 def run_name(lr: float, seed: int) -> str:

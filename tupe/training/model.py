@@ -37,7 +37,7 @@ def _max_positions(config: Any, max_length: int) -> int:
     n = getattr(config, "max_position_embeddings", None) or max_length
     if n < max_length:
         raise TupeError(
-            f"--max-position-embeddings {n} is smaller than --max-length {max_length}: blocks would have no row"
+            f"--max-position-embeddings {n} is smaller than --max-seq-len {max_length}: blocks would have no row"
         )
     return int(n)
 

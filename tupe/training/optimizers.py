@@ -24,12 +24,15 @@ DEFAULT_OPTIMIZER = "adamw"
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """What every factory receives besides the groups (each group carries its own `lr` and `weight_decay`)."""
+    """The optimizer's settings: what every factory receives besides the groups (each group carries its own `lr`
+    and `weight_decay`, from these and the positional scale and decay)."""
 
     lr: float
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
+    positional_lr_scale: float = 1.0
+    positional_weight_decay: float | None = None  # None: weight_decay
 
 
 def _adamw(groups: list[dict[str, Any]], s: OptimizerSettings) -> Any:
@@ -74,43 +77,27 @@ def positional_parameter_names(model: Any) -> set[str]:
     return {name for name, p in model.named_parameters() if p is table}
 
 
-def parameter_groups(
-    model: Any,
-    lr: float,
-    weight_decay: float,
-    positional_lr_scale: float = 1.0,
-    positional_weight_decay: float | None = None,
-) -> list[dict[str, Any]]:
+def parameter_groups(model: Any, settings: OptimizerSettings) -> list[dict[str, Any]]:
     """The model's trainable parameters in groups of equal (lr, weight decay), in the order of
     `named_parameters()` (see the module docstring)."""
     positional = positional_parameter_names(model)
-    pos_wd = weight_decay if positional_weight_decay is None else positional_weight_decay
+    lr, wd = settings.lr, settings.weight_decay
+    pos_lr = lr * settings.positional_lr_scale
+    pos_wd = wd if settings.positional_weight_decay is None else settings.positional_weight_decay
     groups: dict[tuple[float, float], list] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         decayed = param.ndim >= 2
-        if name in positional:
-            key = (lr * positional_lr_scale, pos_wd if decayed else 0.0)
-        else:
-            key = (lr, weight_decay if decayed else 0.0)
+        key = (pos_lr, pos_wd if decayed else 0.0) if name in positional else (lr, wd if decayed else 0.0)
         groups.setdefault(key, []).append(param)
     return [{"params": ps, "lr": g_lr, "weight_decay": g_wd} for (g_lr, g_wd), ps in groups.items()]
 
 
-def build_optimizer(
-    name: str,
-    model: Any,
-    settings: OptimizerSettings,
-    positional_lr_scale: float = 1.0,
-    positional_weight_decay: float | None = None,
-) -> Any:
+def build_optimizer(name: str, model: Any, settings: OptimizerSettings) -> Any:
     """The optimizer `name` of `OPTIMIZERS` over the model's parameter groups."""
     if name not in OPTIMIZERS:
         from tupe.errors import TupeError
 
         raise TupeError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
-    groups = parameter_groups(
-        model, settings.lr, settings.weight_decay, positional_lr_scale, positional_weight_decay
-    )
-    return OPTIMIZERS[name](groups, settings)
+    return OPTIMIZERS[name](parameter_groups(model, settings), settings)

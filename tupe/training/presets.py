@@ -83,7 +83,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 COMMON: dict[str, Any] = dict(
-    optimizer="adamw",  # the paper's; tupe.training.optimizers.OPTIMIZERS has the others
+    optimizer="adamw",
+    lr_scheduler="linear",  # warm-up, then linear decay to 0 (the paper's)  # the paper's; tupe.training.optimizers.OPTIMIZERS has the others
     adam_beta1=0.9,
     adam_beta2=0.999,
     adam_epsilon=1e-6,

@@ -107,7 +107,7 @@ def _check_memory(run: ResolvedConfig) -> None:
     )
     check_memory(
         f"--vocab-size {vocab}, --hidden-size {hidden}, --num-layers {layers}, --batch-size {run.batch_size} and "
-        f"--max-length {length}",
+        f"--max-seq-len {length}",
         model_bytes(vocab, hidden, layers, run.intermediate_size) + activations,
     )
 
@@ -133,6 +133,8 @@ def _pretrain(run: ResolvedConfig) -> dict[str, Any]:
         data = _prepare_data(run, log, progress=run.progress and not run.quiet and main)
     if run.prepare_only:
         return {"prepared": True, **data.describe(), "wall_seconds": round(time.perf_counter() - t_start, 1)}
+    run = run.for_data(len(data.train_idx))  # --epochs and --warmup-ratio as steps
+    args.max_steps, args.warmup_steps = run.max_steps, run.warmup_steps
 
     model_kwargs = model_config(run, data.tokenizer)
     # saved with the model: truncation=True (pipelines, tokenizer calls) cuts at the model's length

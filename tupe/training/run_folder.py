@@ -155,6 +155,8 @@ def run_identity(run: Any, model: dict[str, Any], corpus: str, tokenizer: str) -
         "optim": {k: getattr(run, k) for k in _OPTIM_KEYS} | {"seed": run.seed, "grad_accum": run.grad_accum},
     }
     # recorded only when set, so runs made before these options existed keep their identity
+    if run.lr_scheduler != "linear":
+        identity["optim"]["lr_scheduler"] = run.lr_scheduler
     if run.optimizer != DEFAULT_OPTIMIZER:
         identity["optim"]["optimizer"] = run.optimizer
     if run.positional_lr_scale != 1.0:

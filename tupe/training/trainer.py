@@ -154,14 +154,15 @@ class PretrainTrainer(Trainer):
             return self.optimizer
         a = self.args
         settings = OptimizerSettings(
-            a.learning_rate, a.weight_decay, (a.adam_beta1, a.adam_beta2), a.adam_epsilon
-        )
-        self.optimizer = build_optimizer(
-            self.optimizer_name,
-            model if model is not None else self.model,
-            settings,
+            a.learning_rate,
+            a.weight_decay,
+            (a.adam_beta1, a.adam_beta2),
+            a.adam_epsilon,
             self.positional_lr_scale,
             self.positional_weight_decay,
+        )
+        self.optimizer = build_optimizer(
+            self.optimizer_name, model if model is not None else self.model, settings
         )
         return self.optimizer
 
