@@ -191,7 +191,6 @@ _PRIVATE_IMPORTS_PENDING = {
     ("tupe.glue.finetune", "_load_data"),
     ("tupe.glue.finetune", "_subsample"),
     ("tupe.glue.finetune", "_RUN_SUMMARY_KEYS"),
-    ("tupe.glue.finetune", "_progress_callback"),
 }
 
 

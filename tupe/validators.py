@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tupe.errors import TupeError
 
@@ -107,38 +108,30 @@ def name_list(text: str, valid: Sequence[str], flag: str, what: str) -> list[str
     return items
 
 
-def int_list(lo: int = 1) -> Callable[[str], list[int]]:
-    """Comma-separated integers, each >= lo."""
-    one = int_range(lo)
-    text = f"comma-separated integers >= {lo}"
+def _comma_list(one: Callable[[str], Any], text: str, wording: str) -> Callable[[str], list]:
+    """Comma-separated values, each read by `one`, at least one; else one error naming `text`."""
 
-    def parse(s: str) -> list[int]:
+    def parse(s: str) -> list:
         items = [x for x in str(s).split(",") if x.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"must be {text}, got {s!r}")
         try:
-            return [one(x) for x in items]
+            if items:
+                return [one(x) for x in items]
         except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"must be {text}, got {s!r}") from None
+            pass
+        raise argparse.ArgumentTypeError(f"{wording} {text}, got {s!r}")
 
     return _typed(parse, text)  # type: ignore[return-value]
+
+
+def int_list(lo: int = 1) -> Callable[[str], list[int]]:
+    """Comma-separated integers, each >= lo."""
+    return _comma_list(int_range(lo), f"comma-separated integers >= {lo}", "must be")
 
 
 def float_list(lo: float = 0.0, lo_open: bool = True) -> Callable[[str], list[float]]:
     """Comma-separated finite numbers, each > lo (or >= lo)."""
-    one = float_range(lo, lo_open=lo_open)
     text = f"comma-separated numbers (each finite, {'>' if lo_open else '>='} {lo:g})"
-
-    def parse(s: str) -> list[float]:
-        items = [x for x in str(s).split(",") if x.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}")
-        try:
-            return [one(x) for x in items]
-        except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"expected {text}, got {s!r}") from None
-
-    return _typed(parse, text)  # type: ignore[return-value]
+    return _comma_list(float_range(lo, lo_open=lo_open), text, "expected")
 
 
 def nonempty_path(s: str) -> str:

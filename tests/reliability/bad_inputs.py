@@ -948,6 +948,25 @@ CASES += [
 ]  # fmt: skip
 
 
+def _nan_weights(ctx: Ctx) -> Path:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    m = ctx.copy_model()
+    tensors = load_file(m / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("query.weight") or "query" in k)
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, m / "model.safetensors", metadata={"format": "pt"})
+    return m
+
+
+CASES += [
+    Case("glue-nan-weights", "a model whose weights hold NaN (`tupe glue`)",
+         lambda c: c.glue("--max-train-samples", "8", "--max-eval-samples", "4", model=_nan_weights(c)),
+         ("is not finite (NaN or inf); refusing to fine-tune this model",)),
+]  # fmt: skip
+
+
 def _fifo_config(ctx: Ctx) -> Path:
     m = ctx.copy_model()
     (m / "config.json").unlink()

@@ -3,6 +3,8 @@ optimizers by name (`tupe.training.optimizers.OPTIMIZERS`)."""
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 
@@ -10,12 +12,14 @@ from tupe.modeling import POSITION_SCHEMES, TupeConfig, TupeForMaskedLM, TupeFor
 from tupe.training.optimizers import OPTIMIZERS, positional_parameter_names
 from tupe.training.trainer import PretrainTrainer
 
+_OUT = tempfile.mkdtemp(prefix="tupe-test-optimizer-")  # the Trainer's output_dir; nothing is saved there
+
 
 def _groups(model, **kw):
     from transformers import TrainingArguments
 
     args = TrainingArguments(
-        output_dir="unused", learning_rate=1e-3, weight_decay=0.01, report_to="none", use_cpu=True
+        output_dir=_OUT, learning_rate=1e-3, weight_decay=0.01, report_to="none", use_cpu=True
     )
     trainer = PretrainTrainer(model=model, args=args, **kw)
     opt = trainer.create_optimizer()
@@ -89,7 +93,7 @@ def test_non_positional_parameters_are_decayed_as_the_trainer_decays_them(scheme
 def test_default_optimizer_is_the_papers_adamw() -> None:
     from transformers import TrainingArguments
 
-    args = TrainingArguments(output_dir="unused", learning_rate=1e-3, weight_decay=0.01, adam_beta1=0.9,
+    args = TrainingArguments(output_dir=_OUT, learning_rate=1e-3, weight_decay=0.01, adam_beta1=0.9,
                              adam_beta2=0.98, adam_epsilon=1e-6, report_to="none", use_cpu=True)  # fmt: skip
     opt = PretrainTrainer(model=_model("tupe-a"), args=args).create_optimizer()
     assert type(opt) is torch.optim.AdamW
@@ -116,7 +120,7 @@ def test_adding_an_optimizer_is_one_table_entry(monkeypatch) -> None:  # noqa: A
 
     from transformers import TrainingArguments
 
-    targs = TrainingArguments(output_dir="unused", learning_rate=1e-3, weight_decay=0.01, report_to="none",
+    targs = TrainingArguments(output_dir=_OUT, learning_rate=1e-3, weight_decay=0.01, report_to="none",
                               use_cpu=True)  # fmt: skip
     opt = PretrainTrainer(model=_model("tupe-r"), args=targs, optimizer_name="sgd").create_optimizer()
     assert type(opt) is torch.optim.SGD
@@ -128,7 +132,7 @@ def test_adafactor_trains_a_step() -> None:
     from transformers import TrainingArguments
 
     model = _model("tupe-a")
-    targs = TrainingArguments(output_dir="unused", learning_rate=1e-3, report_to="none", use_cpu=True)
+    targs = TrainingArguments(output_dir=_OUT, learning_rate=1e-3, report_to="none", use_cpu=True)
     opt = PretrainTrainer(model=model, args=targs, optimizer_name="adafactor").create_optimizer()
     before = model.tupe.embeddings.word_embeddings.weight.detach().clone()
     ids = torch.randint(5, 100, (2, 8))

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from tupe.errors import TupeError
 from tupe.glue.metrics import compute_metrics, predictions_from_logits
 from tupe.glue.protocol import GlueSettings, main_score
 from tupe.glue.tasks import GlueTask, Split
@@ -49,6 +50,34 @@ def read_predictions(path: str | Path) -> tuple[list, list]:
         labels.append(num(y))
         preds.append(num(p))
     return labels, preds
+
+
+def check_finite_start(model: Any, train_ds: Any, collator: Any, model_dir: str) -> None:
+    """Refuse a model whose weights or first-batch loss are not finite (NaN weights, a broken config): training it
+    would "succeed" with loss 0.0 and majority-class scores."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            raise TupeError(
+                f"{model_dir}: weight {name} is not finite (NaN or inf); refusing to fine-tune this model"
+            )
+    n = min(8, len(train_ds))
+    if n == 0:
+        return
+    batch = collator([train_ds[i] for i in range(n)])
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        loss = model(
+            **{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+        ).loss
+    model.train(was_training)
+    if loss is not None and not torch.isfinite(loss):
+        raise TupeError(
+            f"{model_dir}: the loss on the first training batch is {loss.item()} (not finite): the model's weights "
+            "or config are broken; refusing to fine-tune it"
+        )
 
 
 def train_one(
@@ -95,6 +124,7 @@ def train_one(
             "space and rerun the same command"
         ),
     )
+    check_finite_start(model, train_ds, DataCollatorWithPadding(tokenizer), model_dir)
     t0 = time.time()
     train_out = trainer.train()
     train_seconds = time.time() - t0
