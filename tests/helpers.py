@@ -31,6 +31,8 @@ TINY_MODEL = dict(
     attention_probs_dropout_prob=0.0,
     relative_attention_num_buckets=8,
     relative_attention_max_distance=16,
+    position_buckets=8,  # deberta: log buckets from |i - j| > 4 on, clipped beyond 15
+    max_relative_positions=16,
 )
 
 

@@ -17,6 +17,7 @@ from tupe import POSITION_SCHEMES, TupeConfig, TupeForMaskedLM
 from tupe.bench.flops import Shape, forward_flops, matmul_peak, train_step_flops
 from tupe.bench.runner import make_batch
 from tupe.cli import main
+from tupe.modeling.positional import SCHEMES
 
 SHAPE = Shape(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100
@@ -47,8 +48,13 @@ def test_model_flops_match_pytorch_flop_counter(scheme):
     model.config._attn_implementation = "eager"  # the reference: no extra work from folding
     fwd, bwd = _counted(model, batch)
     rows = int((batch["labels"] != -100).sum())
-    assert fwd == forward_flops(SHAPE, scheme, 2, 16, rows)
-    assert fwd + bwd == train_step_flops(SHAPE, scheme, 2, 16, rows)
+    # Work the implementation adds is not counted: deberta multiplies every query (key) against all 2n offset
+    # slots, twice the n x n pairs its equation needs, in both of its terms
+    added = 0
+    if SCHEMES[scheme].content_position:
+        added = SHAPE.num_hidden_layers * 2 * 2 * 2 * 16 * 16 * SHAPE.hidden_size
+    assert fwd == forward_flops(SHAPE, scheme, 2, 16, rows) + added
+    assert fwd + bwd == train_step_flops(SHAPE, scheme, 2, 16, rows) + 3 * added
 
 
 def test_hf_bert_flops_match_pytorch_flop_counter():
@@ -65,6 +71,28 @@ def test_hf_bert_flops_match_pytorch_flop_counter():
     )
     fwd, bwd = _counted(model, batch)
     assert fwd + bwd == train_step_flops(SHAPE, "hf-bert", 2, 16, 2 * 16)  # dense head: every row
+
+
+def test_hf_deberta_is_timed_with_deberta_and_counted_as_it(tmp_path):
+    """`--schemes` with deberta adds transformers' DebertaV2ForMaskedLM (the scheme's choices) and its ratio."""
+    from tupe.bench.flops import HF_DEBERTA
+    from tupe.bench.runner import build_hf_deberta
+
+    batch = make_batch(2, 16, SHAPE.vocab_size, torch.device("cpu"))
+    cand = build_hf_deberta(SHAPE, 16, batch, torch.device("cpu"), torch.float32)
+    config = cand.model.config
+    assert config.relative_attention and config.share_att_key and not config.position_biased_input
+    assert cand.flops == train_step_flops(SHAPE, HF_DEBERTA, 2, 16, 2 * 16)
+    out = tmp_path / "bench.json"
+    code = main(
+        ["bench", "--preset", "mini", "--shape", "1x64", "--batch-size", "2", "--seq-len", "16", "--rounds", "1",
+         "--warmup", "0", "--schemes", "deberta", "--backends", "default", "--peak-flops", "1e11", "--quiet",
+         "--no-memory", "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert [r["label"] for r in result["steps"]] == ["hf-bert", "hf-deberta", "deberta [default]"]
+    assert "deberta [default] / hf-deberta" in result["ratios"]
 
 
 def test_make_batch_is_packed_and_masked():

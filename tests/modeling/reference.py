@@ -44,6 +44,16 @@ def sinusoid(pos: int, k: int, hidden: int) -> float:
     return math.sin(angle) if k % 2 == 0 else math.cos(angle)
 
 
+def deberta_bucket(rel: int, buckets: int, max_position: int) -> int:
+    """DeBERTa-v2's log bucket of one relative position `i - j` (README of microsoft/DeBERTa, "log bucket"):
+    offsets up to half the buckets in magnitude keep their value, larger ones are log-spaced, sign kept."""
+    mid = buckets // 2
+    if abs(rel) <= mid:
+        return rel
+    logged = math.ceil(math.log(abs(rel) / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return logged if rel > 0 else -logged
+
+
 def layer_norm(x, weight, bias, eps):
     mean = x.mean(-1, keepdim=True)
     var = ((x - mean) ** 2).mean(-1, keepdim=True)
@@ -118,6 +128,24 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
                 out[pos, k + d // 2] = c * math.cos(angle) + a * math.sin(angle)
         return out
 
+    if scheme == "deberta":  # the relative embeddings, LayerNorm-ed, and the row each offset i - j reads
+        P = layer_norm(
+            g("positional.relative.rel_embeddings.weight"),
+            g("positional.relative.LayerNorm.weight"),
+            g("positional.relative.LayerNorm.bias"),
+            eps,
+        )
+        max_rel = (
+            cfg.max_relative_positions if cfg.max_relative_positions >= 1 else cfg.max_position_embeddings
+        )
+        span = cfg.position_buckets if cfg.position_buckets > 0 else max_rel
+
+        def rel_row(i, j):
+            delta = (
+                deberta_bucket(i - j, cfg.position_buckets, max_rel) if cfg.position_buckets > 0 else i - j
+            )
+            return min(max(delta + span, 0), 2 * span - 1)
+
     hiddens, attentions = [], []
     for layer in range(cfg.num_hidden_layers):
         L = f"layers.{layer}."
@@ -126,6 +154,9 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
         Q = (x @ w_qkv[:H].T + b_qkv[:H]).view(b, n, heads, d)
         K = (x @ w_qkv[H : 2 * H].T + b_qkv[H : 2 * H]).view(b, n, heads, d)
         V = (x @ w_qkv[2 * H :].T + b_qkv[2 * H :]).view(b, n, heads, d)
+        if scheme == "deberta":  # this layer's own W^Q, W^K applied to the shared relative embeddings
+            QR = (P @ w_qkv[:H].T + b_qkv[:H]).view(-1, heads, d)
+            KR = (P @ w_qkv[H : 2 * H].T + b_qkv[H : 2 * H]).view(-1, heads, d)
         probs = torch.zeros(b, heads, n, n, dtype=torch.float64)
         context = torch.zeros(b, n, heads, d, dtype=torch.float64)
         for bi in range(b):
@@ -141,6 +172,9 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
                             a = word / math.sqrt(d)
                         elif scheme in ("bert-r", "t5"):
                             a = word / math.sqrt(d) + relative(h, i, j)
+                        elif scheme == "deberta":  # content-to-content, -to-position, position-to-content
+                            r = rel_row(i, j)
+                            a = (word + q[i] @ KR[r, h] + k[j] @ QR[r, h]) / math.sqrt(3 * d)
                         elif scheme == "alibi":
                             a = word / math.sqrt(d) - slopes[h] * abs(j - i)
                         elif scheme == "bert-a-d":

@@ -24,6 +24,7 @@ def _blind(ctx):
     if ctx.has_bias:
         ctx.bias = torch.zeros_like(ctx.bias)
     ctx.fold = None
+    ctx.layer_term = None  # deberta's content-to-position and position-to-content terms
     if ctx.rotary is not None:
         cos, sin = ctx.rotary
         ctx.rotary = (torch.ones_like(cos), torch.zeros_like(sin))

@@ -35,6 +35,8 @@ from .flops import Shape, preset_shape
 if TYPE_CHECKING:
     import torch
 
+HF_DEBERTA = "hf-deberta"  # transformers' DebertaV2ForMaskedLM, deberta's comparator (runner)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -93,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     parser.add_argument("--no-hf-bert", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-hf-deberta",
+        action="store_true",
+        help="with deberta among --schemes, leave out hf-deberta (transformers' DebertaV2ForMaskedLM with the "
+        "same choices, timed by default as deberta's comparator)",
+    )
     parser.add_argument(
         "--peak-flops",
         type=V.positive_float,
@@ -242,11 +250,18 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
     by = {(r["scheme"], r["backend"]): r[key] for r in rows if r.get(key)}
     out = {}
     hf = by.get((HF_BERT, "sdpa"))
+    hf_deberta = by.get((HF_DEBERTA, "eager"))
+    from tupe.modeling.positional import scheme_class
+
     for (scheme, backend), t in by.items():
-        if scheme == HF_BERT:
+        if scheme in (HF_BERT, HF_DEBERTA):
+            if scheme == HF_DEBERTA and hf:
+                out["hf-deberta / hf-bert"] = t / hf
             continue
         if hf:
             out[f"{scheme} [{backend}] / hf-bert"] = t / hf
+        if hf_deberta and scheme_class(scheme).transformers_comparator == HF_DEBERTA:  # transformers' own one
+            out[f"{scheme} [{backend}] / hf-deberta"] = t / hf_deberta
         bert = by.get(("bert-a", backend))
         if bert and scheme != "bert-a":
             out[f"{scheme} / bert-a [{backend}]"] = t / bert
@@ -297,7 +312,14 @@ def _time_shape(name: str, shape: Shape, args: argparse.Namespace, schemes, back
     import torch
 
     from .flops import matmul_peak
-    from .runner import build_hf_bert, build_tupe, make_batch, measure_peak_memory, time_interleaved
+    from .runner import (
+        build_hf_bert,
+        build_hf_deberta,
+        build_tupe,
+        make_batch,
+        measure_peak_memory,
+        time_interleaved,
+    )
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     autocast = None if args.autocast == "none" else dtypes[args.autocast]
@@ -305,6 +327,11 @@ def _time_shape(name: str, shape: Shape, args: argparse.Namespace, schemes, back
     cands = []
     if not args.no_hf_bert:
         cands.append(build_hf_bert(shape, args.seq_len, batch, device, torch.float32))
+    from tupe.modeling.positional import scheme_class
+
+    wants_deberta = any(scheme_class(s).transformers_comparator == HF_DEBERTA for s in schemes)
+    if wants_deberta and not getattr(args, "no_hf_deberta", False):
+        cands.append(build_hf_deberta(shape, args.seq_len, batch, device, torch.float32))
     for s in schemes:
         for b in backends:
             cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32, autocast))

@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported where used: `tupe bench --help` imports this module for `Shape`
     import torch
 
+HF_DEBERTA = (
+    "hf-deberta"  # transformers' DebertaV2ForMaskedLM (DeBERTa-v3's choices): the deberta scheme's count
+)
+# each transformers comparator -> the scheme whose count it has
+HF_SCHEMES = {"hf-bert": "bert-a", HF_DEBERTA: "deberta"}
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -47,7 +53,8 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     """Matmul FLOPs of one forward pass (multiply-add = 2 FLOPs).
 
     `predicted_rows`: rows the MLM head runs on (masked tokens with sparse prediction, batch x seq_len without).
-    `scheme` is a TUPE position scheme or "hf-bert" (BERT-A with a dense head; same count as "bert-a").
+    `scheme` is a TUPE position scheme or a transformers comparator of `HF_SCHEMES` ("hf-bert": BERT-A with a
+    dense head, the count of "bert-a"; "hf-deberta": the count of "deberta").
     """
     from tupe.modeling.positional import scheme_class
     from tupe.training.model import HF_BERT
@@ -57,8 +64,10 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     per_layer = 2 * tokens * h * (3 * h) + 2 * tokens * h * h + 2 * 2 * tokens * h * f
     per_layer += 2 * 2 * batch * seq_len * seq_len * h  # q k^T and probs v, all heads
     total = layers * per_layer
+    cls = scheme_class(HF_SCHEMES.get(scheme, scheme))
     if scheme != HF_BERT:
-        total += scheme_class(scheme).extra_forward_flops(h, seq_len)  # positional side, once per forward
+        total += cls.extra_forward_flops(h, seq_len)  # positional side, once per forward
+    total += layers * cls.extra_layer_flops(h, seq_len, batch)  # positional terms inside every layer
     total += 2 * predicted_rows * h * h + 2 * predicted_rows * h * v  # MLM head: dense + tied decoder
     return float(total)
 

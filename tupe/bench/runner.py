@@ -17,7 +17,7 @@ import torch
 
 from tupe.training.model import HF_BERT
 
-from .flops import Shape, train_step_flops
+from .flops import HF_DEBERTA, Shape, train_step_flops
 
 
 def backend_kernel(backend: str, scheme: str) -> str:
@@ -175,6 +175,39 @@ def build_hf_bert(
     b = batch["input_ids"].shape[0]
     flops = train_step_flops(shape, HF_BERT, b, seq_len, b * seq_len)
     return Candidate(HF_BERT, HF_BERT, "sdpa", "sdpa", model, _optimizer(model), batch, flops)
+
+
+def build_hf_deberta(
+    shape: Shape, seq_len: int, batch: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+) -> Candidate:
+    """transformers' DebertaV2ForMaskedLM with the `deberta` scheme's (DeBERTa-v3's) choices, same shape,
+    vocabulary and dropout; its own attention (no SDPA path exists for it); its head predicts every row."""
+    from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+
+    config = DebertaV2Config(
+        **shape_config(shape, seq_len),
+        pad_token_id=0,
+        **DEBERTA_V3_CHOICES,
+    )
+    torch.manual_seed(0)
+    model = DebertaV2ForMaskedLM(config).to(device=device, dtype=dtype).train()
+    b = batch["input_ids"].shape[0]
+    flops = train_step_flops(shape, HF_DEBERTA, b, seq_len, b * seq_len)
+    return Candidate(HF_DEBERTA, HF_DEBERTA, "eager", "eager", model, _optimizer(model), batch, flops)
+
+
+# DebertaV2Config values of the released DeBERTa-v3 checkpoints, which the `deberta` scheme implements
+DEBERTA_V3_CHOICES = dict(
+    relative_attention=True,
+    pos_att_type=["p2c", "c2p"],
+    share_att_key=True,
+    position_buckets=256,
+    max_relative_positions=-1,
+    position_biased_input=False,
+    norm_rel_ebd="layer_norm",
+    type_vocab_size=0,
+    layer_norm_eps=1e-7,
+)
 
 
 def _sync(device: torch.device) -> None:

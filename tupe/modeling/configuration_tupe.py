@@ -29,6 +29,9 @@ class TupeConfig(PretrainedConfig):
             (num_masked, vocab)); off by default, so logits are (batch, seq, vocab) as in every transformers masked
             LM. `tupe pretrain` turns it on for its own training (same loss, much less head work).
         rope_theta: base of the rotary frequencies for `rope`.
+        position_buckets / max_relative_positions: `deberta`'s log buckets of `i - j` (`DebertaV2Config`'s
+            names; the released DeBERTa-v3 values 256 and -1, i.e. `max_position_embeddings`, stored resolved). With
+            `position_buckets <= 0` offsets are not bucketed, only clipped at `max_relative_positions`.
         attention_kernel: the attention path, "auto" or a name of the kernel registry (`ATTENTION_KERNELS`),
             saved with the model so a reloaded model runs the kernel it was trained and benchmarked with. "auto"
             picks per forward pass (`tupe.modeling.resolve_attention_kernel`); "eager" is the reference; a kernel
@@ -60,6 +63,8 @@ class TupeConfig(PretrainedConfig):
         classifier_dropout: float | None = None,
         sparse_prediction: bool = False,
         rope_theta: float = 10000.0,
+        position_buckets: int = 256,
+        max_relative_positions: int = -1,
         attention_kernel: str = "auto",
         pad_token_id: int = 0,
         cls_token_id: int = 1,
@@ -75,6 +80,22 @@ class TupeConfig(PretrainedConfig):
         if hidden_size % num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})"
+            )
+        # -1 means max_position_embeddings, resolved now so that a copy built for longer inputs (`tupe evaluate
+        # --lengths`) keeps the bucket boundaries it was trained with
+        if max_relative_positions < 1:
+            max_relative_positions = max_position_embeddings
+        mid = position_buckets // 2
+        if (
+            position_scheme == "deberta"
+            and position_buckets > 0
+            and max_position_embeddings - 1 > mid
+            and max_relative_positions - 1 <= mid
+        ):
+            raise ValueError(
+                f"deberta's log buckets need max_relative_positions - 1 > position_buckets / 2 when inputs can "
+                f"be longer than that; got max_relative_positions {max_relative_positions}, position_buckets "
+                f"{position_buckets}, max_position_embeddings {max_position_embeddings}"
             )
         if position_scheme == "rope" and (hidden_size // num_attention_heads) % 2 != 0:
             raise ValueError(f"rope needs an even head dimension, got {hidden_size // num_attention_heads}")
@@ -96,6 +117,8 @@ class TupeConfig(PretrainedConfig):
         self.classifier_dropout = classifier_dropout
         self.sparse_prediction = sparse_prediction
         self.rope_theta = rope_theta
+        self.position_buckets = position_buckets
+        self.max_relative_positions = max_relative_positions
         self.attention_kernel = attention_kernel
         self.validate_attention_kernel()
         self.cls_token_id = cls_token_id

@@ -88,3 +88,146 @@ def bert_to_tupe(cls, model_or_path, **config_overrides):
         raise RuntimeError(f"BERT conversion left weights unset: missing={missing} unexpected={unexpected}")
     model.tie_weights()
     return model
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# DeBERTa-v2/v3 -> deberta
+# ------------------------------------------------------------------------------------------------------------------
+
+# tupe's masked-LM head <- DeBERTa's, for its two layouts (`DebertaV2Config.legacy`: `cls.predictions`, BERT's
+# layout; otherwise `lm_predictions.lm_head`, the original DeBERTa code's).
+_DEBERTA_MLM_HEADS = {
+    "cls.predictions.": {
+        "lm_head.dense": "transform.dense",
+        "lm_head.LayerNorm": "transform.LayerNorm",
+        "lm_head.bias": "bias",
+    },
+    "lm_predictions.lm_head.": {
+        "lm_head.dense": "dense",
+        "lm_head.LayerNorm": "LayerNorm",
+        "lm_head.bias": "bias",
+    },
+}
+
+
+def deberta_refusals(dc) -> list[str]:
+    """What of a `DebertaV2Config` the `deberta` scheme cannot represent (empty: it converts exactly)."""
+    hidden, heads = dc.hidden_size, dc.num_attention_heads
+    checks = [
+        (
+            getattr(dc, "relative_attention", False),
+            "relative_attention=False (no disentangled attention at all)",
+        ),
+        (
+            sorted(dc.pos_att_type or []) == ["c2p", "p2c"],
+            f"pos_att_type={dc.pos_att_type!r} (only both c2p and p2c)",
+        ),
+        (getattr(dc, "share_att_key", False), "share_att_key=False (per-layer positional projections)"),
+        (
+            not getattr(dc, "position_biased_input", True),
+            "position_biased_input=True (absolute positions added to the input)",
+        ),
+        (
+            "layer_norm" in str(getattr(dc, "norm_rel_ebd", "none")).lower(),
+            f"norm_rel_ebd={getattr(dc, 'norm_rel_ebd', 'none')!r} (only 'layer_norm')",
+        ),
+        (getattr(dc, "conv_kernel_size", 0) <= 0, "conv_kernel_size > 0 (DeBERTa-v2's convolution layer)"),
+        (getattr(dc, "embedding_size", hidden) == hidden, "embedding_size != hidden_size (embed_proj)"),
+        (dc.type_vocab_size == 0, f"type_vocab_size={dc.type_vocab_size} (token-type embeddings)"),
+        (
+            getattr(dc, "attention_head_size", hidden // heads) == hidden // heads,
+            "attention_head_size != hidden_size / num_attention_heads",
+        ),
+        (getattr(dc, "z_steps", 0) <= 1, "z_steps > 1"),
+    ]
+    return [why for ok, why in checks if not ok]
+
+
+def deberta_to_tupe(cls, model_or_path, **config_overrides):
+    """Build `cls` (`TupeModel` or `TupeForMaskedLM`) with `position_scheme="deberta"` from a `transformers`
+    `DebertaV2Model` / `DebertaV2ForMaskedLM` (an instance or a local folder); exact up to float rounding."""
+    import transformers
+
+    from .configuration_tupe import TupeConfig
+
+    masked_lm = "lm_head.dense" in {k for k, _ in cls._deberta_head_keys}
+    if isinstance(model_or_path, transformers.DebertaV2PreTrainedModel):
+        deberta = model_or_path
+    else:
+        name = "DebertaV2ForMaskedLM" if masked_lm else "DebertaV2Model"
+        deberta = getattr(transformers, name).from_pretrained(model_or_path)
+    dc = deberta.config
+    refusals = deberta_refusals(dc)
+    if refusals:
+        source = model_or_path if isinstance(model_or_path, str) else type(deberta).__name__
+        raise ValueError(
+            f"{source}: the deberta scheme cannot represent this DeBERTa configuration: "
+            + "; ".join(refusals)
+        )
+    config = TupeConfig(
+        vocab_size=dc.vocab_size,
+        hidden_size=dc.hidden_size,
+        num_hidden_layers=dc.num_hidden_layers,
+        num_attention_heads=dc.num_attention_heads,
+        intermediate_size=dc.intermediate_size,
+        hidden_act=dc.hidden_act,
+        hidden_dropout_prob=dc.hidden_dropout_prob,
+        attention_probs_dropout_prob=dc.attention_probs_dropout_prob,
+        max_position_embeddings=dc.max_position_embeddings,
+        layer_norm_eps=dc.layer_norm_eps,
+        initializer_range=dc.initializer_range,
+        position_scheme="deberta",
+        position_buckets=getattr(dc, "position_buckets", -1),
+        max_relative_positions=dc.max_relative_positions,
+        embedding_layer_norm=True,
+        pad_token_id=dc.pad_token_id if dc.pad_token_id is not None else 0,
+        **config_overrides,
+    )
+    model = cls(config).to(deberta.dtype)  # the source's precision (a float64 model stays exact)
+    sd = deberta.state_dict()
+    src_prefix = "deberta." if any(k.startswith("deberta.") for k in sd) else ""
+    dst_prefix = "" if cls.base_model_prefix not in dict(model.named_children()) else "tupe."
+    emb, enc = src_prefix + "embeddings.", src_prefix + "encoder."
+    new = {
+        "embeddings.word_embeddings.weight": sd[emb + "word_embeddings.weight"],
+        "embeddings.LayerNorm.weight": sd[emb + "LayerNorm.weight"],
+        "embeddings.LayerNorm.bias": sd[emb + "LayerNorm.bias"],
+        "positional.relative.rel_embeddings.weight": sd[enc + "rel_embeddings.weight"],
+        "positional.relative.LayerNorm.weight": sd[enc + "LayerNorm.weight"],
+        "positional.relative.LayerNorm.bias": sd[enc + "LayerNorm.bias"],
+    }
+    for i in range(dc.num_hidden_layers):
+        src, dst = f"{enc}layer.{i}.", f"layers.{i}."
+        for part in ("weight", "bias"):
+            new[dst + f"attention.qkv.{part}"] = torch.cat(
+                [sd[src + f"attention.self.{name}_proj.{part}"] for name in ("query", "key", "value")]
+            )
+            new[dst + f"attention_output.{part}"] = sd[src + f"attention.output.dense.{part}"]
+            new[dst + f"attention_norm.{part}"] = sd[src + f"attention.output.LayerNorm.{part}"]
+            new[dst + f"intermediate.{part}"] = sd[src + f"intermediate.dense.{part}"]
+            new[dst + f"output.{part}"] = sd[src + f"output.dense.{part}"]
+            new[dst + f"output_norm.{part}"] = sd[src + f"output.LayerNorm.{part}"]
+    new = {dst_prefix + k: v for k, v in new.items()}
+    if masked_lm:
+        head = next((p for p in _DEBERTA_MLM_HEADS if any(k.startswith(p) for k in sd)), None)
+        if head is None:
+            raise ValueError(
+                f"{type(deberta).__name__} has no masked-LM head; convert a DebertaV2ForMaskedLM"
+            )
+        for tupe_name, name in _DEBERTA_MLM_HEADS[head].items():
+            found = {k[len(head + name) :]: v for k, v in sd.items() if k.startswith(head + name)}
+            new.update({tupe_name + suffix: v for suffix, v in found.items()})
+        decoder = sd.get(head + "decoder.weight")
+        if decoder is not None and not torch.equal(decoder, sd[emb + "word_embeddings.weight"]):
+            raise ValueError(
+                "the DeBERTa decoder is not tied to the word embeddings; tupe's masked-LM head is"
+            )
+    tied = set(getattr(cls, "_tied_weights_keys", None) or {})
+    missing, unexpected = model.load_state_dict(new, strict=False)
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"DeBERTa conversion left weights unset: missing={missing} unexpected={unexpected}"
+        )
+    model.tie_weights()
+    return model

@@ -308,6 +308,10 @@ CONTEXT_TERMS: dict[str, tuple[str, bool]] = {
     "bias": ("a content-free logit term (ctx.bias, (h, n, n), shared by the batch)", True),
     "fold": ("a low-rank content-free term (ctx.fold: extra query/key columns equal to ctx.bias)", False),
     "rotary": ("rotary positions (ctx.rotary, applied to queries and keys)", False),
+    "layer": (
+        "a per-layer term of the layer's own queries, keys and projections (ctx.layer_logits, (b, h, n, n))",
+        True,
+    ),
 }
 
 KernelFn = Callable[..., tuple[torch.Tensor, "torch.Tensor | None"]]
@@ -522,6 +526,8 @@ def eager_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, pro
     logits = torch.matmul(q, k.transpose(-1, -2)) * ctx.logit_scale  # (b, h, n, n)
     if ctx.bias is not None:
         logits = logits + ctx.bias.to(logits.dtype)
+    if ctx.layer_logits is not None:
+        logits = logits + ctx.layer_logits.to(logits.dtype)
     if mask is not None:
         logits = logits + mask.to(logits.dtype)
     half = logits.dtype in (torch.float16, torch.bfloat16)
@@ -543,8 +549,11 @@ def sdpa_mask(
 
 
 def sdpa_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
-    """`scaled_dot_product_attention` with `sdpa_mask` as its additive mask."""
+    """`scaled_dot_product_attention` with `sdpa_mask` (plus this layer's `layer_logits`) as its additive mask."""
     mask = None if mask is None else mask.to(q.dtype)
+    if ctx.layer_logits is not None:
+        extra = ctx.layer_logits.to(q.dtype)
+        mask = extra if mask is None else (extra + mask).clamp(min=torch.finfo(q.dtype).min)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=ctx.logit_scale
     ), None
@@ -558,8 +567,12 @@ def fold_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, prob
 
 
 def fused_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
-    """CPU training: one n x n buffer, the shared (h, n, n) term broadcast, the fast dropout mask."""
-    return biased_attention(q, k, v, ctx.bias, mask, ctx.logit_scale, dropout_p), None
+    """CPU training: one n x n buffer, the shared (h, n, n) term broadcast, the fast dropout mask; a layer's own
+    (b, h, n, n) term (`layer_logits`) is added in the same buffer, and its gradient is the buffer's."""
+    bias = ctx.bias
+    if ctx.layer_logits is not None:
+        bias = ctx.layer_logits if bias is None else ctx.layer_logits + bias
+    return biased_attention(q, k, v, bias, mask, ctx.logit_scale, dropout_p), None
 
 
 def flex_attention_kernel(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
@@ -574,12 +587,14 @@ for _kernel in (
         "eager",
         eager_attention,
         "the reference: logits materialised as written, softmax in the model's dtype; returns probabilities",
+        handles=frozenset({"bias", "layer"}),
         probabilities=True,
     ),
     AttentionKernel(
         "sdpa",
         sdpa_attention,
         "scaled_dot_product_attention, content-free term + padding as one additive mask",
+        handles=frozenset({"bias", "layer"}),
         prepare=sdpa_mask,
     ),
     AttentionKernel(
@@ -593,9 +608,12 @@ for _kernel in (
         "fused",
         fused_attention,
         "kernels.biased_attention: one n x n buffer, the shared term broadcast, fast dropout mask (CPU training)",
+        handles=frozenset({"bias", "layer"}),
         dtypes=_FLOATS,
         # CPU training: SDPA runs its unfused math kernel with dropout or with a mask that needs a gradient
-        auto=lambda s: s.device_type == "cpu" and s.trains and (s.dropout or "bias" in s.terms),
+        auto=lambda s: (
+            s.device_type == "cpu" and s.trains and (s.dropout or bool({"bias", "layer"} & s.terms))
+        ),
     ),
     AttentionKernel(
         "flex",

@@ -160,6 +160,15 @@ class TupeSelfAttention(nn.Module):
         out, probs = self.attend(q, k, v, inputs)
         return out.transpose(1, 2).reshape(b, n, -1), probs
 
+    def project_positions(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m, hidden) position vectors -> (h, m, d) queries and keys by this layer's own W^Q, W^K (with biases):
+        what a scheme's `layer_term` projects its shared relative embeddings with (DeBERTa's `share_att_key`)."""
+        width = 2 * self.heads * self.head_dim
+        bias = None if self.qkv.bias is None else self.qkv.bias[:width]
+        qk = F.linear(r, self.qkv.weight[:width], bias)  # (m, 2 * hidden)
+        q, k = qk.view(r.shape[0], 2, self.heads, self.head_dim).permute(1, 2, 0, 3).unbind(0)
+        return q, k
+
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -171,6 +180,8 @@ class TupeSelfAttention(nn.Module):
                 q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
             if ctx.query_add is not None:
                 q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
+        if ctx.layer_term is not None:  # a term of this layer's own queries, keys and projections (DeBERTa)
+            ctx = ctx.for_layer(ctx.layer_term(q, k, self.project_positions, ctx.relative_embeddings))
         dropout_p = self.dropout_p if self.training else 0.0
         return kernel.fn(q, k, v, ctx, inputs.mask, dropout_p, inputs.probabilities)
 
@@ -285,6 +296,8 @@ class TupePreTrainedModel(PreTrainedModel):
     # `from_bert`: the transformers BERT class whose weights this class takes, and its head's keys (tupe <- BERT)
     _bert_class: str = "BertModel"
     _bert_head_keys: dict[str, str] = {}
+    # `from_deberta`: (tupe name, ...) pairs of the head this class takes from DeBERTa; None: no DeBERTa head
+    _deberta_head_keys: tuple[tuple[str, str], ...] | None = ()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         """`load_state_dict` of a checkpoint of an earlier layout too (e.g. the Trainer resuming an old run)."""
@@ -343,6 +356,23 @@ class TupePreTrainedModel(PreTrainedModel):
         from .conversion import bert_to_tupe
 
         return bert_to_tupe(cls, model_or_path, **config_overrides)
+
+    @classmethod
+    def from_deberta(cls, model_or_path, **config_overrides):
+        """A `deberta` model with the weights of a `transformers` DeBERTa-v2/v3 model (an instance or a local
+        folder): `DebertaV2ForMaskedLM` for `TupeForMaskedLM` (either head layout, `legacy` or not),
+        `DebertaV2Model` for `TupeModel`. A configuration the scheme cannot represent (docs/model.md lists them:
+        no relative attention, unshared positional projections, absolute input positions, token types, the
+        convolution layer, ...) is refused with the reasons. Padded positions' own hidden states differ:
+        DeBERTa also masks padded queries (docs/model.md)."""
+        from .conversion import deberta_to_tupe
+
+        if cls._deberta_head_keys is None:
+            raise ValueError(
+                f"{cls.__name__}.from_deberta: only TupeModel (from DebertaV2Model) and TupeForMaskedLM "
+                "(from DebertaV2ForMaskedLM) take DeBERTa weights"
+            )
+        return deberta_to_tupe(cls, model_or_path, **config_overrides)
 
     def positional_parameter_names(self) -> list[str]:
         """Names (as `named_parameters()` gives them) of the positional scheme's parameters: position tables,
@@ -543,6 +573,11 @@ class TupeForMaskedLM(TupePreTrainedModel):
 
     _tied_weights_keys = {"lm_head.decoder.weight": "tupe.embeddings.word_embeddings.weight"}
     _bert_class = "BertForMaskedLM"
+    _deberta_head_keys = (
+        ("lm_head.dense", "dense"),
+        ("lm_head.LayerNorm", "LayerNorm"),
+        ("lm_head.bias", "bias"),
+    )
     _bert_head_keys = {
         "lm_head.dense": "cls.predictions.transform.dense",
         "lm_head.LayerNorm": "cls.predictions.transform.LayerNorm",
@@ -690,6 +725,7 @@ class TupeForSequenceClassification(TupePreTrainedModel):
         r"^classifier\.bias$": "classifier.out_proj.bias",
     }
     _bert_class = "BertForSequenceClassification"
+    _deberta_head_keys = None
     _bert_head_keys = {"classifier.dense": "bert.pooler.dense", "classifier.out_proj": "classifier"}
 
     def __init__(self, config: TupeConfig):

@@ -11,6 +11,7 @@ Notation (see `docs/model.md`, which carries every equation): `d` head dimension
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
@@ -36,6 +37,14 @@ class PositionalContext:
       (which cancels in the softmax), so attention can run without an n x n tensor. Already scaled.
     - bias_fn: builds `bias` on first access (then cached), so a pass that folds never materialises it
       (long sequences on GPU); `has_bias` tells whether there is one without building it.
+    - relative_embeddings (m, hidden): position vectors shared by all layers that each layer projects with its own
+      weights (DeBERTa's relative embeddings, one row per offset `i - j` that occurs).
+    - layer_term: `layer_term(q, k, project, relative_embeddings) -> (b, h, n, n)`, an additive logit term that
+      depends on the layer's queries and keys and on `project(r) -> (r W^Q, r W^K)`, the layer's own projections
+      (each (h, m, d)), of the context's `relative_embeddings` (passed in, not captured, so that gradient
+      checkpointing can hand each layer its own copy). The attention layer calls it once per layer and hands
+      the result to the kernel as `layer_logits`.
+    - layer_logits (b, h, n, n): that term for the layer being run (set on the layer's copy of the context).
     """
 
     def __init__(
@@ -48,6 +57,8 @@ class PositionalContext:
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         fold: tuple[torch.Tensor, torch.Tensor] | None = None,
         bias_fn: Callable[[], torch.Tensor] | None = None,
+        relative_embeddings: torch.Tensor | None = None,
+        layer_term: Callable[..., torch.Tensor] | None = None,
     ):
         self.logit_scale = logit_scale
         self.input_embedding = input_embedding
@@ -56,6 +67,16 @@ class PositionalContext:
         self.rotary = rotary
         self.fold = fold
         self.bias_fn = bias_fn
+        self.relative_embeddings = relative_embeddings
+        self.layer_term = layer_term
+        self.layer_logits: torch.Tensor | None = None
+
+    def for_layer(self, layer_logits: torch.Tensor) -> PositionalContext:
+        """A shallow copy carrying one layer's `layer_logits` (the shared context is never modified)."""
+        _ = self.bias  # build a lazy shared term once, here, not once per layer's copy
+        ctx = copy.copy(self)
+        ctx.layer_logits = layer_logits
+        return ctx
 
     @property
     def bias(self) -> torch.Tensor | None:
@@ -216,7 +237,12 @@ class PositionalScheme(nn.Module):
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
     position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
     uses_position: ClassVar[bool] = True  # False only for the position-blind control (nope)
-    directional: ClassVar[bool] = True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
+    directional: ClassVar[bool] = (
+        True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
+    )
+    transformers_comparator: ClassVar[str | None] = None  # `tupe bench`'s transformers model of this scheme
+    content_position: ClassVar[bool] = False  # a per-layer content x position term (ctx.layer_term, DeBERTa)
+    relative_embeddings: ClassVar[bool] = False  # position vectors projected by every layer's own W^Q, W^K
 
     def __init__(self, config: TupeConfig):
         super().__init__()
@@ -226,7 +252,12 @@ class PositionalScheme(nn.Module):
     def terms(cls) -> frozenset[str]:
         """What this scheme's contexts carry that an attention kernel may need or must take
         (`kernels.CONTEXT_TERMS`); a scheme with another kind of term overrides this."""
-        flags = (("bias", cls.content_free), ("fold", cls.low_rank), ("rotary", cls.rotary))
+        flags = (
+            ("bias", cls.content_free),
+            ("fold", cls.low_rank),
+            ("rotary", cls.rotary),
+            ("layer", cls.content_position),
+        )
         return frozenset(term for term, present in flags if present)
 
     @classmethod
@@ -246,6 +277,11 @@ class PositionalScheme(nn.Module):
             flops += 2 * 2 * 2 * hidden * hidden  # theta: the two [CLS]-reset vectors through U^Q and U^K
         return flops
 
+    @classmethod
+    def extra_layer_flops(cls, hidden: int, seq_len: int, batch: int) -> float:
+        """Matmul FLOPs of the positional terms inside each layer's forward pass (none for most schemes)."""
+        return 0.0
+
     def forward(self, n: int) -> PositionalContext:
         raise NotImplementedError
 
@@ -255,6 +291,7 @@ class BertA(PositionalScheme):
 
     name = "bert-a"
     display_name = "BERT-A"
+    transformers_comparator = "hf-bert"  # BertForMaskedLM
     absolute_input = True
     decomposable = True
     position_table = "embeddings"
@@ -272,6 +309,7 @@ class BertR(BertA):
 
     name = "bert-r"
     display_name = "BERT-R"
+    transformers_comparator = None
     relative_bias = True
     content_free = True
 
@@ -522,6 +560,202 @@ class Alibi(PositionalScheme):
         return ctx
 
 
+def log_bucket_position(relative: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
+    """DeBERTa-v2's log buckets of a relative position `i - j` (query minus key; sign kept).
+
+    Offsets with `|i - j| < buckets / 2` keep their value; larger ones become
+    `sign * (mid + ceil(log(|i - j| / mid) / log((max_position - 1) / mid) * (mid - 1)))`, `mid = buckets / 2`, so
+    `max_position - 1` maps to `buckets - 1`. In float32, as DeBERTa computes it (the released checkpoints were
+    trained with float32 bucket boundaries).
+    """
+    mid = buckets // 2
+    distance = relative.abs()
+    # below mid the exact branch applies; mid - 1 keeps log() finite there
+    safe = torch.where(distance < mid, torch.full_like(distance, mid - 1), distance).float()
+    ratio = torch.log(safe / mid) / torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))
+    logged = (torch.ceil(ratio * (mid - 1)) + mid).long()
+    return torch.where(distance <= mid, relative, logged * relative.sign())
+
+
+def skew(scores: torch.Tensor, cols: int | None = None) -> torch.Tensor:
+    """(..., m, w) scores of m rows against w offset slots  ->  (..., m, cols) with `[a, c] = scores[a, m - 1 - a + c]`
+    (`cols` defaults to m; needs `w >= m + cols - 1` and `cols < w`): the relative shift of Transformer-XL, by
+    slicing the flat rows. A view: writing through it is how `_RelativeScores` scatters gradients back."""
+    m, width = scores.shape[-2:]
+    cols = m if cols is None else cols
+    if m == 1:
+        return scores[..., :cols]
+    lead = scores.shape[:-2]
+    flat = scores.reshape(*lead, m * width)
+    return flat[..., m - 1 : m - 1 + m * (width - 1)].view(*lead, m, width - 1)[..., :cols]
+
+
+def _row_blocks(n: int) -> list[tuple[int, int]]:
+    """Query-row blocks for `_RelativeScores`: a block of B rows needs B + n - 1 offset slots, so 4 blocks do
+    62% of the work of one product against all 2n - 1 slots (fewer, larger products below 64 rows)."""
+    count = 4 if n >= 64 else 1
+    bounds = [round(i * n / count) for i in range(count + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _slot_width(rows: int, n: int) -> int:
+    """Offset slots a block of `rows` query rows reads, rounded up to a multiple of 8 (even GEMM widths ran at
+    twice the speed of 2n - 1 in MKL at the mini shape), with one spare so `skew` never runs off a row."""
+    return -(-(rows + n) // 8) * 8
+
+
+class _RelativeScores(torch.autograd.Function):
+    """`c2p + p2c` of `Deberta`: `[b, h, i, j] = s q_i . kr_u + s k_j . qr_u`, `u` the slot of offset `i - j`.
+
+    Per block of query rows, one product against the offset slots that block reads, shifted into place by `skew`
+    and written into one contiguous (b, h, n, n) tensor; backward scatters the gradient into a zeroed buffer
+    through the same view (the entries outside it stay zero, so one buffer serves both terms). Plain autograd on
+    DeBERTa's formula (a product against all 2n - 1 slots and a gather) does about twice the multiplications and
+    builds several more n x n intermediates.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, qr, kr, scale: float):
+        b, h, n, d = q.shape
+        pad = q.new_zeros(h, 8, d)  # slots beyond 2n - 1: zero, never read
+        kr_pad = torch.cat([kr, pad], 1)
+        qr_rev = torch.cat(
+            [qr.flip(1), pad], 1
+        )  # slot u' for offset u' - (n - 1): the same shift per key row
+        qs, ks = (q * scale).transpose(0, 1), (k * scale).transpose(0, 1)  # (h, b, n, d)
+        out = torch.empty(b, h, n, n, dtype=q.dtype, device=q.device)
+        view = out.transpose(0, 1)  # (h, b, n, n)
+        queries, keys = [], []
+        # position-to-content first, as copies (a transposed copy runs at several times the speed of a transposed
+        # add on CPU): blocks of key rows, written to column blocks
+        for i0, i1 in _row_blocks(n):
+            rows, start, width = i1 - i0, n - i1, _slot_width(i1 - i0, n)
+            kb = ks[:, :, i0:i1].reshape(h, b * rows, d)  # contiguous copies of the block's rows
+            p2c = torch.bmm(kb, qr_rev[:, start : start + width].transpose(1, 2)).view(h, b, rows, width)
+            view[:, :, :, i0:i1].copy_(skew(p2c, n).transpose(-1, -2))
+            keys.append(kb)
+        for i0, i1 in _row_blocks(n):  # content-to-position: blocks of query rows, added to row blocks
+            rows, start, width = i1 - i0, n - i1, _slot_width(i1 - i0, n)
+            qb = qs[:, :, i0:i1].reshape(h, b * rows, d)
+            c2p = torch.bmm(qb, kr_pad[:, start : start + width].transpose(1, 2)).view(h, b, rows, width)
+            view[:, :, i0:i1].add_(skew(c2p, n))
+            queries.append(qb)
+        blocks = queries + keys
+        ctx.save_for_backward(kr_pad, qr_rev, *blocks)
+        ctx.scale, ctx.shape = scale, (b, h, n, d)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        kr_pad, qr_rev, *saved = ctx.saved_tensors
+        b, h, n, d = ctx.shape
+        g = grad.transpose(0, 1)  # (h, b, n, n)
+        dq = grad.new_empty(h, b, n, d)
+        dk = grad.new_empty(h, b, n, d)
+        dkr, dqr = torch.zeros_like(kr_pad), torch.zeros_like(qr_rev)
+        spans = _row_blocks(n)
+        for index, (i0, i1) in enumerate(spans):
+            qb, kb = saved[index], saved[len(spans) + index]
+            rows, start, width = i1 - i0, n - i1, _slot_width(i1 - i0, n)
+            full = grad.new_zeros(h, b, rows, width)
+            slots = skew(full, n)
+            full3 = full.view(h, b * rows, width)
+            slots.copy_(g[:, :, i0:i1])
+            dq[:, :, i0:i1] = torch.bmm(full3, kr_pad[:, start : start + width]).view(h, b, rows, d)
+            dkr[:, start : start + width] += torch.bmm(full3.transpose(1, 2), qb)
+            slots.copy_(g[:, :, :, i0:i1].transpose(-1, -2))  # same slots: the rest of `full` is still zero
+            dk[:, :, i0:i1] = torch.bmm(full3, qr_rev[:, start : start + width]).view(h, b, rows, d)
+            dqr[:, start : start + width] += torch.bmm(full3.transpose(1, 2), kb)
+        scale = ctx.scale
+        dq = dq.mul_(scale).transpose(0, 1) if ctx.needs_input_grad[0] else None
+        dk = dk.mul_(scale).transpose(0, 1) if ctx.needs_input_grad[1] else None
+        dqr = dqr[:, : 2 * n - 1].flip(1) if ctx.needs_input_grad[2] else None
+        dkr = dkr[:, : 2 * n - 1] if ctx.needs_input_grad[3] else None
+        return dq, dk, dqr, dkr, None
+
+
+def relative_scores(
+    q: torch.Tensor, k: torch.Tensor, qr: torch.Tensor, kr: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """DeBERTa's content-to-position plus position-to-content logits, (b, h, n, n).
+
+    q, k: (b, h, n, d) a layer's queries and keys; qr, kr: (h, 2n - 1, d) its projections of the relative
+    embeddings, slot u for the offset `i - j = n - 1 - u`. `[i, j] = scale * (q_i . kr(i - j) + k_j . qr(i - j))`.
+    """
+    return _RelativeScores.apply(q, k, qr, kr, scale)
+
+
+class DisentangledPositions(nn.Module):
+    """DeBERTa's relative embeddings `P` (2k rows, shared by all layers, LayerNorm-ed) and their offsets.
+
+    `k` is `position_buckets` (log-bucketed offsets) or, with `position_buckets <= 0`, `max_relative_positions`
+    (itself `max_position_embeddings` when < 1). Offset `i - j` reads row `clamp(delta(i - j) + k, 0, 2k - 1)`.
+    """
+
+    def __init__(self, config: TupeConfig):
+        super().__init__()
+        self.buckets = config.position_buckets
+        self.max_relative = (
+            config.max_relative_positions
+            if config.max_relative_positions >= 1
+            else config.max_position_embeddings
+        )
+        self.span = self.buckets if self.buckets > 0 else self.max_relative
+        self.rel_embeddings = nn.Embedding(2 * self.span, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def rows(self, offsets: torch.Tensor) -> torch.Tensor:
+        """Row of `rel_embeddings` that each query-minus-key offset reads."""
+        delta = log_bucket_position(offsets, self.buckets, self.max_relative) if self.buckets > 0 else offsets
+        return (delta + self.span).clamp(0, 2 * self.span - 1)
+
+    def forward(self, n: int) -> torch.Tensor:
+        """(2n - 1, hidden): `LN(P)` for the offsets `i - j = n - 1, n - 2, ..., -(n - 1)`, in that order."""
+        offsets = torch.arange(n - 1, -n, -1, device=self.rel_embeddings.weight.device)
+        return self.LayerNorm(self.rel_embeddings(self.rows(offsets)))  # row-wise: LN of the rows read
+
+
+class Deberta(PositionalScheme):
+    """DeBERTa-v2/v3 disentangled attention (He et al., ICLR 2021; the `transformers` `DebertaV2Model`).
+
+    `alpha_ij = (q_i k_j + q_i kr_{d(i,j)} + k_j qr_{d(i,j)}) / sqrt(3d)` with `qr, kr = LN(P) W^Q, LN(P) W^K` the
+    layer's own query/key projections of the shared relative embeddings (`share_att_key`), `d(i, j)` the
+    log-bucketed `i - j`; no absolute positions (`position_biased_input=False`). Content-to-position and
+    position-to-content depend on the layer's queries and keys, so they are a `layer_term`, one (b, h, n, n) term
+    per layer: two products against the `2n - 1` offsets that occur, shifted into place (`relative_scores`).
+    The relative embeddings take dropout (hidden_dropout_prob) in every layer, as in DeBERTa.
+    """
+
+    name = "deberta"
+    display_name = "DeBERTa"
+    transformers_comparator = "hf-deberta"  # DebertaV2ForMaskedLM with the same choices
+    score_dims = 3
+    content_position = True
+    relative_embeddings = True
+
+    @classmethod
+    def extra_layer_flops(cls, hidden: int, seq_len: int, batch: int) -> float:
+        # the layer's W^Q, W^K on the 2n - 1 relative rows; q . kr and k . qr for every (i, j) pair, all heads
+        return 2 * (2 * seq_len - 1) * hidden * 2 * hidden + 2 * 2 * batch * seq_len * seq_len * hidden
+
+    def __init__(self, config: TupeConfig):
+        super().__init__(config)
+        self.relative = DisentangledPositions(config)
+        self.dropout_p = config.hidden_dropout_prob
+
+    def forward(self, n: int) -> PositionalContext:
+        from .kernels import dropout
+
+        rel = self.relative(n)  # (2n - 1, hidden), offsets n - 1 .. -(n - 1)
+        scale, training, p = self.logit_scale, self.training, self.dropout_p
+
+        def layer_term(q: torch.Tensor, k: torch.Tensor, project, rel: torch.Tensor) -> torch.Tensor:
+            qr, kr = project(dropout(rel, p, training))  # (h, 2n - 1, d) each
+            return relative_scores(q, k, qr, kr, scale)
+
+        return PositionalContext(scale, relative_embeddings=rel, layer_term=layer_term)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate (..., n, d) by position: pairs (x_k, x_{k + d/2}) turn by angle t * inv_freq_k."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -544,6 +778,7 @@ SCHEMES: dict[str, type[PositionalScheme]] = {
         Sinusoidal,
         T5Bias,
         Alibi,
+        Deberta,
     )
 }
 

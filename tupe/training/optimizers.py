@@ -69,12 +69,17 @@ OPTIMIZERS: dict[str, Callable[[list[dict[str, Any]], OptimizerSettings], Any]] 
 
 
 def positional_parameter_names(model: Any) -> set[str]:
-    """The positional parameters of a tupe model (its own `positional_parameter_names`) or of transformers' BERT
-    (`--scheme hf-bert`: its learned position table)."""
+    """The positional parameters of a tupe model (its own `positional_parameter_names`) or of a transformers model
+    (`--scheme hf-bert`: BERT's learned position table; `tupe bench`'s hf-deberta: DeBERTa's relative embeddings)."""
     if hasattr(model, "positional_parameter_names"):
         return set(model.positional_parameter_names())
-    table = model.base_model.embeddings.position_embeddings.weight
-    return {name for name, p in model.named_parameters() if p is table}
+    base = model.base_model
+    tables = (
+        getattr(base.embeddings, "position_embeddings", None),
+        getattr(base.encoder, "rel_embeddings", None),
+    )
+    ids = {id(t.weight) for t in tables if t is not None}
+    return {name for name, p in model.named_parameters() if id(p) in ids}
 
 
 def parameter_groups(model: Any, settings: OptimizerSettings) -> list[dict[str, Any]]:
