@@ -229,3 +229,30 @@ def test_refusals_are_one_line_and_write_nothing(tiny_model, data_dir, tmp_path,
     assert not out.exists()
     assert _finetune(tiny_model, "ner", tmp_path / "nope.txt", data_dir / "ner_valid.txt", out) == 2
     assert "nope.txt" in _err(capsys) and not out.exists()
+
+
+def test_a_transformers_bert_folder_is_converted_once(data_dir, tokenizer, tmp_path, capsys):
+    """`--model` may be a `transformers` BERT folder, as with `tupe glue`: converted exactly to bert-a into
+    OUT/converted-bert-a (once), which this command then owns in --out."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    bert = tmp_path / "bert"
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    BertForMaskedLM(config).save_pretrained(bert)
+    tokenizer.save_pretrained(bert)
+    out = tmp_path / "out"
+    args = (bert, "classification", data_dir / "sentiment_train.csv", data_dir / "sentiment_val.csv", out)
+    assert _finetune(*args) == 0
+    assert "converted exactly to bert-a" in capsys.readouterr().out
+    r = json.loads((out / "results.json").read_text())
+    assert r["scheme"] == "bert-a" and (out / "converted-bert-a" / "config.json").is_file()
+    assert _finetune(*args) == 0  # resumed: the converted copy is reused, every run already done
+    assert "1 already done" in capsys.readouterr().out

@@ -344,10 +344,18 @@ def render(rows: list[Row]) -> tuple[str, str]:
             )
             + " |"
         )
+    extra = [c for c in columns if c in _EXTRA_COLUMNS]
+    glue = len(extra) < len(columns)
     notes = [
         "",
-        "GLUE dev; each cell is the median over seeds at the best learning rate, x 100: Matthews correlation "
-        "(CoLA), Pearson (STS), accuracy (the rest).",
+        *(
+            [
+                "GLUE dev; each cell is the median over seeds at the best learning rate, x 100: Matthews correlation "
+                "(CoLA), Pearson (STS), accuracy (the rest)."
+            ]
+            if glue
+            else []
+        ),
         (
             f"Avg is the mean over the columns every row has: {', '.join(avg_cols)} (MNLI-m and -mm count "
             "separately, as in the paper; WNLI is never averaged)."
@@ -355,14 +363,13 @@ def render(rows: list[Row]) -> tuple[str, str]:
             else "Avg: no column is shared by every row, so no row is averaged."
         ),
     ]
-    extra = [c for c in columns if c in _EXTRA_COLUMNS]
     if extra:
         notes.append(
             f"{', '.join(extra)}: `tupe finetune` on the validation file named below, the mean over seeds at the "
             "best learning rate (x 100); their baseline is all-O (NER F1, 0 by definition) or the most frequent "
             "training label (accuracy)."
         )
-    if any(r.source == "baseline" for r in rows):
+    if glue and any(r.source == "baseline" for r in rows):
         notes.append(
             "majority class: always predicting the most frequent dev label (accuracy; MCC 0 for CoLA; none for "
             "STS-B, a regression)."
