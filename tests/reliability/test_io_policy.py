@@ -135,3 +135,69 @@ def test_output_files_named_by_the_user(tmp_path: Path) -> None:
     with pytest.raises(TupeError, match="was written by `tupe evaluate`; `tupe plot` does not write over it"):
         claim_file(new, "tupe plot", "--out")
     assert mine.read_text() == "my numbers\n"
+
+
+def test_parquet_is_checked_from_its_footer_before_datasets_reads_it(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """GLUE and `tupe finetune` parquet inputs: shape and columns come from the footer alone (bounded); a file
+    that is not parquet, has a damaged or huge footer, a row group too large, or lacks the task's columns is
+    refused in one line naming it, before `datasets` reads (and caches) any row."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tupe.finetuning.classification import _columns
+    from tupe.glue.tasks import get_task, read_split_file
+    from tupe.io import reading
+
+    good = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"sentence": ["a b", "c d"], "label": [0, 1], "idx": [0, 1]}), good)
+    assert reading.check_parquet(good) == ["sentence", "label", "idx"]
+
+    def no_read(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("datasets read a file the footer check should have refused")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_read)
+    sst2, mrpc = get_task("sst2"), get_task("mrpc")
+    with pytest.raises(
+        TupeError, match=r"train\.parquet: missing column 'sentence1' for MRPC \(has: sentence, label, idx\)"
+    ):
+        read_split_file(mrpc, good)
+
+    data = good.read_bytes()
+    cases = {
+        "short.parquet": (b"PAR1", r"short\.parquet: cannot read it as parquet: 4 bytes, too short"),
+        "text.parquet": (
+            b"sentence\tlabel\n" * 4,
+            r"text\.parquet: cannot read it as parquet: no PAR1 footer",
+        ),
+        "huge_footer.parquet": (
+            data[:-8] + (1 << 31).to_bytes(4, "little") + b"PAR1",
+            r"huge_footer\.parquet: cannot read it as parquet: a footer of 2\.0 GiB, damaged",
+        ),
+        "garbled.parquet": (
+            data[:-100] + b"\xff" * 92 + data[-8:],
+            r"garbled\.parquet: cannot read it as parquet: ",
+        ),
+    }
+    for name, (content, needle) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(TupeError, match=needle) as info:
+            read_split_file(sst2, tmp_path / name)
+        assert "\n" not in str(info.value)
+    fifo = tmp_path / "fifo.parquet"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with pytest.raises(
+        TupeError, match=r"fifo\.parquet: a FIFO \(named pipe\), not a regular file \(GLUE file\)"
+    ):
+        read_split_file(sst2, fifo)
+    with pytest.raises(TupeError, match=r"fifo\.parquet: a FIFO"):
+        _columns(fifo)  # `tupe finetune`'s column check
+    assert time.monotonic() - t0 < 5
+    monkeypatch.setattr(reading, "PARQUET_ROW_GROUP_LIMIT", 10)
+    with pytest.raises(
+        TupeError, match=r"train\.parquet: row group 0 holds .* uncompressed, more than 10 bytes"
+    ):
+        read_split_file(sst2, good)
+    with pytest.raises(TupeError, match=r"train\.parquet: row group 0"):
+        _columns(good)

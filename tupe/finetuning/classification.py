@@ -25,13 +25,13 @@ def _columns(path: Path) -> list[str]:
     """The column names of a file (its header, its first record's keys, or the dataset's columns)."""
     suffix = path.suffix.lower()
     if path.is_dir() or suffix == ".parquet":
-        import datasets
-
         if path.is_dir():
             from tupe.finetuning.family import one_split
 
             return list(one_split(path, "examples").column_names)
-        return list(datasets.load_dataset("parquet", data_files=[str(path)], split="train").column_names)
+        from tupe.io.reading import check_parquet
+
+        return check_parquet(path, "data file")  # the footer's column names; no row read yet
     text = read_text(path)
     if suffix in {".json", ".jsonl"}:
         from tupe.finetuning.family import json_records

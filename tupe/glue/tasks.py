@@ -468,8 +468,11 @@ def _from_data_files(task: GlueTask, folder: Path) -> TaskData | None:
     from tupe.io.reading import check_json_rows
 
     for builder, files in found.values():  # type: ignore[misc]
-        for f in files if builder == "json" else ():
-            check_json_rows(f, "GLUE file")  # null or a number would crash datasets' reader (a segfault)
+        for f in files:
+            if builder == "json":
+                check_json_rows(f, "GLUE file")  # null or a number would crash datasets' reader (a segfault)
+            else:
+                _check_parquet_columns(task, f)
     try:
         dsd = datasets.DatasetDict(
             {
@@ -602,8 +605,9 @@ def split_from_json(task: GlueTask, path: str | Path) -> Split:
 def split_from_parquet(task: GlueTask, path: str | Path) -> Split:
     """A split from one parquet file in the `datasets` GLUE columns (a file of the Hub's `TASK/*.parquet`)."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise TupeError(f"{path}: no such file")
+    _check_parquet_columns(task, path)
     import datasets
 
     try:
@@ -611,6 +615,17 @@ def split_from_parquet(task: GlueTask, path: str | Path) -> Split:
     except Exception as err:  # noqa: BLE001 - not parquet: one line for the user
         raise TupeError(f"{path}: cannot read it as parquet: {one_line(err)}") from None
     return _split_from_dataset(task, ds, str(path))
+
+
+def _check_parquet_columns(task: GlueTask, path: str | Path) -> None:
+    """The file's parquet footer only (bounded, see `check_parquet`): refuse a file without the task's columns
+    before `datasets` reads (and caches) all of its rows."""
+    from tupe.io.reading import check_parquet
+
+    names = check_parquet(path, "GLUE file")
+    for col in (*task.hf_text_columns, "label"):
+        if col not in names:
+            raise TupeError(f"{path}: missing column {col!r} for {task.name} (has: {', '.join(names)[:200]})")
 
 
 def read_split_file(task: GlueTask, path: str | Path) -> Split:

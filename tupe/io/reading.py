@@ -229,3 +229,46 @@ def _first_value(text: str) -> str:
     except (ValueError, RecursionError):
         return f"not JSON ({text[:20]!r})"
     return json_type_name(value)
+
+
+PARQUET_FOOTER_LIMIT = 64 * MiB  # a parquet footer (the schema and row-group index) is kilobytes in practice
+PARQUET_ROW_GROUP_LIMIT = (
+    2 << 30
+)  # uncompressed bytes of one row group: `datasets` materialises a whole group
+
+
+def check_parquet(path: str | os.PathLike, what: str = "parquet file") -> list[str]:
+    """Before `datasets` reads a `.parquet` file: a regular file whose footer is a parquet footer of sane size,
+    with no row group too large to hold in memory. Only the footer is read (bounded); returns the column names,
+    so that callers can refuse a file without their columns before any row is read."""
+    import pyarrow.parquet as pq
+
+    st = check_regular(path, what)
+    with open_regular(path, what) as fh:
+        if st.st_size < 12:
+            raise TupeError(f"{path}: cannot read it as parquet: {st.st_size} bytes, too short ({what})")
+        fh.seek(st.st_size - 8)
+        tail = fh.read(8)
+        if tail[4:] != b"PAR1":
+            raise TupeError(f"{path}: cannot read it as parquet: no PAR1 footer ({what})")
+        footer = int.from_bytes(tail[:4], "little")
+        if footer > min(PARQUET_FOOTER_LIMIT, st.st_size - 12):
+            raise Refused(
+                f"{path}: cannot read it as parquet: a footer of {human_bytes(footer)}, damaged ({what})"
+            )
+        fh.seek(0)
+        try:
+            meta = pq.ParquetFile(fh).metadata
+            names = list(meta.schema.to_arrow_schema().names)
+        except Exception as err:  # noqa: BLE001 - a damaged footer: one line naming the file
+            from tupe.errors import one_line
+
+            raise TupeError(f"{path}: cannot read it as parquet: {one_line(err)}") from None
+    for i in range(meta.num_row_groups):
+        size = meta.row_group(i).total_byte_size
+        if size > PARQUET_ROW_GROUP_LIMIT:
+            raise Refused(
+                f"{path}: row group {i} holds {human_bytes(size)} uncompressed, more than "
+                f"{human_bytes(PARQUET_ROW_GROUP_LIMIT)} ({what}); is it the right file?"
+            )
+    return names

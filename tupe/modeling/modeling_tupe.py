@@ -158,7 +158,12 @@ class TupeSelfAttention(nn.Module):
             self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         )  # 3 x (b, h, n, d)
         out, probs = self.attend(q, k, v, inputs)
-        return out.transpose(1, 2).reshape(b, n, -1), probs
+        out = out.transpose(1, 2)  # (b, n, h, d)
+        if _tracing():
+            # A real copy: the ONNX exporter swaps SDPA for a decomposition whose output strides differ from the
+            # traced ones, so a reshape recorded as a view (or an elided contiguous()) would no longer be valid.
+            out = out.clone(memory_format=torch.contiguous_format)
+        return out.reshape(b, n, -1), probs
 
     def project_positions(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(m, hidden) position vectors -> (h, m, d) queries and keys by this layer's own W^Q, W^K (with biases):
