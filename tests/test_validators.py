@@ -30,3 +30,20 @@ def test_compare_demo_and_bench_read_scheme_lists_alike(capsys) -> None:  # noqa
     ):
         assert main(argv) == 2
         assert "unknown scheme 'tupe-q' in --schemes; choose from: bert-a, " in capsys.readouterr().err
+
+
+def test_seed_lists_are_checked_while_parsing() -> None:
+    """`--seeds` of `tupe glue` / `tupe finetune`: a seed numpy cannot take is an argparse error naming the
+    option, before any model is loaded."""
+    import argparse
+
+    import pytest
+
+    from tupe import validators as V
+
+    assert V.seed_list("0, 1,4294967295") == [0, 1, 4294967295]
+    for bad in ("1,4294967296", "-1", "a", ""):
+        with pytest.raises(
+            argparse.ArgumentTypeError, match="comma-separated seeds, each from 0 to 4294967295"
+        ):
+            V.seed_list(bad)

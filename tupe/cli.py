@@ -17,6 +17,7 @@ import ast
 import importlib
 import importlib.util
 import sys
+import threading
 from typing import NoReturn
 
 # name -> (module, one-line help). Adding a command touches this table and its own module only.
@@ -152,19 +153,49 @@ def main(argv: list[str] | None = None) -> int:
     from tupe.runtime import tune_cpu_allocator
 
     tune_cpu_allocator()  # before the command allocates anything: see tupe/runtime.py
+    previous_hook = threading.excepthook
+    if not getattr(args, "debug", False):
+        threading.excepthook = _thread_failed(args.command)
     try:
         return int(importlib.import_module(args._module_name).run(args) or 0)
     except (TupeError, ValueError, OSError) as err:
         # OSError: a file the user named cannot be read or written (missing, permissions, disk full)
         if getattr(args, "debug", False):
             raise
-        print(f"tupe {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        _say(f"tupe {args.command}: error: {_one_line(err)}")
         return 2
     except KeyboardInterrupt:
         print(f"tupe {args.command}: interrupted", file=sys.stderr)
         return 130
     finally:
+        threading.excepthook = previous_hook
         _end_process_group()
+
+
+_STDERR_LOCK = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """One line to stderr in a single write: `print` writes the text and its newline separately, and a library's
+    thread failing meanwhile would glue its own output onto the error line."""
+    with _STDERR_LOCK:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _thread_failed(command: str):  # noqa: ANN202 - a threading.excepthook
+    """A library's background thread that fails (`datasets`, `tokenizers`, `transformers` helpers) is reported as
+    one warning line, not Python's "Exception in thread ..." and traceback written piecemeal into the command's
+    output; `--debug` keeps Python's report."""
+
+    def hook(exc: threading.ExceptHookArgs) -> None:
+        if exc.exc_type is SystemExit:
+            return
+        name = exc.thread.name if exc.thread is not None else "?"
+        what = _one_line(exc.exc_value) if exc.exc_value is not None else exc.exc_type.__name__
+        _say(f"tupe {command}: warning: a background thread ({name}) failed: {what}")
+
+    return hook
 
 
 def _end_process_group() -> None:

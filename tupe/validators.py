@@ -86,7 +86,7 @@ MAX_THREADS = 1024
 
 positive_int = int_range(1)
 nonneg_int = int_range(0)
-seed_int = int_range(0, 2**32 - 1)
+seed_int = int_range(0, 2**32 - 1)  # numpy's and torch's seeding accept no more
 positive_float = float_range(0, lo_open=True)
 nonneg_float = float_range(0)
 prob = float_range(0, 1)  # a probability, 0 and 1 included
@@ -126,6 +126,15 @@ def _comma_list(one: Callable[[str], Any], text: str, wording: str) -> Callable[
 def int_list(lo: int = 1) -> Callable[[str], list[int]]:
     """Comma-separated integers, each >= lo."""
     return _comma_list(int_range(lo), f"comma-separated integers >= {lo}", "must be")
+
+
+def seed_list(s: str) -> list[int]:
+    """Comma-separated seeds, each a `seed_int`: refused while parsing, before any model loads."""
+    return _seed_list(s)
+
+
+_seed_list = _comma_list(seed_int, f"comma-separated seeds, each from 0 to {2**32 - 1}", "must be")
+seed_list.range_text = _seed_list.range_text  # type: ignore[attr-defined]
 
 
 def float_list(lo: float = 0.0, lo_open: bool = True) -> Callable[[str], list[float]]:

@@ -260,6 +260,17 @@ CASES: list[Case] = [
         ("blank.txt", "is empty"),
     ),
     Case(
+        "corpus-jsonl-bad-line",
+        "JSON-lines corpus whose line 51 is not JSON",
+        lambda c: c.pretrain(
+            corpus=_write(
+                c.tmp / "c.jsonl",
+                '{"text": "a line of text"}\n' * 50 + '{"text": cut\n' + '{"text": "more"}\n' * 10,
+            )
+        ),
+        ("c.jsonl:51", "not JSON"),
+    ),
+    Case(
         "corpus-empty-folder",
         "corpus folder with no files",
         lambda c: c.pretrain(corpus=(c.tmp / "d").mkdir() or c.tmp / "d"),
@@ -572,6 +583,12 @@ CASES: list[Case] = [
         "`--max-seq-len` longer than the model allows",
         lambda c: c.glue("--max-seq-len", "4096"),
         ("--max-seq-len 4096 exceeds", "max_position_embeddings 64"),
+    ),
+    Case(
+        "glue-seeds-out-of-range",
+        "`--seeds` beyond what numpy and torch can seed",
+        lambda c: c.glue("--seeds", "1,5000000000"),
+        ("--seeds", "from 0 to 4294967295", "1,5000000000"),
     ),
     Case(
         "glue-lrs-not-numbers",

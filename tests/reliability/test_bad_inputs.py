@@ -86,3 +86,32 @@ def test_sequence_longer_than_the_model_allows_python_api() -> None:
         )  # fmt: skip
         with pytest.raises(ValueError, match="input length 9 exceeds max_position_embeddings 8"):
             TupeForMaskedLM(cfg)(torch.randint(5, 64, (1, 9)))
+
+
+def test_a_failing_library_thread_is_one_warning_line_not_glued_to_the_error(monkeypatch, capfd) -> None:  # noqa: ANN001
+    """A library's background thread that raises while a command fails: Python would write "Exception in thread"
+    and a traceback in pieces, which could land inside the command's error line. The CLI reports it as one warning
+    line of its own, and the error stays one whole line."""
+    import importlib
+    import threading
+
+    from tupe.cli import COMMANDS, main
+    from tupe.errors import TupeError
+
+    module = importlib.import_module(COMMANDS["report"][0])
+
+    def run(args: object) -> int:
+        worker = threading.Thread(target=lambda: 1 / 0, name="Thread-prefetch")
+        worker.start()
+        worker.join()
+        raise TupeError("results.json: the error the user must see")
+
+    monkeypatch.setattr(module, "run", run)
+    hook = threading.excepthook
+    assert main(["report", "somewhere"]) == 2
+    assert threading.excepthook is hook  # restored after the command
+    err = capfd.readouterr().err
+    assert err.splitlines() == [
+        "tupe report: warning: a background thread (Thread-prefetch) failed: division by zero",
+        "tupe report: error: results.json: the error the user must see",
+    ]

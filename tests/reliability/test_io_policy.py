@@ -201,3 +201,46 @@ def test_parquet_is_checked_from_its_footer_before_datasets_reads_it(tmp_path: P
         read_split_file(sst2, good)
     with pytest.raises(TupeError, match=r"train\.parquet: row group 0"):
         _columns(good)
+
+
+def test_a_fifo_in_place_of_lock_info_neither_hangs_nor_hides_the_refusal(tmp_path: Path) -> None:
+    """`.lock.info` is read only to name the holder of a held lock: a FIFO there (no writer: a blocking open would
+    wait forever) gives the refusal with 'holder unknown', at once. The second command runs in a subprocess with a
+    timeout, so a hang fails the test instead of stalling the suite."""
+    import subprocess
+    import sys
+
+    from tupe.io.files import file_lock, folder_lock
+
+    from .conftest import subprocess_env
+
+    out, result = tmp_path / "out", tmp_path / "results" / "eval.json"
+    result.parent.mkdir()
+    second = (
+        "import sys\nfrom tupe.errors import TupeError\nfrom tupe.io.files import file_lock, folder_lock\n"
+        "lock = folder_lock(sys.argv[1], 'tupe glue') if sys.argv[2] == 'folder' else file_lock(sys.argv[1], "
+        "'tupe evaluate')\ntry:\n    with lock:\n        print('ACQUIRED')\nexcept TupeError as err:\n    print(err)\n"
+    )
+    for kind, lock, target, info in (
+        ("folder", folder_lock(out, "tupe glue"), out, out / ".lock.info"),
+        ("file", file_lock(result, "tupe evaluate"), result, result.parent / ".eval.json.lock.info"),
+    ):
+        with lock:
+            info.unlink()
+            os.mkfifo(info)
+            t0 = time.monotonic()
+            proc = subprocess.run(
+                [sys.executable, "-c", second, str(target), kind],
+                env=subprocess_env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert time.monotonic() - t0 < 60
+            assert proc.returncode == 0, proc.stderr
+            assert (
+                f"{target}: another `" in proc.stdout
+                and "(holder unknown); wait for it or stop it" in proc.stdout
+            )
+            assert "ACQUIRED" not in proc.stdout and proc.stdout.count("\n") == 1
+        assert not os.path.lexists(info)  # the holder removed its lock files, the FIFO included

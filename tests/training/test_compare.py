@@ -93,7 +93,9 @@ def test_demo_runs_end_to_end_on_a_small_corpus(tiny_corpus: Path, tmp_path: Pat
     assert "bert-a had not yet learned even the token frequencies after 4 steps" in printed
     assert "held-out validation blocks of the training corpus" in printed
     # by default both models are judged on the shipped out-of-domain book too, paired
-    assert "On built-in evaluation text (Great Astronomers" in printed and "paired on the same blocks" in printed
+    assert (
+        "On built-in evaluation text (Great Astronomers" in printed and "paired on the same blocks" in printed
+    )
     assert json.loads((out / "eval_text.json").read_text())["eval_text"] == ["built-in"]
     assert (out / "valid_loss.png").exists()
     run = json.loads((out / "tupe-a" / "tupe_run.json").read_text())
@@ -156,6 +158,12 @@ def test_parse_seeds() -> None:
     for bad in ("a", "1,1", ""):
         with pytest.raises(TupeError, match="--seeds"):
             parse_seeds(bad)
+    # seeds numpy and torch cannot take are refused while parsing, naming the option; a huge range is not expanded
+    with pytest.raises(TupeError, match=r"--seeds: each seed must be from 0 to 4294967295, got 4294967296"):
+        parse_seeds("1,4294967296")
+    with pytest.raises(TupeError, match=r"--seeds: more than 1,000 seeds in '0-100000000000'"):
+        parse_seeds("0-100000000000")
+    assert parse_seeds("0-999") == list(range(1000))
 
 
 def test_validation_warning_wording() -> None:

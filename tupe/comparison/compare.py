@@ -57,18 +57,26 @@ def parse_schemes(text: str) -> list[str]:
     return name_list(text, SCHEMES, "--schemes", "scheme")
 
 
+MAX_SEEDS = 1000  # a range like 0-10000000000 would otherwise be expanded in memory
+
+
 def parse_seeds(text: str) -> list[int]:
     """`0,1,2` or a range `0-4`."""
     try:
         if "-" in text.strip().lstrip("-") and "," not in text:
             lo, hi = (int(x) for x in text.split("-", 1))
-            seeds = list(range(lo, hi + 1))
+            seeds = list(range(lo, min(hi, lo + MAX_SEEDS) + 1))  # bounded: a longer range is refused below
         else:
             seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise TupeError(f"--seeds must be integers like 0,1,2 or a range 0-4, got {text!r}") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise TupeError(f"--seeds needs distinct integers, got {text!r}")
+    bad = next((s for s in seeds if not 0 <= s < 2**32), None)
+    if bad is not None:
+        raise TupeError(f"--seeds: each seed must be from 0 to {2**32 - 1}, got {bad} in {text!r}")
+    if len(seeds) > MAX_SEEDS:
+        raise TupeError(f"--seeds: more than {MAX_SEEDS:,} seeds in {text!r} (one run per seed and scheme)")
     return seeds
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,34 @@ def open_file(path: Path) -> Any:  # noqa: ANN401 - datasets.IterableDataset
         check_json_rows(path, "corpus file")  # null or a number would crash datasets' reader (a segfault)
     with _datasets_quiet_offline() as datasets:
         try:
-            return datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True)
+            ds = datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True)
         except Exception as err:  # noqa: BLE001 - not parquet / not JSON: one line naming the file
             raise TupeError(f"corpus file {path}: cannot read it as {builder}: {one_line(err)}") from None
+    if builder == "json":
+        _JSON_FILES[ds] = path
+    return ds
+
+
+_JSON_FILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a streamed JSON dataset -> its file
+
+
+def _read_error(ds: Any, what: str, err: Exception) -> TupeError:  # noqa: ANN401
+    """The one-line error for a failure while reading rows: for a JSON-lines file, the real line number of the
+    first line that is not JSON (the reader names only a row of its current block)."""
+    try:
+        path = _JSON_FILES.get(ds)
+    except TypeError:  # not weak-referenceable or not hashable: not one of ours
+        path = None
+    if path is not None:
+        from tupe.io.reading import first_bad_json_line
+
+        try:
+            bad = first_bad_json_line(path, "corpus file")
+        except TupeError:
+            bad = None
+        if bad is not None:
+            return TupeError(f"{what}:{bad[0]}: not JSON ({bad[1]})")
+    return TupeError(f"{what}: cannot read it: {one_line(err)}")
 
 
 def cache_dir() -> str:
@@ -126,7 +152,7 @@ def column_names(ds: Any, what: str) -> list[str]:  # noqa: ANN401
             try:
                 first = next(iter(ds.iter(batch_size=1)), {})
             except Exception as err:  # noqa: BLE001 - a malformed file
-                raise TupeError(f"{what}: cannot read it: {one_line(err)}") from None
+                raise _read_error(ds, what, err) from None
         names = list(first)
     return list(names)
 
@@ -151,7 +177,7 @@ def iter_texts(ds: Any, column: str, what: str, batch_size: int = 2000) -> Itera
             try:
                 batch = next(batches, None)
             except Exception as err:  # noqa: BLE001 - a malformed row further down a file
-                raise TupeError(f"{what}: cannot read it: {one_line(err)}") from None
+                raise _read_error(ds, what, err) from None
         if batch is None:
             return
         yield batch[column]

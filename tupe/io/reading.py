@@ -272,3 +272,21 @@ def check_parquet(path: str | os.PathLike, what: str = "parquet file") -> list[s
                 f"{human_bytes(PARQUET_ROW_GROUP_LIMIT)} ({what}); is it the right file?"
             )
     return names
+
+
+def first_bad_json_line(path: str | os.PathLike, what: str = "JSON-lines file") -> tuple[int, str] | None:
+    """(line number, reason) of the first non-blank line of a JSON-lines file that is not a JSON value, streamed;
+    None when every line parses or the file is one JSON list. Why: `datasets`' reader reports a bad line as a row
+    of the block it was parsing ("in row 1"), which is not where the user should look."""
+    for lineno, raw in iter_lines(path, what):
+        if not raw.strip():
+            continue
+        if lineno == 1 and raw.lstrip().startswith(b"["):
+            return None
+        try:
+            json.loads(raw)
+        except json.JSONDecodeError as err:
+            return lineno, err.msg
+        except (ValueError, RecursionError) as err:
+            return lineno, type(err).__name__
+    return None

@@ -152,15 +152,20 @@ class FairseqDictionary:
         return self.symbols.index(symbol)
 
 
+def _read_lines(path: Path, option: str) -> list[str]:
+    """The lines of a UTF-8 text file given by `option`; a one-line error naming the option or the file."""
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise TupeError(f"{option} {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as err:
+        raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
 def read_dict_txt(path: str | os.PathLike) -> list[str]:
     """The symbols of a fairseq `dict.txt` (`<symbol> <count>` per line), in order; one-line errors naming the line."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise TupeError(f"--dict {str(path)!r} does not exist") from None
-    except UnicodeDecodeError as err:
-        raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    lines = _read_lines(path, "--dict")
     symbols: list[str] = []
     seen: dict[str, int] = {}
     for n, line in enumerate(lines, 1):
@@ -506,12 +511,7 @@ def classifiers_from_fairseq(
 def read_bpe_codes(path: str | os.PathLike) -> list[tuple[str, str]]:
     """The merges of a fastBPE codes file (`first second count` per line), in rank order; errors name the line."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise TupeError(f"--bpe-codes {str(path)!r} does not exist") from None
-    except UnicodeDecodeError as err:
-        raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    lines = _read_lines(path, "--bpe-codes")
     merges, seen = [], {}
     for n, line in enumerate(lines, 1):
         if not line.strip():

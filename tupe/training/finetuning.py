@@ -38,9 +38,7 @@ def add_grid_arguments(
 
     p.add_argument("--lrs", type=V.float_list(0.0), help=lrs_help)
     seeds = ",".join(map(str, seeds_default))
-    p.add_argument(
-        "--seeds", type=V.int_list(0), default=list(seeds_default), help=f"seeds (default {seeds})"
-    )
+    p.add_argument("--seeds", type=V.seed_list, default=list(seeds_default), help=f"seeds (default {seeds})")
     add_training_flags(
         p,
         ["epochs", "batch_size"],
