@@ -362,6 +362,9 @@ class AttentionKernel:
     prepare: Callable[[Any, torch.Tensor | None, torch.dtype], torch.Tensor | None] | None = None
     auto: Callable[[KernelSituation], bool] | None = None
     positions_applied_by_kernel: bool = False
+    reads_bias: bool = (
+        True  # reads the materialised content-free term (fold reads its low-rank factors instead)
+    )
 
     def scheme_refusal(self, terms: frozenset[str]) -> str | None:
         """Why this kernel cannot run a scheme with these context terms, or None."""
@@ -463,8 +466,9 @@ def canonical_kernel_name(name: str, what: str = "attention_kernel") -> str:
     """A registered name or "auto", aliases resolved; anything else is refused in one line listing what exists."""
     name = KERNEL_ALIASES.get(name, name)
     if name != AUTO and name not in _REGISTRY:
+        # transformers' own opening words for this refusal (its common model tests match them), then tupe's list
         raise ValueError(
-            f"unknown {what} {name!r}; valid: {', '.join(ATTENTION_KERNELS)} "
+            f'Specified `{what}="{name}"` is not supported; valid: {", ".join(ATTENTION_KERNELS)} '
             f"(aliases: {', '.join(f'{a}={k}' for a, k in KERNEL_ALIASES.items())})"
         )
     return name
@@ -602,6 +606,7 @@ for _kernel in (
         fold_attention,
         "SDPA with the low-rank term and padding folded into extra query/key columns: no n x n tensor",
         needs=frozenset({"fold"}),
+        reads_bias=False,
         auto=lambda s: s.device_type != "cpu",  # GPUs: no n x n tensor at all (long sequences)
     ),
     AttentionKernel(

@@ -213,7 +213,7 @@ def shared_tensors(inputs: AttentionInputs) -> tuple[torch.Tensor, ...]:
     """Every tensor the layers read from `inputs`, flattened (the order `with_shared_tensors` expects). A
     content-free term still to be built (`PositionalContext.bias_fn`) is built first, outside any layer, unless
     the kernel folds it (then no layer reads it)."""
-    if getattr(inputs.kernel, "name", inputs.kernel) != "fold":
+    if inputs.kernel.reads_bias:
         inputs.ctx.bias  # noqa: B018 - builds the cached term
 
     def flatten(obj, depth):
