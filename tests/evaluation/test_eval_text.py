@@ -73,3 +73,28 @@ def test_demo_verdict_says_it_is_in_domain():
     ):
         last = verdict(stats, paired, 100, eval_text=eval_text)[-1]
         assert "held-out validation blocks of the training corpus (the same books)" in last and tail in last
+
+
+def test_demo_and_evaluate_word_a_difference_alike():
+    """`tupe demo` and `tupe evaluate` read a paired interval with one wording, worded from its sign."""
+    from tupe.comparison.demo import verdict
+    from tupe.evaluation.bootstrap import compared
+
+    assert compared({"value": -0.5, "low": -0.6, "high": -0.4}) == "lower (better) than"
+    assert compared({"value": 0.5, "low": 0.4, "high": 0.6}) == "higher (worse) than"
+    assert compared({"value": 0.0, "low": -0.1, "high": 0.1}) == "not distinguishable from"
+    stats = {
+        "reference": "bert-a",
+        "unigram_loss": 7.0,
+        "plateau_margin": 1.0,
+        "schemes": {
+            "bert-a": {"final_mean": 6.0, "plateau_exit_steps": [None], "steps_to_reach_reference": [100]},
+            "tupe-a": {"final_mean": 6.0, "plateau_exit_steps": [50], "steps_to_reach_reference": [None]},
+        },
+    }
+    paired = {"tupe-a - bert-a": {"value": 0.0, "low": -0.1, "high": 0.1}}
+    lines = verdict(stats, paired, 100)
+    assert any(
+        line.startswith("tupe-a's final loss is not distinguishable from bert-a's: +0.000 nats")
+        for line in lines
+    )

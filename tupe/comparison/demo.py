@@ -36,6 +36,8 @@ def verdict(
     stats: dict[str, Any], paired: dict[str, dict[str, float | None]], steps: int, eval_text: bool = False
 ) -> list[str]:
     """The closing sentences, worded from the measured numbers (they may say that TUPE did not help)."""
+    from tupe.evaluation.bootstrap import compared
+
     ref = stats["reference"]
     rows = stats["schemes"]
     uni = stats["unigram_loss"]
@@ -66,14 +68,8 @@ def verdict(
         d = paired.get(f"{scheme} - {ref}")
         if not d or d["low"] is None:
             continue
-        if d["high"] < 0:
-            how = "lower (better)"
-        elif d["low"] > 0:
-            how = "higher (worse)"
-        else:
-            how = "not distinguishable from it"
         lines.append(
-            f"{scheme}'s final loss is {how} than {ref}'s: {d['value']:+.3f} nats "
+            f"{scheme}'s final loss is {compared(d)} {ref}'s: {d['value']:+.3f} nats "
             f"[95% CI {d['low']:+.3f}, {d['high']:+.3f}] on the same validation blocks and masks."
         )
         reach = rows[scheme]["steps_to_reach_reference"][0]

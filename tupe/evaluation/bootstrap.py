@@ -67,3 +67,13 @@ def bootstrap(
         low, high = np.quantile(values[name], q)
         out[name]["low"], out[name]["high"] = float(low), float(high)
     return out
+
+
+def compared(d: dict) -> str:
+    """How a paired difference (candidate - reference, with its interval) reads in a sentence: "lower (better)
+    than", "higher (worse) than", or "not distinguishable from" where the interval holds 0."""
+    if d["high"] < 0:
+        return "lower (better) than"
+    if d["low"] > 0:
+        return "higher (worse) than"
+    return "not distinguishable from"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tupe.data.corpus import BUILTIN_EVAL_TEXT, DEFAULT_EVAL_TEXT_DIR, Corpus, resolve_corpus
+from tupe.evaluation.bootstrap import compared
 
 BUILTIN_NAME = (
     "built-in evaluation text (Great Astronomers, R. S. Ball 1895: science exposition, not trained on)"
@@ -90,14 +91,8 @@ def verdict_lines(result: dict[str, Any], reference: str) -> list[str]:
         d = difference(result, reference, name)
         if d is None or d["low"] is None:
             continue
-        if d["high"] < 0:
-            how = "lower (better) than"
-        elif d["low"] > 0:
-            how = "higher (worse) than"
-        else:
-            how = "not distinguishable from"
         lines.append(
-            f"  {name}'s loss is {how} {reference}'s there: {d['value']:+.3f} nats [95% CI {d['low']:+.3f}, "
+            f"  {name}'s loss is {compared(d)} {reference}'s there: {d['value']:+.3f} nats [95% CI {d['low']:+.3f}, "
             f"{d['high']:+.3f}], paired on the same blocks and masks."
         )
     return lines

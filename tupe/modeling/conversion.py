@@ -18,6 +18,52 @@ def _load_bert(class_name: str, model_or_path):
     return getattr(transformers, class_name).from_pretrained(model_or_path)
 
 
+def _shared_config(src) -> dict:
+    """The TupeConfig values a BERT or DeBERTa-v2 config carries under the same names (encoder shape, dropout,
+    norms), with a post-LN embedding norm as both have."""
+    fields = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "max_position_embeddings",
+        "layer_norm_eps",
+        "initializer_range",
+    )
+    values = {f: getattr(src, f) for f in fields}
+    return dict(
+        values,
+        embedding_layer_norm=True,
+        pad_token_id=src.pad_token_id if src.pad_token_id is not None else 0,
+    )
+
+
+def _encoder_layers(sd: dict, src_layer: str, num_layers: int, qkv: str) -> dict:
+    """Tupe's encoder-layer weights from a BERT-layout state dict (DeBERTa-v2 shares it): layer i's keys start
+    with `{src_layer}{i}.`; `qkv` names a query/key/value projection from `{name}` ("{name}" in BERT,
+    "{name}_proj" in DeBERTa-v2). Q, K and V are stacked into tupe's one `qkv` projection."""
+    new = {}
+    for i in range(num_layers):
+        src, dst = f"{src_layer}{i}.", f"layers.{i}."
+        for part in ("weight", "bias"):
+            new[dst + f"attention.qkv.{part}"] = torch.cat(
+                [
+                    sd[src + f"attention.self.{qkv.format(name=name)}.{part}"]
+                    for name in ("query", "key", "value")
+                ]
+            )
+            new[dst + f"attention_output.{part}"] = sd[src + f"attention.output.dense.{part}"]
+            new[dst + f"attention_norm.{part}"] = sd[src + f"attention.output.LayerNorm.{part}"]
+            new[dst + f"intermediate.{part}"] = sd[src + f"intermediate.dense.{part}"]
+            new[dst + f"output.{part}"] = sd[src + f"output.dense.{part}"]
+            new[dst + f"output_norm.{part}"] = sd[src + f"output.LayerNorm.{part}"]
+    return new
+
+
 def bert_to_tupe(cls, model_or_path, **config_overrides):
     """Build `cls` (a TupePreTrainedModel class) with `position_scheme="bert-a"` from the BERT model of the matching
     class (`cls._bert_class`); the head's keys come from `cls._bert_head_keys` (tupe prefix <- BERT prefix)."""
@@ -29,20 +75,8 @@ def bert_to_tupe(cls, model_or_path, **config_overrides):
         raise ValueError(f"only absolute-position BERT can be converted, got {bc.position_embedding_type!r}")
     head = {f: getattr(bc, f) for f in _HEAD_FIELDS if getattr(bc, f, None) is not None}
     config = TupeConfig(
-        vocab_size=bc.vocab_size,
-        hidden_size=bc.hidden_size,
-        num_hidden_layers=bc.num_hidden_layers,
-        num_attention_heads=bc.num_attention_heads,
-        intermediate_size=bc.intermediate_size,
-        hidden_act=bc.hidden_act,
-        hidden_dropout_prob=bc.hidden_dropout_prob,
-        attention_probs_dropout_prob=bc.attention_probs_dropout_prob,
-        max_position_embeddings=bc.max_position_embeddings,
-        layer_norm_eps=bc.layer_norm_eps,
-        initializer_range=bc.initializer_range,
+        **_shared_config(bc),
         position_scheme="bert-a",
-        embedding_layer_norm=True,
-        pad_token_id=bc.pad_token_id if bc.pad_token_id is not None else 0,
         **{**head, **config_overrides},
     )
     model = cls(config)
@@ -59,17 +93,7 @@ def bert_to_tupe(cls, model_or_path, **config_overrides):
         "embeddings.LayerNorm.weight": sd[emb + "LayerNorm.weight"],
         "embeddings.LayerNorm.bias": sd[emb + "LayerNorm.bias"],
     }
-    for i in range(bc.num_hidden_layers):
-        src, dst = f"{src_prefix}encoder.layer.{i}.", f"layers.{i}."
-        for part in ("weight", "bias"):
-            new[dst + f"attention.qkv.{part}"] = torch.cat(
-                [sd[src + f"attention.self.{name}.{part}"] for name in ("query", "key", "value")]
-            )
-            new[dst + f"attention_output.{part}"] = sd[src + f"attention.output.dense.{part}"]
-            new[dst + f"attention_norm.{part}"] = sd[src + f"attention.output.LayerNorm.{part}"]
-            new[dst + f"intermediate.{part}"] = sd[src + f"intermediate.dense.{part}"]
-            new[dst + f"output.{part}"] = sd[src + f"output.dense.{part}"]
-            new[dst + f"output_norm.{part}"] = sd[src + f"output.LayerNorm.{part}"]
+    new.update(_encoder_layers(sd, f"{src_prefix}encoder.layer.", bc.num_hidden_layers, "{name}"))
     new = {dst_prefix + k: v for k, v in new.items()}
     for tupe_name, bert_name in cls._bert_head_keys.items():
         found = {
@@ -165,22 +189,10 @@ def deberta_to_tupe(cls, model_or_path, **config_overrides):
             + "; ".join(refusals)
         )
     config = TupeConfig(
-        vocab_size=dc.vocab_size,
-        hidden_size=dc.hidden_size,
-        num_hidden_layers=dc.num_hidden_layers,
-        num_attention_heads=dc.num_attention_heads,
-        intermediate_size=dc.intermediate_size,
-        hidden_act=dc.hidden_act,
-        hidden_dropout_prob=dc.hidden_dropout_prob,
-        attention_probs_dropout_prob=dc.attention_probs_dropout_prob,
-        max_position_embeddings=dc.max_position_embeddings,
-        layer_norm_eps=dc.layer_norm_eps,
-        initializer_range=dc.initializer_range,
+        **_shared_config(dc),
         position_scheme="deberta",
         position_buckets=getattr(dc, "position_buckets", -1),
         max_relative_positions=dc.max_relative_positions,
-        embedding_layer_norm=True,
-        pad_token_id=dc.pad_token_id if dc.pad_token_id is not None else 0,
         **config_overrides,
     )
     model = cls(config).to(deberta.dtype)  # the source's precision (a float64 model stays exact)
@@ -196,17 +208,7 @@ def deberta_to_tupe(cls, model_or_path, **config_overrides):
         "positional.relative.LayerNorm.weight": sd[enc + "LayerNorm.weight"],
         "positional.relative.LayerNorm.bias": sd[enc + "LayerNorm.bias"],
     }
-    for i in range(dc.num_hidden_layers):
-        src, dst = f"{enc}layer.{i}.", f"layers.{i}."
-        for part in ("weight", "bias"):
-            new[dst + f"attention.qkv.{part}"] = torch.cat(
-                [sd[src + f"attention.self.{name}_proj.{part}"] for name in ("query", "key", "value")]
-            )
-            new[dst + f"attention_output.{part}"] = sd[src + f"attention.output.dense.{part}"]
-            new[dst + f"attention_norm.{part}"] = sd[src + f"attention.output.LayerNorm.{part}"]
-            new[dst + f"intermediate.{part}"] = sd[src + f"intermediate.dense.{part}"]
-            new[dst + f"output.{part}"] = sd[src + f"output.dense.{part}"]
-            new[dst + f"output_norm.{part}"] = sd[src + f"output.LayerNorm.{part}"]
+    new.update(_encoder_layers(sd, f"{enc}layer.", dc.num_hidden_layers, "{name}_proj"))
     new = {dst_prefix + k: v for k, v in new.items()}
     if masked_lm:
         head = next((p for p in _DEBERTA_MLM_HEADS if any(k.startswith(p) for k in sd)), None)
