@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 
 from tests.convert.bpe import TEXT, released_pieces, write_codes_and_dict
 from tupe.errors import TupeError
-from tupe.modeling.fairseq import build_dictionary, build_tokenizer, read_dict_txt
+from tupe.modeling.fairseq import build_dictionary, build_tokenizer, read_bpe_codes, read_dict_txt
 
 SENTENCES = [
     # Moses keeps these periods attached: a non-breaking prefix ("Mr."), an abbreviation with inner periods
@@ -111,3 +112,32 @@ def test_bad_codes_and_dict_lines_are_named(tmp_path):
     codes.write_text("t h 5\nth e</w> 4 extra\n")
     with pytest.raises(TupeError, match=r"codes: line 2"):
         build_tokenizer(build_dictionary(good, 4 + 1 + 1), codes)
+
+
+@pytest.mark.parametrize(
+    ("reader", "text", "message"),
+    [
+        ("dict", "a 5\nb\n", "line 2: expected '<symbol> <count>', got 'b'"),
+        ("dict", "a 5\n\na 3\n", "line 3: symbol 'a' repeats line 1"),
+        ("dict", "\n\n", "no entries"),
+        ("bpe", "t h 9\nx\n", "line 2: expected fastBPE's 'first second count', got 'x'"),
+        ("bpe", "t h 9\nt h 4\n", "line 2: merge 't h' repeats line 1"),
+        ("bpe", "", "no BPE codes"),
+    ],
+)
+def test_dict_and_bpe_codes_errors_name_the_line(tmp_path, reader, text, message):
+    path = tmp_path / "file.txt"
+    path.write_text(text, encoding="utf-8")
+    read = read_dict_txt if reader == "dict" else read_bpe_codes
+    with pytest.raises(TupeError, match=re.escape(f"{path}: {message}")):
+        read(path)
+    option = "--dict" if reader == "dict" else "--bpe-codes"
+    with pytest.raises(TupeError, match=f"^{option} .* does not exist$"):
+        read(tmp_path / "missing.txt")
+
+
+def test_dict_and_bpe_codes_read_in_order(tmp_path):
+    (tmp_path / "dict.txt").write_text("the 9\r\n, 7\n\nof -1\n", encoding="utf-8")
+    (tmp_path / "codes").write_text("t h 9\nth e\n", encoding="utf-8")
+    assert read_dict_txt(tmp_path / "dict.txt") == ["the", ",", "of"]
+    assert read_bpe_codes(tmp_path / "codes") == [("t", "h"), ("th", "e")]

@@ -25,6 +25,7 @@ import os
 import pickle
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,25 +163,38 @@ def _read_lines(path: Path, option: str) -> list[str]:
         raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
-def read_dict_txt(path: str | os.PathLike) -> list[str]:
-    """The symbols of a fairseq `dict.txt` (`<symbol> <count>` per line), in order; one-line errors naming the line."""
+def _read_entries(
+    path: str | os.PathLike, option: str, parse: Callable[[str], Any], expected: str, kind: str, empty: str
+) -> list:
+    """The entries `parse` makes of a text file's non-blank lines, in order (it returns None for a malformed
+    line); one-line errors naming the line of a malformed or repeated entry."""
     path = Path(path)
-    lines = _read_lines(path, "--dict")
-    symbols: list[str] = []
-    seen: dict[str, int] = {}
-    for n, line in enumerate(lines, 1):
+    entries: list = []
+    seen: dict[Any, int] = {}
+    for n, line in enumerate(_read_lines(path, option), 1):
         if not line.strip():
             continue
-        word, sep, count = line.rstrip("\r").rpartition(" ")
-        if not sep or not word or not count.lstrip("-").isdigit():
-            raise TupeError(f"{path}: line {n}: expected '<symbol> <count>', got {line[:60]!r}")
-        if word in seen:
-            raise TupeError(f"{path}: line {n}: symbol {word!r} repeats line {seen[word]}")
-        seen[word] = n
-        symbols.append(word)
-    if not symbols:
-        raise TupeError(f"{path}: no entries")
-    return symbols
+        entry = parse(line)
+        if entry is None:
+            raise TupeError(f"{path}: line {n}: expected {expected}, got {line[:60]!r}")
+        if entry in seen:
+            shown = " ".join(entry) if isinstance(entry, tuple) else entry
+            raise TupeError(f"{path}: line {n}: {kind} {shown!r} repeats line {seen[entry]}")
+        seen[entry] = n
+        entries.append(entry)
+    if not entries:
+        raise TupeError(f"{path}: {empty}")
+    return entries
+
+
+def _dict_symbol(line: str) -> str | None:
+    word, sep, count = line.rstrip("\r").rpartition(" ")
+    return word if sep and word and count.lstrip("-").isdigit() else None
+
+
+def read_dict_txt(path: str | os.PathLike) -> list[str]:
+    """The symbols of a fairseq `dict.txt` (`<symbol> <count>` per line), in order; one-line errors naming the line."""
+    return _read_entries(path, "--dict", _dict_symbol, "'<symbol> <count>'", "symbol", "no entries")
 
 
 def build_dictionary(dict_txt: str | os.PathLike, vocab_size: int) -> FairseqDictionary:
@@ -508,25 +522,16 @@ def classifiers_from_fairseq(
 # ------------------------------------------------------------------------------------------------ tokenizer
 
 
+def _bpe_merge(line: str) -> tuple[str, str] | None:
+    parts = line.split(" ")
+    return (parts[0], parts[1]) if len(parts) in (2, 3) and all(parts[:2]) else None
+
+
 def read_bpe_codes(path: str | os.PathLike) -> list[tuple[str, str]]:
     """The merges of a fastBPE codes file (`first second count` per line), in rank order; errors name the line."""
-    path = Path(path)
-    lines = _read_lines(path, "--bpe-codes")
-    merges, seen = [], {}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        parts = line.split(" ")
-        if len(parts) not in (2, 3) or not all(parts[:2]):
-            raise TupeError(f"{path}: line {n}: expected fastBPE's 'first second count', got {line[:60]!r}")
-        pair = (parts[0], parts[1])
-        if pair in seen:
-            raise TupeError(f"{path}: line {n}: merge {' '.join(pair)!r} repeats line {seen[pair]}")
-        seen[pair] = n
-        merges.append(pair)
-    if not merges:
-        raise TupeError(f"{path}: no BPE codes")
-    return merges
+    return _read_entries(
+        path, "--bpe-codes", _bpe_merge, "fastBPE's 'first second count'", "merge", "no BPE codes"
+    )
 
 
 def build_tokenizer(
