@@ -875,7 +875,7 @@ _HOSTILE_CONFIG = [
     ("hidden_size", -32, "hidden_size must be an integer from 1 to 65536, got -32"),
     ("num_hidden_layers", 2.5, "num_hidden_layers must be an integer from 1 to 1024, got a number 2.5"),
     ("num_hidden_layers", 0, "num_hidden_layers must be an integer"),
-    ("intermediate_size", None, "intermediate_size must be an integer"),
+    ("intermediate_size", None, "intermediate_size must be an integer from 1 to 1048576, got null"),
     ("vocab_size", 10**12, "vocab_size must be an integer from 1 to"),
     ("max_position_embeddings", 0, "max_position_embeddings must be an integer"),
     ("hidden_act", "bogus_act", "hidden_act 'bogus_act' is not an activation"),

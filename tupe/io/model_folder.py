@@ -119,9 +119,8 @@ def _int(cfg: dict, key: str, lo: int, hi: int, path: Path, required: bool = Fal
         return
     v = cfg[key]
     if isinstance(v, bool) or not isinstance(v, int):
-        raise TupeError(
-            f"{path}: {key} must be an integer from {lo} to {hi}, got {json_type_name(v)} {_show(v)}"
-        )
+        shown = "" if v is None else f" {_show(v)}"  # null is all there is to show
+        raise TupeError(f"{path}: {key} must be an integer from {lo} to {hi}, got {json_type_name(v)}{shown}")
     if not lo <= v <= hi:
         raise TupeError(f"{path}: {key} must be an integer from {lo} to {hi}, got {v}")
 
