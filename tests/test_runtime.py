@@ -69,3 +69,11 @@ def test_command_line_applies_it(tmp_path):
     )
     tuned, mapped = _probe(setup)
     assert (tuned, mapped) == ("True", "0")
+
+
+def test_console_log_prints_each_line_unless_quiet(capsys):
+    from tupe.runtime import console_log
+
+    console_log(False)("step 1")
+    console_log(True)("hidden")
+    assert capsys.readouterr().out == "step 1\n"

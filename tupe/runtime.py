@@ -1,5 +1,6 @@
 """Process-wide settings every command shares: the CPU allocator tuning that makes small-shape training faster
-(the `tupe` command applies it), the libraries' progress bars and verbosity (`hushed_libraries`) and the version.
+(the `tupe` command applies it), the libraries' progress bars and verbosity (`hushed_libraries`), the commands'
+own progress lines (`console_log`) and the version.
 
 glibc's malloc hands every large block (a step's logits, attention scores, activations) back to the kernel
 when it is freed and maps fresh zeroed pages for the next step: at the `mini` shape that was about a million
@@ -18,7 +19,7 @@ import contextlib
 import ctypes
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -98,3 +99,14 @@ def hushed_libraries(progress: bool = True, quiet: bool = False) -> Iterator[Non
             hf.enable_progress_bar()
         if saved_ds[1]:
             datasets.enable_progress_bars()
+
+
+def console_log(quiet: bool) -> Callable[[str], None]:
+    """A command's progress-line printer: each line flushed at once (a log piped to a file keeps up), none with
+    --quiet."""
+
+    def log(msg: str) -> None:
+        if not quiet:
+            print(msg, flush=True)
+
+    return log

@@ -420,11 +420,9 @@ def run(args: argparse.Namespace) -> int:
     if args.parallel < 1:
         raise TupeError(f"--parallel must be at least 1, got {args.parallel}")
     check_eval_text(args)
-    from tupe.runtime import hushed_libraries
+    from tupe.runtime import console_log, hushed_libraries
 
-    def log(msg: str) -> None:
-        if not args.quiet:
-            print(msg, flush=True)
+    log = console_log(args.quiet)
 
     with hushed_libraries(args.progress, args.quiet):  # no "Writing model shards" bars with --quiet
         summary = compare(

@@ -87,13 +87,10 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     V.apply_threads(args.threads)
     quiet = args.quiet
-
-    def log(msg: str) -> None:
-        if not quiet:
-            print(msg, flush=True)
-
     from tupe.glue.finetune import stop_on_sigterm
-    from tupe.runtime import hushed_libraries
+    from tupe.runtime import console_log, hushed_libraries
+
+    log = console_log(quiet)
 
     with stop_on_sigterm(args.out, "tupe finetune"), hushed_libraries(args.progress, quiet):
         finetune(

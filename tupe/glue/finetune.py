@@ -46,7 +46,7 @@ from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
 from tupe.io.files import atomic_write_json, folder_lock
 from tupe.io.outputs import OutputFolder
 from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
-from tupe.runtime import hushed_libraries
+from tupe.runtime import console_log, hushed_libraries
 from tupe.training.finetuning import (
     add_grid_arguments,
     add_run_arguments,
@@ -500,10 +500,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     V.apply_threads(args.threads)
     quiet = args.quiet
-
-    def log(msg: str) -> None:
-        if not quiet:
-            print(msg, flush=True)
+    log = console_log(quiet)
 
     with stop_on_sigterm(args.out, "tupe glue"), hushed_libraries(args.progress, quiet):
         _run_cli_grid(args, settings, log)
