@@ -15,19 +15,9 @@ FAST = {"tupe-a", "tupe-r"}  # the paper's schemes run by default; every scheme 
 OTHER_SHAPES = [(3, 16), (1, 5), (4, 33)]  # none is the traced (2, 9)
 
 
-# deberta's chunked relative term splits the length with Python arithmetic (positional.py: `round(i * n / count)`),
-# which torch.export turns into guards that a dynamic length violates; to fix in the scheme, not here
-SHAPE_DEPENDENT = {
-    "deberta": "deberta splits the length in Python (round(i * n / count)): no dynamic-length graph"
-}
-
-
-def _schemes(exporting: bool = False):
+def _schemes():
     def marks(s):
-        found = [] if s in FAST else [pytest.mark.slow]
-        if exporting and s in SHAPE_DEPENDENT:
-            found.append(pytest.mark.xfail(reason=SHAPE_DEPENDENT[s], strict=False))
-        return found
+        return [] if s in FAST else [pytest.mark.slow]
 
     return [pytest.param(s, marks=marks(s)) for s in SCHEMES]
 
@@ -63,7 +53,7 @@ DYNAMIC = {"input_ids": {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=2, ma
 DYNAMIC["attention_mask"] = DYNAMIC["input_ids"]
 
 
-@pytest.mark.parametrize("scheme", _schemes(exporting=True))
+@pytest.mark.parametrize("scheme", _schemes())
 def test_torch_export_with_attention_mask_runs_at_other_shapes(scheme):
     model = _model(scheme)
     program = torch.export.export(model, _inputs(2, 9), dynamic_shapes=DYNAMIC)
@@ -76,7 +66,7 @@ def test_torch_export_with_attention_mask_runs_at_other_shapes(scheme):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheme", _schemes(exporting=True))
+@pytest.mark.parametrize("scheme", _schemes())
 def test_onnx_graph_runs_in_onnxruntime_at_other_shapes(tmp_path, scheme):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")

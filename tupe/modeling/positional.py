@@ -682,7 +682,25 @@ def relative_scores(
     q, k: (b, h, n, d) a layer's queries and keys; qr, kr: (h, 2n - 1, d) its projections of the relative
     embeddings, slot u for the offset `i - j = n - 1 - u`. `[i, j] = scale * (q_i . kr(i - j) + k_j . qr(i - j))`.
     """
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        # export / compile / ONNX: the row blocks of `_RelativeScores` are Python arithmetic on the length, which
+        # would pin it; a gather of the full products (DeBERTa's own way) has no length-dependent Python
+        return _relative_scores_gather(q, k, qr, kr, scale)
     return _RelativeScores.apply(q, k, qr, kr, scale)
+
+
+def _relative_scores_gather(
+    q: torch.Tensor, k: torch.Tensor, qr: torch.Tensor, kr: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """`relative_scores` by full (b, h, n, 2n - 1) products and a gather: the same values, more work."""
+    n = q.shape[-2]
+    idx = torch.arange(n, device=q.device)
+    slot = (n - 1) - idx[:, None] + idx[None, :]  # (n, n): slot u of the offset i - j
+    c2p = torch.matmul(q, kr.transpose(-1, -2))  # (b, h, n, 2n - 1): [i, u] = q_i . kr_u
+    c2p = torch.gather(c2p, -1, slot.expand(*c2p.shape[:-1], n))
+    p2c = torch.matmul(k, qr.transpose(-1, -2))  # (b, h, n, 2n - 1): [j, u] = k_j . qr_u
+    p2c = torch.gather(p2c, -1, slot.t().expand(*p2c.shape[:-1], n)).transpose(-1, -2)
+    return (c2p + p2c) * scale
 
 
 class DisentangledPositions(nn.Module):
