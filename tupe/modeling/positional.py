@@ -489,6 +489,11 @@ class Sinusoidal(PositionalScheme):
 
     def forward(self, n: int) -> PositionalContext:
         # Built on demand (not a buffer a checkpoint load could leave stale), in float64, cast where it is added.
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            # no cache while compiling or exporting: its size check would pin the length (a recompile per length)
+            return PositionalContext(
+                self.logit_scale, input_embedding=sinusoid_table(n, self.hidden_size) * self.scale
+            )
         if self._table is None or self._table.shape[0] < n:
             self._table = sinusoid_table(n, self.hidden_size) * self.scale
         return PositionalContext(self.logit_scale, input_embedding=self._table[:n])
