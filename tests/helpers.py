@@ -42,6 +42,31 @@ def tiny_config(scheme: str, **overrides):  # noqa: ANN201 - a TupeConfig
     return TupeConfig(**{**TINY_MODEL, "position_scheme": scheme, **overrides})
 
 
+def random_bert(class_name: str = "BertForMaskedLM", **overrides):  # noqa: ANN201 - a transformers BERT model
+    """A small transformers BERT model of `class_name`, dropout off, with non-trivial values everywhere
+    (token-type embedding and biases included), as the oracle of the `from_bert` conversions."""
+    import torch
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=48,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **overrides,
+    )
+    torch.manual_seed(1)
+    bert = getattr(transformers, class_name)(config).eval()
+    with torch.no_grad():
+        for p in bert.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return bert
+
+
 def hold_lock(kind: str, path: Path, command: str, argv: list | None = None):  # noqa: ANN201 - a subprocess.Popen
     """Start a process that holds `tupe.io.files.folder_lock` or `file_lock` (`kind`) on `path` until killed, as
     `tupe ARGV` would (the command line its lock info shows); returned once the lock is held. The caller kills it

@@ -4,7 +4,7 @@
 import pytest
 import torch
 import transformers
-from transformers import AutoModelForQuestionAnswering, BertConfig, pipeline
+from transformers import AutoModelForQuestionAnswering, pipeline
 
 import tupe
 from tupe import (
@@ -16,7 +16,7 @@ from tupe import (
     TupeModel,
 )
 
-from ..helpers import tiny_config, train_test_tokenizer
+from ..helpers import random_bert, tiny_config, train_test_tokenizer
 
 SCHEMES = list(tupe.POSITION_SCHEMES)
 HEADS = [
@@ -26,27 +26,6 @@ HEADS = [
     TupeForSequenceClassification,
 ]
 VOCAB = 60
-
-
-def _bert(class_name: str, **kw):
-    """A transformers BERT model with dropout off and non-trivial values everywhere (token types included)."""
-    config = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=48,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **kw,
-    )
-    torch.manual_seed(1)
-    bert = getattr(transformers, class_name)(config).eval()
-    with torch.no_grad():
-        for p in bert.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return bert
 
 
 def _ids_and_mask(*shape):
@@ -90,7 +69,7 @@ def _head_outputs(out):
 
 @pytest.mark.parametrize("cls", HEADS)
 def test_from_bert_head_equals_transformers_bert_head(cls):
-    bert = _bert(cls._bert_class, num_labels=_num_labels(cls))
+    bert = random_bert(cls._bert_class, num_labels=_num_labels(cls))
     model = cls.from_bert(bert).eval()
     assert model.config.position_scheme == "bert-a"
     assert model.config.num_labels == bert.config.num_labels
@@ -107,7 +86,7 @@ def test_from_bert_head_equals_transformers_bert_head(cls):
 
 def test_from_bert_loads_a_path_and_keeps_the_label_names(tmp_path):
     id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
-    bert = _bert(
+    bert = random_bert(
         "BertForTokenClassification", id2label=id2label, label2id={v: k for k, v in id2label.items()}
     )
     bert.save_pretrained(tmp_path)
@@ -119,11 +98,11 @@ def test_from_bert_loads_a_path_and_keeps_the_label_names(tmp_path):
 
 def test_from_bert_without_the_head_names_what_is_missing():
     with pytest.raises(ValueError, match="qa_outputs"):
-        TupeForQuestionAnswering.from_bert(_bert("BertForTokenClassification"))
+        TupeForQuestionAnswering.from_bert(random_bert("BertForTokenClassification"))
 
 
 def test_bare_encoder_from_bert_model():
-    bert = _bert("BertModel")
+    bert = random_bert("BertModel")
     model = TupeModel.from_bert(bert).eval()
     ids, mask = _ids_and_mask(3, 12)
     keep = mask.bool()
@@ -140,7 +119,7 @@ def test_bare_encoder_from_bert_model():
     [("regression", 1), ("single_label_classification", 4), ("multi_label_classification", 4)],
 )
 def test_sequence_problem_types_equal_bert(problem_type, num_labels):
-    bert = _bert("BertForSequenceClassification", num_labels=num_labels, problem_type=problem_type)
+    bert = random_bert("BertForSequenceClassification", num_labels=num_labels, problem_type=problem_type)
     model = TupeForSequenceClassification.from_bert(bert).eval()
     ids, mask = _ids_and_mask(3, 10)
     labels = {

@@ -11,41 +11,19 @@ from transformers import (
     AutoModel,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
-    BertConfig,
-    BertForMaskedLM,
 )
 
 import tupe
 from tupe import TupeForMaskedLM, TupeForSequenceClassification, TupeModel
 
-from ..helpers import tiny_config
+from ..helpers import random_bert, tiny_config
 
 SCHEMES = list(tupe.POSITION_SCHEMES)
 
 
-def _bert(**kw):
-    config = BertConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=48,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **kw,
-    )
-    torch.manual_seed(1)
-    bert = BertForMaskedLM(config).eval()
-    with torch.no_grad():  # non-trivial values everywhere, including the token-type embedding and biases
-        for p in bert.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return bert
-
-
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 def test_from_bert_matches_transformers_bert(tmp_path, implementation):
-    bert = _bert()
+    bert = random_bert()
     bert.save_pretrained(tmp_path)
     model = TupeForMaskedLM.from_bert(str(tmp_path)).eval()
     model.config._attn_implementation = implementation
@@ -63,7 +41,7 @@ def test_from_bert_matches_transformers_bert(tmp_path, implementation):
 
 
 def test_from_bert_accepts_an_instance_and_ties_the_decoder():
-    model = TupeForMaskedLM.from_bert(_bert())
+    model = TupeForMaskedLM.from_bert(random_bert())
     assert model.lm_head.decoder.weight.data_ptr() == model.tupe.embeddings.word_embeddings.weight.data_ptr()
 
 
