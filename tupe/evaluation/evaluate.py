@@ -46,7 +46,10 @@ class EvalModel:
     def target_nll(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Per-row sum of -log p(label) over the positions whose label is not -100 (float64, shape (rows,)).
 
-        The head runs on the labelled positions only (the hidden x vocab matmul dominates at small sizes)."""
+        The head runs on the labelled positions only (the hidden x vocab matmul dominates at small sizes).
+        Inputs go to the model's device and the sums come back to the CPU."""
+        device = next(self.model.parameters()).device
+        inputs, labels = inputs.to(device), labels.to(device)
         attention = torch.ones_like(inputs)
         if self.kind == "tupe":
             hidden = self.model.tupe(inputs, attention_mask=attention, return_dict=True).last_hidden_state
@@ -59,17 +62,20 @@ class EvalModel:
         selected = labels != -100
         logits = head(hidden[selected]).float()
         nll = torch.nn.functional.cross_entropy(logits, labels[selected], reduction="none").double()
-        rows = torch.arange(inputs.shape[0]).unsqueeze(1).expand_as(inputs)[selected]
-        return torch.zeros(inputs.shape[0], dtype=torch.float64).index_add_(0, rows, nll)
+        rows = torch.arange(inputs.shape[0], device=device).unsqueeze(1).expand_as(inputs)[selected]
+        sums = torch.zeros(inputs.shape[0], dtype=torch.float64, device=device).index_add_(0, rows, nll)
+        return sums.cpu()
 
 
 _TIED = {"lm_head.decoder.weight", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
 
 
-def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> EvalModel:
+def load_model(
+    path: str | Path, tokenizer_dir: str | Path | None = None, device: str | torch.device | None = None
+) -> EvalModel:
     """Load a `tupe pretrain` checkpoint (TupeForMaskedLM) or a `transformers` BERT folder (BertForMaskedLM, run
     with transformers' own code), each with its tokenizer; a one-line `TupeError` naming the folder and what is
-    missing otherwise."""
+    missing otherwise. `device` None: the GPU when there is one (evaluation is float32 either way)."""
     from transformers import BertForMaskedLM
     from transformers.utils import logging as hf_logging
 
@@ -123,6 +129,7 @@ def load_model(path: str | Path, tokenizer_dir: str | Path | None = None) -> Eva
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise TupeError(f"{what}: {why}: the weights lack {shown}")
     model.eval()
+    model.to(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     config = model.config
     has_tokenizer = any(
         (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")

@@ -106,7 +106,7 @@ def _rebuilt(m: EvalModel, length: int, table: tuple[str, torch.Tensor] | None) 
         state[table[0]] = table[1]
     model = type(m.model)(config)
     model.load_state_dict(state, strict=True)
-    model.eval()
+    model.eval().to(next(m.model.parameters()).device)
     return dataclasses.replace(m, model=model, max_length=length)
 
 
