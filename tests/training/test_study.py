@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.glue.fixtures import write_task
 from tests.training.conftest import tiny_cli_args
 from tupe.cli import main as cli
 from tupe.comparison.study import main
@@ -46,3 +47,16 @@ def test_study_stages_on_tiny_runs(
     mtime = (out / "ood-built-in.json").stat().st_mtime_ns
     assert main([*common, "--stages", "ood,summary", "--resume"]) == 0
     assert (out / "ood-built-in.json").stat().st_mtime_ns == mtime
+
+    # SST-2 for the seed-0 runs only, two `tupe glue` processes at a time; the summary gains its column
+    write_task(tmp_path / "glue", "SST-2", n_train=8, n_dev=8)
+    glue = ["--glue-data", str(tmp_path / "glue"), "--glue-pretrain-seeds", "0", "--parallel", "2"]
+    assert main([*common, *glue, "--stages", "glue,summary", "--resume"]) == 0
+    assert sorted(p.name for p in (out / "glue").glob("SST-2-*")) == [
+        "SST-2-bert-a-seed-0",
+        "SST-2-rope-seed-0",
+    ]
+    table = (out / "study.md").read_text()
+    assert "SST-2 dev acc." in table and "| majority class (SST-2) |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| rope |"))
+    assert row.rstrip(" |").endswith("(1 pre-training seed)")

@@ -16,10 +16,12 @@ Stages, each written under `--out` (outside the repository) and skipped on `--re
 3. `lengths`: every run at 1x, 2x, 4x, 8x its training length on `--length-text` (default `built-in`), with the
    learned tables not extended and interpolated -> `OUT/lengths-<none|interpolate>.json` and `.png`.
 4. `glue` (with `--glue-data`): SST-2 on the 8,000-sentence subset of RESULTS A.7 with the small-model grid and
-   fine-tuning seeds 1,2,3 for every run -> `OUT/glue/SST-2-<scheme>-seed-<s>/`, then `tupe report`.
+   fine-tuning seeds 1,2,3 for every run (`--glue-pretrain-seeds`: of those pre-training seeds only), `--parallel`
+   `tupe glue` processes at a time -> `OUT/glue/SST-2-<scheme>-seed-<s>/`, then `tupe report`.
 5. `summary`: `OUT/study.md` and `OUT/study.json`: per scheme the final validation loss (mean +- std over seeds),
-   the step each seed left the plateau, the out-of-domain loss and word-order delta, and the loss at each length
-   (mean +- std), plus the figure of loss against length by scheme.
+   the step each seed left the plateau, the out-of-domain loss and word-order delta, the loss at each length
+   (mean +- std) and the SST-2 dev accuracy (the best learning rate's median over the fine-tuning seeds; mean +-
+   std over the pre-training seeds fine-tuned) with the majority-class row.
 """
 
 from __future__ import annotations
@@ -67,9 +69,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--glue-train-samples", type=V.positive_int, default=8000, help="SST-2 subset (default 8000)"
     )
+    p.add_argument(
+        "--glue-pretrain-seeds",
+        help="fine-tune the runs of these pre-training seeds only (default: every seed)",
+    )
+    p.add_argument(
+        "--attention-kernel",
+        help="attention kernel of every run (default: auto); the maths is the same, only the speed differs",
+    )
     p.add_argument("--cache-dir", type=V.nonempty_path, help="tokenizer/data cache")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
+    if args.attention_kernel is not None:
+        from tupe.modeling.kernels import canonical_kernel_name
+
+        try:
+            args.attention_kernel = canonical_kernel_name(args.attention_kernel, "--attention-kernel")
+        except ValueError as err:
+            p.error(str(err))
     unknown = set(args.stages.split(",")) - set(STAGES)
     if unknown:
         p.error(f"--stages: unknown {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}")
@@ -100,6 +117,31 @@ def _command(module: Any, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"tupe {module.__name__.rsplit('.', 1)[-1]}")
     module.add_arguments(parser)
     return int(module.run(parser.parse_args(argv)) or 0)
+
+
+def _glue(runs: dict[str, Path], out: Path, args: argparse.Namespace, log) -> None:  # noqa: ANN001
+    """SST-2 for every run, `--parallel` `tupe glue` processes at a time (each resumes what it finds)."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+
+    def one(item: tuple[str, Path]) -> tuple[str, int]:
+        name, d = item
+        tag = f"SST-2-{name.replace('/', '-')}"
+        argv = [sys.executable, "-m", "tupe", "glue", "--model", str(d), "--task", "SST-2", "--data-dir",
+                str(args.glue_data), "--out", str(out / tag), "--seeds", "1,2,3", "--max-train-samples",
+                str(args.glue_train_samples), "--threads", "1", "--no-progress"]  # fmt: skip
+        log(f"glue: {name} -> {out / tag} (log {out / 'logs' / tag}.log)")
+        with open(out / "logs" / f"{tag}.log", "ab") as fh:
+            return name, subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        failed = [name for name, rc in pool.map(one, runs.items()) if rc != 0]
+    if failed:
+        raise TupeError(
+            f"tupe glue failed for {', '.join(failed)} (logs in {out / 'logs'}); rerun with --resume"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
                 resume=True,
                 progress=args.progress,
                 threads=1,
+                attention_kernel=args.attention_kernel,
             )
             compare(base, schemes, seeds=seeds, parallel=args.parallel, log=log)
         missing = [name for name, d in runs.items() if not (d / "config.json").is_file()]
@@ -181,18 +224,11 @@ def run(args: argparse.Namespace) -> int:
                 result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
                 _write(path, result)
         if "glue" in stages and args.glue_data:
-            from tupe.glue import finetune, report
+            from tupe.glue import report
 
-            for name, d in runs.items():
-                dest = out / "glue" / f"SST-2-{name.replace('/', '-')}"
-                try:
-                    _command(finetune,
-                        ["--model", str(d), "--task", "SST-2", "--data-dir", str(args.glue_data), "--out",
-                         str(dest), "--seeds", "1,2,3", "--max-train-samples", str(args.glue_train_samples),
-                         "--threads", "1", *([] if args.progress else ["--no-progress"])]
-                    )  # fmt: skip
-                except (TupeError, ValueError, OSError) as err:
-                    raise TupeError(f"tupe glue failed for {name} ({err}); rerun with --resume") from err
+            glue_seeds = parse_seeds(args.glue_pretrain_seeds) if args.glue_pretrain_seeds else seeds
+            chosen = {n: d for n, d in runs.items() if int(n.rsplit("-", 1)[1]) in glue_seeds}
+            _glue(chosen, out / "glue", args, log)
             _command(report, [str(out / "glue"), "--out", str(out / "glue" / "table.md")])
         if "summary" in stages:
             summary = summarize(out, schemes, seeds, list(texts))
@@ -201,12 +237,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mean_std(values: list[float | None]) -> str:
+def _mean_std(values: list[float | None], unit: str = "seed") -> str:
     xs = [v for v in values if v is not None]
     if not xs:
         return "-"
     if len(xs) == 1:
-        return f"{xs[0]:.3f} (1 seed)"
+        return f"{xs[0]:.3f} (1 {unit})"
     return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
 
 
@@ -250,20 +286,36 @@ def summarize(out: Path, schemes: list[str], seeds: list[int], texts: list[str])
                     )
                     vals.append(e["loss"]["value"] if e and e["evaluated"] else None)
                 rows[s][col] = vals
+    majority = None
+    for s in schemes:  # SST-2: the best learning rate's median over fine-tuning seeds, per pre-training seed
+        found = []
+        for k in seeds:
+            path = out / "glue" / f"SST-2-{s}-seed-{k}" / "results.json"
+            result = json.loads(path.read_text()) if path.exists() else None
+            if result and result.get("complete"):
+                found.append(100 * result["best"]["main_median"])
+                majority = 100 * result["data"]["dev_majority_accuracy"]["dev"]
+        if found:
+            rows[s]["sst2"] = found
+    glue_cols = ["SST-2 dev acc."] if majority is not None else []
     header = ["scheme", "final valid loss", "left plateau at (per seed)"]
-    header += [f"{t}: loss" for t in texts] + [f"{t}: word order" for t in texts] + length_cols
+    header += [f"{t}: loss" for t in texts] + [f"{t}: word order" for t in texts] + length_cols + glue_cols
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for s in schemes:
         r = rows[s]
         cells = [
             s,
             _mean_std(r.get("final_losses", [])),
-            ", ".join(str(x) for x in r.get("plateau_exit_steps") or []),
+            ", ".join("not left" if x is None else str(x) for x in r.get("plateau_exit_steps") or []),
         ]
         cells += [_mean_std(r.get(f"ood:{t}", [])) for t in texts]
         cells += [_mean_std(r.get(f"word_order:{t}", [])) for t in texts]
         cells += [_mean_std(r.get(c, [])) for c in length_cols]
+        cells += [_mean_std(r.get("sst2", []), "pre-training seed") for _ in glue_cols]
         lines.append("| " + " | ".join(cells) + " |")
+    if majority is not None:
+        blank = [""] * (len(header) - 2)
+        lines.append("| majority class (SST-2) | " + " | ".join(blank) + f" | {majority:.2f} |")
     markdown = "\n".join(lines) + "\n"
     from tupe.io.files import atomic_write_text
 
