@@ -272,7 +272,7 @@ def flex_bias_attention(
     no dropout: flex has none, so the model refuses this kernel when training with attention dropout). Compiled on CUDA; elsewhere PyTorch runs its unfused reference (for tests).
 
     Under autocast, q/k/v go in as the autocast dtype and flex runs with autocast off (older PyTorch has no
-    autocast rule for the compiled flex_attention; the term stays float32, so its gradient is summed in float32).
+    autocast rule for the compiled flex_attention); the term is read as a contiguous float32 tensor.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -281,8 +281,9 @@ def flex_bias_attention(
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if bias.dtype in (torch.float16, torch.bfloat16):
-        bias = bias.float()  # computed under autocast (tupe-a's p U^Q (p U^K)^T): read and summed in float32
+    # float32 at least (a term computed under autocast is bf16/fp16: its gradient is then summed in float32) and
+    # contiguous (read along keys; a permuted relative-bias gather would be read strided, and compile anew)
+    bias = bias.to(torch.promote_types(bias.dtype, torch.float32)).contiguous()
 
     def score_mod(score, b, h, q_idx, kv_idx):
         score = score + bias[h, q_idx, kv_idx]
