@@ -1,8 +1,9 @@
 """The CUDA paths, checked on a GPU: every kernel against the eager reference, mixed precision, what "auto" picks,
 and `tupe pretrain` (the Trainer) on the device.
 
-On a GPU machine, from the repository root (no network needed; most of the time is compiling flex_attention,
-one graph per scale / bias layout / dtype, about 10 in all):
+On a GPU machine, from the repository root (no network needed; most of the time is compiling flex_attention:
+one graph per logit scale, dtype and whether the term has a gradient, about 9 in all; `-k "not float16"` saves a
+third of them when time is short):
 
     python -m pytest tests/cuda -q -x -p no:cacheprovider -ra
 
@@ -25,8 +26,7 @@ pre-training needs a GPU: skipped), to catch bugs before a GPU is lent.
 Tolerances (stated once here): float32 with TF32 off, every kernel's logits and every parameter's gradient within
 1e-4 absolute + 1e-4 relative of the eager kernel's; bf16/fp16 autocast against the float32 eager reference: the
 loss within `HALF_LOSS_RTOL` relative, every logit within `HALF_LOGITS_RTOL` of the largest |logit|, every
-gradient finite, and the
-gradient (all parameters as one vector) at cosine similarity >= `HALF_GRAD_COSINE`.
+gradient finite, and the gradient (all parameters as one vector) at cosine similarity >= `HALF_GRAD_COSINE`.
 """
 
 from __future__ import annotations
