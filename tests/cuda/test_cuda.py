@@ -2,8 +2,8 @@
 and `tupe pretrain` (the Trainer) on the device.
 
 On a GPU machine, from the repository root (no network needed; most of the time is compiling flex_attention:
-one graph per logit scale, dtype and whether the term has a gradient, about 9 in all; `-k "not float16"` saves a
-third of them when time is short):
+one graph per logit scale, dtype and whether the term has a gradient, about 9 in all; `-k "not fp16"` saves a third
+of them when time is short):
 
     python -m pytest tests/cuda -q -x -p no:cacheprovider -ra
 
@@ -357,7 +357,9 @@ def test_kernel_matches_eager_in_float32(scheme: str, kernel: str, device: torch
 
 
 @pytest.mark.parametrize("scheme", POSITION_SCHEMES)
-@pytest.mark.parametrize("dtype", HALF, ids=lambda d: str(d).removeprefix("torch."))  # every bf16 case first
+@pytest.mark.parametrize(
+    "dtype", HALF, ids=lambda d: {torch.bfloat16: "bf16", torch.float16: "fp16"}[d]
+)  # bf16 first
 def test_mixed_precision_auto_close_to_float32(scheme: str, dtype: torch.dtype, device: torch.device) -> None:
     """bf16/fp16 autocast forward and backward with "auto" (the kernel it picks checked against the rule)."""
     ref_loss, ref_logits, ref_grads = _eager_reference(scheme, device)
