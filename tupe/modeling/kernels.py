@@ -269,10 +269,21 @@ def flex_bias_attention(
     scale: float,
 ) -> torch.Tensor:
     """`flex_attention` with the (h, n, n) content-free term added inside the kernel (no (b, h, n, n) tensor,
-    no dropout: flex has none, so the model refuses this kernel when training with attention dropout). Compiled on CUDA; elsewhere PyTorch runs its unfused reference (for tests)."""
+    no dropout: flex has none, so the model refuses this kernel when training with attention dropout). Compiled on CUDA; elsewhere PyTorch runs its unfused reference (for tests).
+
+    Under autocast, q/k/v go in as the autocast dtype and flex runs with autocast off (older PyTorch has no
+    autocast rule for the compiled flex_attention); the term is read as a contiguous float32 tensor.
+    """
     from torch.nn.attention.flex_attention import flex_attention
 
     keep = None if padding is None else (padding.reshape(padding.shape[0], -1) >= 0)
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    # float32 at least (a term computed under autocast is bf16/fp16: its gradient is then summed in float32) and
+    # contiguous (read along keys; a permuted relative-bias gather would be read strided, and compile anew)
+    bias = bias.to(torch.promote_types(bias.dtype, torch.float32)).contiguous()
 
     def score_mod(score, b, h, q_idx, kv_idx):
         score = score + bias[h, q_idx, kv_idx]
@@ -281,7 +292,8 @@ def flex_bias_attention(
         return score
 
     fn = _compiled_flex() if q.is_cuda else flex_attention
-    return fn(q, k, v, score_mod=score_mod, scale=scale)
+    with torch.autocast(device_type, enabled=False):
+        return fn(q, k, v, score_mod=score_mod, scale=scale)
 
 
 _COMPILED_FLEX = None
