@@ -56,6 +56,7 @@ SCHEME = os.environ["TUPE_COMMON_SCHEME"]
 # transformers' task tables decide which labels `_prepare_for_class` makes: list the tupe heads there, as the
 # library lists its own models.
 for table, name in [
+    (modeling_auto.MODEL_MAPPING_NAMES, "TupeModel"),
     (modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "TupeForMaskedLM"),
     (modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, "TupeForSequenceClassification"),
     (modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES, "TupeForTokenClassification"),
@@ -83,7 +84,7 @@ class TupeModelTester:
             hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
             max_position_embeddings=512, position_scheme=SCHEME, initializer_range=0.02,
             relative_attention_num_buckets=8, relative_attention_max_distance=16, position_buckets=8,
-            max_relative_positions=16, num_labels=self.num_labels,
+            max_relative_positions=16,
         )
 
     def prepare_config_and_inputs(self):
