@@ -35,6 +35,14 @@ def _bert_folder(
     return folder
 
 
+def _stock_bert_tokenizer():  # noqa: ANN202 - a BertTokenizer
+    """A WordPiece vocabulary laid out as Google's BERT's: [PAD] 0, [unused*], [UNK] 100, [CLS] 101, ..."""
+    from transformers import BertTokenizer
+
+    words = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "man"]
+    return BertTokenizer(vocab={w: i for i, w in enumerate(words)})
+
+
 def _spy_first_step(monkeypatch: pytest.MonkeyPatch) -> list:
     """Record the first training batch and the loss the Trainer backpropagates for it."""
     from tupe.training.trainer import PretrainTrainer
@@ -146,6 +154,10 @@ def test_refusals(tiny_run, tiny_tokenizer_dir, tmp_path) -> None:  # noqa: ANN0
     bare = _bert_folder(tmp_path / "bare", tiny_tokenizer_dir, with_tokenizer=False)
     with pytest.raises(TupeError, match=r"no tokenizer in .*bare .*uses the source's tokenizer"):
         run(init_from=str(bare))
+    stock = _bert_folder(tmp_path / "stock", tiny_tokenizer_dir, with_tokenizer=False)
+    _stock_bert_tokenizer().save_pretrained(stock)
+    with pytest.raises(TupeError, match=r"its tokenizer cannot feed .* needs \[PAD\]=0, \[CLS\]=1"):
+        run(init_from=str(stock))
     other = tmp_path / "gpt"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 300}))

@@ -115,6 +115,7 @@ def with_source(config: Any) -> Any:
             f"--tokenizer {config.tokenizer} and --init-from {config.init_from}: continued pre-training uses the "
             "source's tokenizer; drop --tokenizer"
         )
+    _check_tokenizer(folder, config.init_from)
     changes: dict[str, Any] = {"tokenizer": str(folder)}
     for name, (flag, key) in SHAPE_FLAGS.items():
         value = source.get(key)
@@ -133,6 +134,22 @@ def with_source(config: Any) -> Any:
             f"{changes['max_position_embeddings']}; give --max-seq-len {changes['max_position_embeddings']} or less"
         )
     return dataclasses.replace(config, **changes)
+
+
+def _check_tokenizer(folder: Path, given: str) -> None:
+    """The source's tokenizer must follow the special-token ids tupe's data pipeline writes (packing, masking):
+    a tokenizer of a tupe run does; a stock BERT WordPiece vocabulary ([CLS] = 101, ...) is refused here, before
+    any work, in one line that says why."""
+    from tupe.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+
+    try:
+        load_tokenizer(folder)
+    except TupeError as err:
+        ids = ", ".join(f"{t}={i}" for i, t in enumerate(SPECIAL_TOKENS))
+        raise TupeError(
+            f"--init-from {given}: its tokenizer cannot feed tupe pretrain's data pipeline, which needs {ids} "
+            f"({str(err).split(': ', 1)[-1].split(';')[0]}); a tokenizer trained by tupe has them"
+        ) from None
 
 
 @dataclass
