@@ -187,3 +187,33 @@ def test_cli_refusal_is_one_line(tmp_path: Path, capsys) -> None:  # noqa: ANN00
     code = main(["pretrain", "--init-from", str(folder), "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "model_type 'roberta' is not supported" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_from_a_deberta_folder_the_first_loss_is_debertas(
+    tiny_run, tiny_tokenizer_dir, tmp_path, monkeypatch
+) -> None:  # noqa: ANN001
+    from transformers import DebertaV2Config, DebertaV2ForMaskedLM
+
+    from tupe.data.tokenizer import load_tokenizer
+
+    from ..modeling.test_deberta import V3
+
+    tok = load_tokenizer(tiny_tokenizer_dir)
+    torch.manual_seed(0)
+    deberta = DebertaV2ForMaskedLM(DebertaV2Config(**{**V3, "vocab_size": len(tok)})).eval()
+    with torch.no_grad():
+        for p in deberta.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    source = tmp_path / "deberta"
+    deberta.save_pretrained(source)
+    tok.save_pretrained(source)
+    seen = _spy_first_step(monkeypatch)
+    shape = dict(SHAPE_FROM_SOURCE, hidden_size=None, intermediate_size=None)
+    summary = pretrain(tiny_run(tmp_path / "run", scheme="deberta", init_from=str(source), max_steps=1,
+                                dropout=0.0, **shape))  # fmt: skip
+    inputs, loss = seen[0]
+    with torch.no_grad():
+        expected = DebertaV2ForMaskedLM.from_pretrained(source).eval()(**inputs).loss.item()
+    assert loss == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert summary["init_from"]["kind"] == "transformers DeBERTa-v2" and summary["init_from"]["new"] == []
