@@ -49,15 +49,17 @@ def random_bert(class_name: str = "BertForMaskedLM", **overrides):  # noqa: ANN2
     import transformers
 
     config = transformers.BertConfig(
-        vocab_size=60,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=48,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        **overrides,
+        **{
+            "vocab_size": 60,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "max_position_embeddings": 48,
+            "hidden_dropout_prob": 0.0,
+            "attention_probs_dropout_prob": 0.0,
+            **overrides,
+        }
     )
     torch.manual_seed(1)
     bert = getattr(transformers, class_name)(config).eval()

@@ -233,3 +233,26 @@ def test_cli_parquet_and_jsonl_corpus_pack_like_the_same_text(
     assert code == 2 and err.endswith(
         "docs.parquet has no column 'text' (columns: body); pick one with --text-column"
     )
+
+
+@pytest.mark.slow
+def test_saved_models_predict_every_position(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
+    """Training runs the LM head on the masked positions only; the final model and the checkpoints users load are
+    saved with `sparse_prediction` off, so labels do not change the logits' shape, and resuming still works."""
+    from tupe.modeling import TupeForMaskedLM
+
+    out = tmp_path / "run"
+    pretrain(tiny_run(out, max_steps=2, save_steps=1))
+    for folder in (out, out / "checkpoint-1", out / "checkpoint-2"):
+        assert json.loads((folder / "config.json").read_text())["sparse_prediction"] is False, folder
+    model = TupeForMaskedLM.from_pretrained(out).eval()
+    ids = torch.randint(5, 100, (2, 9))
+    labels = torch.full_like(ids, -100)
+    labels[:, 3] = ids[:, 3]
+    with torch.no_grad():
+        assert model(input_ids=ids, labels=labels).logits.shape == (2, 9, model.config.vocab_size)
+    # the run itself still trains sparsely, and a checkpoint saved dense resumes
+    assert json.loads((out / "tupe_run.json").read_text())["model"]["sparse_prediction"] is True
+    shutil.rmtree(out / "checkpoint-2")
+    (out / "pretrain_summary.json").unlink()
+    assert pretrain(tiny_run(out, max_steps=2, save_steps=1, resume=True))["steps"] == 2

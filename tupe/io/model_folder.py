@@ -144,24 +144,27 @@ def _show(v: Any) -> str:  # noqa: ANN401
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def validate_config(cfg: Any, path: str | os.PathLike) -> dict:  # noqa: ANN401
+def validate_config(
+    cfg: Any,  # noqa: ANN401
+    path: str | os.PathLike,
+    model_types: tuple[str, ...] = ("tupe", "bert"),
+) -> dict:
     """Check a model's `config.json` (already parsed) field by field before any model is built; returns it.
 
-    Checked: `model_type` ('tupe' or 'bert'), the sizes (integers in range, width divisible by the heads), the
+    Checked: `model_type` (one of `model_types`: 'tupe' or 'bert' unless a caller converts more), the sizes (integers in range, width divisible by the heads), the
     activation (a name `transformers` knows), dropout, LayerNorm epsilon (> 0), the dtype, the special-token ids
     (inside the vocabulary) and, for tupe, the positional scheme and its relative-position settings."""
     path = Path(path)
     if not isinstance(cfg, dict):
         raise TupeError(f"{path}: expected a JSON object (model config), got {json_type_name(cfg)}")
     model_type = cfg.get("model_type")
+    expected = " or ".join(repr(t) for t in model_types)
     if model_type is None:
         raise TupeError(
-            f"{path}: no model_type (expected 'tupe' or 'bert'); not a config written by save_pretrained"
+            f"{path}: no model_type (expected {expected}); not a config written by save_pretrained"
         )
-    if model_type not in ("tupe", "bert"):
-        raise TupeError(
-            f"{path}: model_type {_show(model_type)} is not supported (expected 'tupe' or 'bert')"
-        )
+    if model_type not in model_types:
+        raise TupeError(f"{path}: model_type {_show(model_type)} is not supported (expected {expected})")
     _int(cfg, "vocab_size", 1, MAX_VOCAB, path)
     _int(cfg, "hidden_size", 1, MAX_WIDTH, path)
     _int(cfg, "num_hidden_layers", 1, MAX_LAYERS, path)
@@ -224,13 +227,15 @@ def validate_config(cfg: Any, path: str | os.PathLike) -> dict:  # noqa: ANN401
     return cfg
 
 
-def check_model_folder(folder: str | os.PathLike, what: str = "model folder") -> dict:
+def check_model_folder(
+    folder: str | os.PathLike, what: str = "model folder", model_types: tuple[str, ...] = ("tupe", "bert")
+) -> dict:
     """All the checks above for a model folder: its files, no custom code, a valid `config.json` (returned)."""
     folder = Path(folder)
     check_files(folder, what)
     path = folder / "config.json"
     check_regular(path, "model config")
-    cfg = validate_config(read_json(path, "model config", CONFIG_LIMIT, expect=None), path)
+    cfg = validate_config(read_json(path, "model config", CONFIG_LIMIT, expect=None), path, model_types)
     refuse_custom_code(folder, what)
     return cfg
 

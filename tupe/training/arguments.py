@@ -48,6 +48,7 @@ class PretrainConfig:
     intermediate_size: int | None = None
     dropout: float | None = None
     dense_prediction: bool = False
+    init_from: str | None = None  # continued pre-training: tupe/training/init_from.py
     attention_kernel: str | None = None  # None: the model's default ("auto"; hf-bert: transformers' "sdpa")
     batch_size: int | None = None
     grad_accum: int = 1
@@ -309,6 +310,13 @@ def _add_model_arguments(m: Any) -> None:
         metavar="N",
         help="rows of a learned position table (default: --max-seq-len); more rows than --max-seq-len leaves the "
         "rows beyond it untrained (`tupe evaluate --lengths` says so)",
+    )
+    m.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="continue pre-training from a tupe run (its final model) or model folder, a transformers BERT or "
+        "DeBERTa-v2 folder: its tokenizer and shape are used, every weight that maps is copied, positional parts "
+        "the --scheme adds start fresh (docs/pretraining.md)",
     )
     m.add_argument(
         "--dense-prediction",

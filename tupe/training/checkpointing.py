@@ -294,6 +294,8 @@ def check_checkpoint_config(ckpt_dir: str | os.PathLike, expected: dict[str, Any
     config = read_json(path, "checkpoint's model config", CONFIG_LIMIT, expect=dict)
     expected = dict(expected)
     model_type = expected.pop("model_type", "tupe")
+    # saved off for users (`PretrainTrainer._save`), on while training
+    expected.pop("sparse_prediction", None)
     if config.get("model_type") != model_type:
         raise TupeError(f"{path}: model_type {config.get('model_type')!r} is not a {model_type} checkpoint")
     for key, want in expected.items():

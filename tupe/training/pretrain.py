@@ -37,6 +37,7 @@ from tupe.training.arguments import (  # noqa: F401  (re-exported: `tupe compare
     training_arguments,
 )
 from tupe.training.checkpointing import ResumePoint, select_resume_checkpoint
+from tupe.training.init_from import load_source, with_source
 from tupe.training.model import build_model, model_config
 from tupe.training.reporting import align_special_tokens
 from tupe.training.run_folder import (  # noqa: F401  (re-exported)
@@ -77,7 +78,7 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
     """
     from tupe.validators import check_out_folder, check_path_kind
 
-    run = config.resolve()
+    run = with_source(config).resolve()  # --init-from: the source's tokenizer and shape
     _check_memory(run)
     out = check_out_folder("--out", run.out, must_exist=run.resume and not run.prepare_only)
     if run.resume and not run.prepare_only and not (out / RUN_FILE).is_file() and not list_checkpoints(out):
@@ -137,10 +138,15 @@ def _pretrain(run: ResolvedConfig) -> dict[str, Any]:
     args.max_steps, args.warmup_steps = run.max_steps, run.warmup_steps
 
     model_kwargs = model_config(run, data.tokenizer)
+    source = load_source(run, data.tokenizer) if run.init_from else None
+    if source is not None:
+        model_kwargs = source.model_kwargs(model_kwargs)
     # saved with the model: truncation=True (pipelines, tokenizer calls) cuts at the model's length
     data.tokenizer.model_max_length = int(model_kwargs["max_position_embeddings"])
     fingerprints = data.packed.meta["corpus_fingerprint"], tokenizer_fingerprint(data.tokenizer)
     identity = run_identity(run, model_kwargs, *fingerprints)
+    if source is not None:
+        identity["init_from"] = source.identity  # --resume refuses another source
     action = check_out_dir(out, identity, run.resume, run.overwrite)
     state.wait_for_everyone()  # every process decided before the main one changes the folder
     with args.main_process_first(desc="output folder", local=False):
@@ -156,10 +162,13 @@ def _pretrain(run: ResolvedConfig) -> dict[str, Any]:
     set_seed(run.seed)
     model = build_model(run, model_kwargs)
     align_special_tokens(model, data.tokenizer)  # else the Trainer does it, with a warning
+    init = source.copy_into(model) if source is not None else None
     log(_describe_model(run, model))
+    if init is not None:
+        log(init.line())
     trainer, stop = build_trainer(run, args, data, model, resume.nonfinite_skipped)
     train_out = train_or_stop(trainer, stop, resume.path, log.warn)
-    return _finish(run, trainer, train_out, data, main, log, time.perf_counter() - t_start)
+    return _finish(run, trainer, train_out, data, main, log, time.perf_counter() - t_start, init)
 
 
 def _prepare_data(run: ResolvedConfig, log: _Log, progress: bool) -> Any:
@@ -197,7 +206,14 @@ def _describe_model(run: ResolvedConfig, model: Any) -> str:
 
 
 def _finish(
-    run: ResolvedConfig, trainer: Any, train_out: Any, data: Any, main: bool, log: _Log, seconds: float
+    run: ResolvedConfig,
+    trainer: Any,
+    train_out: Any,
+    data: Any,
+    main: bool,
+    log: _Log,
+    seconds: float,
+    init: Any = None,
 ) -> dict[str, Any]:
     """The final validation loss, the model saved, its card, and the summary (written last: the run is done)."""
     out, step = run.out_dir, trainer.state.global_step
@@ -221,15 +237,17 @@ def _finish(
         "tokenize_pack_tokens_per_second": data.packed.meta.get("tokens_per_second"),
         "nonfinite_skipped": trainer.nonfinite_skipped,
     }
+    if init is not None:
+        summary["init_from"] = init.summary()
     if main:
         record_written(out, "README.md", SUMMARY_FILE)
-        _write_card(run, data.corpus, len(data.train_idx), summary)
+        _write_card(run, data.corpus, len(data.train_idx), summary, init.card() if init else "")
         atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))  # last: marks the run finished
         log(f"done: {summary['steps']} steps, validation loss {final_eval:.4f}; model saved to {out}")
     return summary
 
 
-def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: dict) -> None:
+def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: dict, notes: str = "") -> None:
     """README.md next to the model: scheme, recipe, data, final metrics, the command, how to load it."""
     from tupe.io.model_card import write_model_card
 
@@ -252,7 +270,13 @@ def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: di
         "passes over the training blocks": round(summary["steps"] * run.batch_size / train_blocks, 2),
     }
     write_model_card(
-        run.out_dir, kind="fill-mask", scheme=run.scheme, recipe=recipe, data=data, metrics=metrics
+        run.out_dir,
+        kind="fill-mask",
+        scheme=run.scheme,
+        recipe=recipe,
+        data=data,
+        metrics=metrics,
+        notes=notes,
     )
 
 

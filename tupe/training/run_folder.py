@@ -114,7 +114,7 @@ def is_owned(name: str, recorded: set[str] | None) -> bool:
 
 def _identity_diff(old: dict, new: dict) -> list[str]:
     diffs = []
-    for section in ("scheme", "model", "data", "optim"):
+    for section in ("scheme", "model", "data", "optim", "init_from"):
         a, b = old.get(section), new.get(section)
         if isinstance(a, dict) and isinstance(b, dict):
             for k in sorted(set(a) | set(b)):

@@ -129,6 +129,19 @@ class PretrainTrainer(Trainer):
         # them (it does so when the model "accepts loss kwargs") and must not rescale for accumulation
         self.model_accepts_loss_kwargs = True
 
+    def _save(self, output_dir=None, state_dict=None):  # noqa: ANN001, ANN202
+        """Checkpoints and the final model are saved with `sparse_prediction` off: a user who loads them and passes
+        labels gets (batch, sequence, vocabulary) logits, as from any masked LM; training keeps it on for speed."""
+        config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
+        sparse = getattr(config, "sparse_prediction", None)
+        if sparse:
+            config.sparse_prediction = False
+        try:
+            return super()._save(output_dir, state_dict)
+        finally:
+            if sparse:
+                config.sparse_prediction = sparse
+
     def train(self, resume_from_checkpoint=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
         """The Trainer's train(), except that a checkpoint taken at max_steps is only loaded: transformers 5.23,
         resumed from there, trains one step past max_steps (a run killed during its final evaluation or save)."""
