@@ -102,3 +102,16 @@ def test_pretrain_in_epochs_with_a_cosine_schedule_and_gradient_checkpointing(
     assert max(lrs) <= 2e-3 and lrs[-1] < max(lrs)  # warmed up, then decayed
     assert json.loads((tmp_path / "r" / "tupe_run.json").read_text())["optim"]["lr_scheduler"] == "cosine"
     assert not list((tmp_path / "r").glob(".lock*"))  # a finished run leaves no lock files
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [("evaluate", ["--model", "m", "--text", "t"]), ("analyze", ["--model", "m", "--out", "o"])],
+)
+def test_evaluate_and_analyze_say_max_seq_len_and_keep_max_length_hidden(
+    command: str, argv: list[str]
+) -> None:
+    help_text = build_parser(command)._subparsers._group_actions[0].choices[command].format_help()
+    assert "--max-seq-len" in help_text and "--max-length" not in help_text
+    assert _parse(command, *argv, "--max-seq-len", "48").max_length == 48
+    assert _parse(command, *argv, "--max-length", "48").max_length == 48
