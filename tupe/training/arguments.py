@@ -429,15 +429,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip (and count) batches whose loss is NaN/inf instead of stopping the run",
     )
     add_model_data_arguments(p)
-    add_training_flags(
-        p.add_argument_group("length in epochs"),
-        ["epochs"],
-        helps={"epochs": "instead of --max-steps: steps = epochs x training blocks / --batch-size"},
-    )
+    add_epochs_argument(p)
     add_hub_arguments(
         p,
         push_help="push the final model to the Hugging Face Hub (needs a login; the Trainer's push_to_hub)",
         id_help="Hub repository for --push-to-hub (the Trainer's hub_model_id; default: the --out folder's name)",
+    )
+
+
+def add_epochs_argument(p: argparse.ArgumentParser) -> None:
+    """`--epochs`, the run's length counted in passes over the data (`tupe pretrain`, `tupe compare`)."""
+    add_training_flags(
+        p.add_argument_group("length in epochs"),
+        ["epochs"],
+        helps={"epochs": "instead of --max-steps: steps = epochs x training blocks / --batch-size"},
     )
 
 
@@ -476,6 +481,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="keep finished runs, continue interrupted ones")
     p.add_argument("--overwrite", action="store_true", help="start every run again")
     add_eval_text_argument(p, default=None)
+    add_epochs_argument(p)
     # also annotates the ranges in --help
     add_model_data_arguments(p, quiet_help="print the result tables only (no log lines, no progress bars)")
     p.epilog = (
