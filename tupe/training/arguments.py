@@ -320,8 +320,8 @@ def _add_model_arguments(m: Any) -> None:
         type=_attention_kernel,
         metavar="NAME",
         help="attention kernel, saved with the model: auto (default: the fastest exact one for each step) or a "
-        "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS; built in: eager, the reference, "
-        "sdpa, fold, fused, flex), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
+        "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS, docs/model.md; an unknown name is "
+        "refused with the list), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
     )
     m.add_argument(
         "--attn-implementation",
