@@ -100,3 +100,15 @@ def test_gradient_checkpointing_and_torch_compile_reach_the_training_arguments(b
     assert on.gradient_checkpointing is True and on.torch_compile is True
     off = training_arguments(build(), 1e-3, 1, tmp_path / "w", 64)
     assert off.gradient_checkpointing is False and off.torch_compile is False
+
+
+def test_a_warmup_in_steps_is_named_as_a_protocol_difference() -> None:
+    from dataclasses import asdict
+
+    from tupe.glue.report import protocol_differences
+
+    settings = asdict(_glue("--warmup-steps", "7", "--epochs", "3"))
+    differences = protocol_differences({"task": "RTE", "settings": settings})
+    assert "warm-up 7 steps (paper 6% of the steps)" in differences
+    assert not any(d.startswith("warmup_ratio") for d in differences)
+    assert not any("warm-up" in d for d in protocol_differences({"task": "RTE", "settings": asdict(_glue())}))

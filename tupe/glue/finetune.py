@@ -341,7 +341,9 @@ def _write_glue_card(
         "epochs": settings.epochs,
         "batch size": settings.batch_size,
         "max sequence length": settings.max_seq_len,
-        "warm-up ratio": settings.warmup_ratio,
+        "warm-up": f"{settings.warmup_steps} steps"
+        if settings.warmup_steps is not None
+        else f"{settings.warmup_ratio:g} of the steps",
         "weight decay": settings.weight_decay,
         "Adam betas": f"{settings.adam_beta1}, {settings.adam_beta2}",
         "Adam epsilon": settings.adam_epsilon,
