@@ -22,6 +22,20 @@ def test_python_examples_run(doc, tmp_path, monkeypatch):
     assert any(tmp_path.iterdir())  # the examples' save_pretrained wrote a checkpoint
 
 
+def test_architecture_recipes_for_adding_a_part_run():
+    """docs/architecture.md's kernel, optimizer and task recipes run as written (each undoes its registration)."""
+    from tupe.glue.tasks import TASKS
+    from tupe.modeling import ATTENTION_KERNELS
+    from tupe.training.optimizers import OPTIMIZERS
+
+    blocks = _python_blocks(ROOT / "docs" / "architecture.md")
+    assert len(blocks) == 3
+    namespace = {"__name__": "__doc_example__"}
+    for block in blocks:
+        exec(compile(block, "docs/architecture.md", "exec"), namespace)
+    assert "naive" not in ATTENTION_KERNELS and "sgd" not in OPTIMIZERS and "Reviews" not in TASKS
+
+
 def test_docs_and_code_point_to_no_missing_spec_file():
     """The project's docs carry the maths they rely on: nothing points readers to a TUPE_SPEC.md it lacks."""
     from pathlib import Path

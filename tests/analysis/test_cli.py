@@ -32,7 +32,7 @@ def test_analyze_transformers_bert_directory(bert_dir, text_file, tmp_path, caps
             str(text_file),
             "--out",
             str(out),
-            "--max-length",
+            "--max-seq-len",
             "32",
             "--num-blocks",
             "6",
@@ -71,7 +71,7 @@ def test_analyze_tupe_a_patterns_and_bert_r_both(tupe_dir, text_file, tmp_path):
     model_dir = tupe_dir("tupe-a", with_tokenizer=False)
     out = tmp_path / "tupe-a"
     # content-free patterns need no text and no tokenizer
-    assert main(["analyze", "--model", str(model_dir), "--out", str(out), "--max-length", "24"]) == 0
+    assert main(["analyze", "--model", str(model_dir), "--out", str(out), "--max-seq-len", "24"]) == 0
     result = json.loads((out / "analysis.json").read_text())
     heads = result["patterns"]["heads"]
     assert len(heads) == 4
@@ -97,7 +97,7 @@ def test_analyze_tupe_a_patterns_and_bert_r_both(tupe_dir, text_file, tmp_path):
                 str(text_file),
                 "--out",
                 str(out_r),
-                "--max-length",
+                "--max-seq-len",
                 "20",
                 "--num-blocks",
                 "4",
@@ -182,7 +182,7 @@ def test_bare_bert_model_directory_keeps_its_weights(tmp_path, tokenizer, text_f
                 str(text_file),
                 "--out",
                 str(tmp_path / "o"),
-                "--max-length",
+                "--max-seq-len",
                 "16",
                 "--num-blocks",
                 "2",
@@ -227,8 +227,8 @@ def test_flags_and_paths_checked_when_parsed_and_a_second_writer_refused(
     model = tupe_dir("tupe-a")
     out = tmp_path / "o"
     base = ["analyze", "--model", str(model), "--text", str(text_file), "--out", str(out)]
-    assert main([*base, "--max-length", "3"]) == 2
-    assert "argument --max-length: must be an integer >= 4, got 3" in capsys.readouterr().err
+    assert main([*base, "--max-seq-len", "3"]) == 2
+    assert "argument --max-seq-len: must be an integer from 4 to 1048576, got 3" in capsys.readouterr().err
     assert main([*base, "--tokenizer", str(text_file)]) == 2
     assert f"--tokenizer {text_file} is a file, expected a folder" in capsys.readouterr().err
     assert main(["analyze", "--model", str(text_file), "--out", str(out)]) == 2
@@ -236,7 +236,7 @@ def test_flags_and_paths_checked_when_parsed_and_a_second_writer_refused(
     assert not out.exists()
     holder = hold_lock("folder_lock", out, "tupe analyze")
     try:
-        assert main([*base, "--num-blocks", "2", "--max-length", "16"]) == 2
+        assert main([*base, "--num-blocks", "2", "--max-seq-len", "16"]) == 2
         err = capsys.readouterr().err
         assert (
             len(err.strip().splitlines()) == 1
@@ -245,7 +245,7 @@ def test_flags_and_paths_checked_when_parsed_and_a_second_writer_refused(
         assert not (out / "analysis.json").exists()
         holder.send_signal(signal.SIGKILL)  # a killed holder's lock is taken over
         holder.wait()
-        assert main([*base, "--num-blocks", "2", "--max-length", "16"]) == 0
+        assert main([*base, "--num-blocks", "2", "--max-seq-len", "16"]) == 0
         assert (out / "analysis.json").is_file()
     finally:
         holder.kill()

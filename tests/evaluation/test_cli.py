@@ -155,8 +155,8 @@ def test_bad_options(tmp_path, tokenizer, text_file, capsys):
     ):
         err = cli_error(capsys, "--model", str(model), "--text", str(text_file), flag, value)
         assert f"argument {flag}: must be an integer {allowed}, got" in err, err
-    err = cli_error(capsys, "--model", str(model), "--text", str(text_file), "--max-length", "64")
-    assert "--max-length 64 must be between 2 and the models' max length 32" in err
+    err = cli_error(capsys, "--model", str(model), "--text", str(text_file), "--max-seq-len", "64")
+    assert "--max-seq-len 64 must be between 2 and the models' max length 32" in err
     err = cli_error(capsys, "--model", str(model), str(model), "--text", str(text_file))
     assert "is given twice" in err
 
@@ -168,7 +168,8 @@ def test_numeric_flags_are_checked_when_parsed_with_the_range_in_help(tmp_path, 
     base = ("--model", str(model), "--text", str(text_file))
     for flag, value, needle in (
         ("--max-blocks", "0", "must be an integer >= 1, got 0"),
-        ("--max-length", "1", "must be an integer >= 2, got 1"),
+        ("--max-seq-len", "1", "must be an integer from 2 to 1048576, got 1"),
+        ("--max-length", "1", "must be an integer from 2 to 1048576, got 1"),  # the older spelling
         ("--batch-size", "-3", "must be an integer >= 1, got -3"),
         ("--seed", "-1", "must be an integer from 0 to 4294967295, got -1"),
         ("--pppl-tokens", "many", "must be an integer >= 0, got 'many'"),

@@ -118,7 +118,7 @@ def test_lengths_at_or_below_the_models_own_equal_a_plain_evaluation(tmp_path, t
 def test_rows_beyond_the_training_length_are_flagged_or_rebuilt(tmp_path, tokenizer):
     m = load_model(save_tupe(tmp_path / "a", tokenizer, "tupe-a", max_len=32))
     m.train_length = (
-        16  # as read from tupe_run.json for a run with --max-position-embeddings 32 --max-length 16
+        16  # as read from tupe_run.json for a run with --max-position-embeddings 32 --max-seq-len 16
     )
     same, note = at_length(m, 32, "none")
     assert same is m and note == "table rows 16-31 never trained (training length 16)"
@@ -176,7 +176,7 @@ def test_cli_lengths_option_errors(tmp_path, tokenizer, text_file, capsys):
     base = ["evaluate", "--model", str(a), "--text", str(text_file), "--quiet"]
     for extra, needle in (
         (["--lengths", "16,1"], "--lengths"),
-        (["--lengths", "16", "--max-length", "16"], "--max-length and --lengths"),
+        (["--lengths", "16", "--max-seq-len", "16"], "--max-seq-len and --lengths"),
         (["--plot", str(tmp_path / "p.png")], "go with --lengths"),
         (["--lengths", "64"], "nothing to evaluate at --lengths 64: "),
     ):

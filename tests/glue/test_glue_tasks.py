@@ -359,3 +359,20 @@ def test_a_task_entry_is_checked():
         GlueTask(name="X", text_columns=("a",))
     with pytest.raises(ValueError, match="main_metric 'mcc' is not one of its metrics"):
         GlueTask(name="X", text_columns=("a",), tsv_labels=("0", "1"), main_metric="mcc")
+    with pytest.raises(ValueError, match="f1 is the binary F1 of label 1; with 5 labels use macro_f1"):
+        GlueTask(name="X", text_columns=("a",), tsv_labels=tuple("12345"), metrics=("accuracy", "f1"))
+    with pytest.raises(ValueError, match="unknown metric 'auc'; known: accuracy, f1, macro_f1"):
+        GlueTask(name="X", text_columns=("a",), tsv_labels=("0", "1"), metrics=("auc",))
+    with pytest.raises(ValueError, match="pearson does not apply to a task with labels"):
+        GlueTask(name="X", text_columns=("a",), tsv_labels=("0", "1"), metrics=("pearson",))
+    with pytest.raises(ValueError, match="accuracy does not apply to a regression task"):
+        GlueTask(name="X", text_columns=("a",), regression_range=(0.0, 1.0))  # the default metric: accuracy
+
+
+def test_macro_f1_is_the_mean_of_the_classes_f1() -> None:
+    from tupe.glue.metrics import compute_metrics
+
+    labels, predictions = [0, 1, 2, 2, 1, 0], [0, 2, 2, 2, 1, 1]
+    # class 0: P 1, R 1/2 -> 2/3; class 1: P 1/2, R 1/2 -> 1/2; class 2: P 2/3, R 1 -> 4/5
+    expected = (2 / 3 + 1 / 2 + 4 / 5) / 3
+    assert compute_metrics(["macro_f1"], labels, predictions)["macro_f1"] == pytest.approx(expected)

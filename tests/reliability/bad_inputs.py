@@ -860,10 +860,10 @@ CASES: list[Case] = [
         ("another `tupe analyze` is writing here", "pid"),
     ),
     Case(
-        "analyze-max-length-3",
-        "`tupe analyze --max-length 3`",
-        lambda c: ["analyze", "--model", c.glue_model, "--out", c.tmp / "a", "--max-length", "3"],
-        ("argument --max-length: must be an integer >= 4, got 3",),
+        "analyze-max-seq-len-3",
+        "`tupe analyze --max-seq-len 3`",
+        lambda c: ["analyze", "--model", c.glue_model, "--out", c.tmp / "a", "--max-seq-len", "3"],
+        ("argument --max-seq-len: must be an integer from 4 to 1048576, got 3",),
     ),
 ]
 

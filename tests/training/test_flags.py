@@ -29,7 +29,22 @@ def test_every_command_spells_a_setting_the_same_way(command: str) -> None:
     for flag in FLAGS.values():
         for alias in flag.aliases:
             assert f" {alias} " not in help_text and f"{alias}," not in help_text  # hidden
-    for spelled in ("--max-grad-norm", "--adam-epsilon", "--adam-beta1", "--precision", "--max-seq-len"):
+    spellings = (
+        "--max-grad-norm",
+        "--adam-epsilon",
+        "--adam-beta1",
+        "--precision",
+        "--max-seq-len",
+        "--epochs",
+    )
+    spellings += (
+        "--warmup-ratio",
+        "--warmup-steps",
+        "--lr-scheduler",
+        "--gradient-checkpointing",
+        "--torch-compile",
+    )
+    for spelled in spellings:
         assert spelled in help_text, (command, spelled)
 
 
@@ -102,3 +117,44 @@ def test_pretrain_in_epochs_with_a_cosine_schedule_and_gradient_checkpointing(
     assert max(lrs) <= 2e-3 and lrs[-1] < max(lrs)  # warmed up, then decayed
     assert json.loads((tmp_path / "r" / "tupe_run.json").read_text())["optim"]["lr_scheduler"] == "cosine"
     assert not list((tmp_path / "r").glob(".lock*"))  # a finished run leaves no lock files
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [("evaluate", ["--model", "m", "--text", "t"]), ("analyze", ["--model", "m", "--out", "o"])],
+)
+def test_evaluate_and_analyze_say_max_seq_len_and_keep_max_length_hidden(
+    command: str, argv: list[str]
+) -> None:
+    help_text = build_parser(command)._subparsers._group_actions[0].choices[command].format_help()
+    assert "--max-seq-len" in help_text and "--max-length" not in help_text
+    assert _parse(command, *argv, "--max-seq-len", "48").max_length == 48
+    assert _parse(command, *argv, "--max-length", "48").max_length == 48
+
+
+def test_compare_reads_epochs_as_the_steps_pretrain_would_train(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
+    from tupe.comparison.compare import _epochs_as_steps
+    from tupe.training.arguments import config_from_args
+
+    args = _parse("compare", "--schemes", "bert-a,tupe-a", "--out", "o", "--epochs", "0.3")
+    assert config_from_args(args).epochs == 0.3
+    lines: list[str] = []
+    base = _epochs_as_steps(tiny_run(tmp_path / "c", max_steps=None, epochs=0.3), lines.append)
+    blocks = int(lines[0].split("(")[1].split()[0])
+    assert (base.epochs, base.max_steps) == (None, math.ceil(0.3 * blocks / 8)) and blocks > 0
+    assert base.resolve().max_steps == base.max_steps
+
+
+@pytest.mark.slow
+def test_compare_in_epochs_trains_every_run_the_steps_pretrain_would(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001
+    from tupe.comparison.compare import compare
+
+    base = tiny_run(tmp_path / "c", max_steps=None, epochs=0.3, eval_steps=100, save_steps=100)
+    lines: list[str] = []
+    compare(base, ["bert-a", "nope"], log=lines.append)
+    blocks = json.loads((tmp_path / "c" / "bert-a" / "pretrain_summary.json").read_text())["train_blocks"]
+    steps = math.ceil(0.3 * blocks / 8)  # as `tupe pretrain --epochs 0.3` counts them
+    for scheme in ("bert-a", "nope"):
+        assert json.loads((tmp_path / "c" / scheme / "pretrain_summary.json").read_text())["steps"] == steps
+    assert json.loads((tmp_path / "c" / "compare_run.json").read_text())["max_steps"] == steps
+    assert f"--epochs 0.3: {steps} steps per run ({blocks} training blocks)" in lines

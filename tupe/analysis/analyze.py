@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.io.outputs import OutputFolder
+from tupe.training.flags import add_training_flags
 
 if TYPE_CHECKING:  # torch and the analysis modules are imported where used: `tupe analyze --help` stays fast
     import torch
@@ -48,11 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=V.nonempty_path,
         help="tokenizer directory, if the model directory has none",
     )
-    parser.add_argument(
-        "--max-length",
-        type=V.int_range(4),
-        default=128,
-        help="block length in tokens (default 128, capped at the model's max_position_embeddings)",
+    add_training_flags(
+        parser,
+        ["max_seq_len"],
+        defaults={"max_seq_len": 128},
+        dests={"max_seq_len": "max_length"},
+        helps={"max_seq_len": "a block of text; default 128, capped at the model's max_position_embeddings"},
+        types={"max_seq_len": V.int_range(4, V.MAX_LENGTH)},
     )
     parser.add_argument(
         "--num-blocks", type=V.positive_int, default=32, help="blocks of text to average over (default 32)"
@@ -112,7 +115,7 @@ def analyze(
     thresholds = DEFAULT_THRESHOLDS if thresholds is None else thresholds
     if max_length < 4 or num_blocks < 1 or batch_size < 1:
         raise TupeError(
-            f"--max-length must be >= 4 and --num-blocks, --batch-size >= 1 (got {max_length}, "
+            f"--max-seq-len must be >= 4 and --num-blocks, --batch-size >= 1 (got {max_length}, "
             f"{num_blocks}, {batch_size})"
         )
     encoder, description = load_encoder(model_dir)

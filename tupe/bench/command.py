@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="eager,sdpa,default",
         metavar="KERNELS",
         help="comma-separated attention kernels, each timed for every scheme: auto or a name of the model's kernel "
-        "registry (tupe.modeling.ATTENTION_KERNELS; built in: eager, sdpa, fold, fused, flex), or the aliases "
-        "default (= auto) and sdpa-fold (= fold); a kernel that cannot run a scheme is refused, not replaced "
+        "registry (tupe.modeling.ATTENTION_KERNELS, docs/model.md; an unknown name is refused with the list), or "
+        "the aliases default (= auto) and sdpa-fold (= fold); a kernel that cannot run a scheme is refused, not replaced "
         "(default: %(default)s). --backends is the old name",
     )
     parser.add_argument(

@@ -273,6 +273,16 @@ def _check_comparison(out: Path, identity: dict[str, Any], base: PretrainConfig)
     atomic_write_text(path, json.dumps({"format": 1, **identity}, indent=1) + "\n")
 
 
+def _epochs_as_steps(base: PretrainConfig, log) -> PretrainConfig:  # noqa: ANN001
+    """`--epochs` as the steps `tupe pretrain --epochs` would train: every run of a comparison trains on the same
+    blocks, so one count, made from the prepared data before any run starts (the comparison's identity, `--resume`
+    and the progress bar need it)."""
+    prepared = pretrain(dataclasses.replace(base, prepare_only=True, resume=False))
+    steps = base.resolve().for_data(prepared["train_blocks"]).max_steps
+    log(f"--epochs {base.epochs:g}: {steps} steps per run ({prepared['train_blocks']} training blocks)")
+    return dataclasses.replace(base, epochs=None, max_steps=steps)
+
+
 def _compare(
     base: PretrainConfig,
     out: Path,
@@ -282,6 +292,9 @@ def _compare(
     log,  # noqa: ANN001
 ) -> dict[str, Any]:
     seeds = seeds or [base.seed]
+    prepared = False
+    if base.epochs is not None:
+        base, prepared = _epochs_as_steps(base, log), True
     max_steps = int(base.resolve().max_steps)
     dirs = run_dirs(out, schemes, seeds)
     # what this comparison writes at the top of --out; a user's file there stops it before any work
@@ -301,8 +314,8 @@ def _compare(
     jobs.sort(key=lambda job: seeds.index(job[1].seed))  # seed by seed: partial results stay paired
     t0 = time.perf_counter()
     if parallel > 1 and len(jobs) > 1:
-        # tokenizer and packed blocks once, before the runs start sharing the cache
-        pretrain(dataclasses.replace(base, prepare_only=True, resume=False))
+        if not prepared:  # tokenizer and packed blocks once, before the runs start sharing the cache
+            pretrain(dataclasses.replace(base, prepare_only=True, resume=False))
         threads = base.threads or max(1, (os.cpu_count() or 1) // parallel)
         jobs = [(n, dataclasses.replace(c, threads=threads, progress=False)) for n, c in jobs]
         _train_parallel(jobs, parallel, out / LOG_DIR, base.progress and not base.quiet, log)

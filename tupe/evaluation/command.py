@@ -19,6 +19,9 @@ from typing import Any
 from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.evaluation import EXTEND_METHODS
+from tupe.training.flags import add_training_flags
+
+FLAG_NAMES = {"max_length": "--max-seq-len"}  # options whose attribute is not their name
 
 MAX_BOOTSTRAP = (
     100_000  # each resample keeps 8 bytes per statistic; 10^5 is far past any interval's precision
@@ -56,11 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="evaluate at most N blocks, evenly spaced over the text (default: every full block)",
     )
-    p.add_argument(
-        "--max-length",
-        type=V.int_range(2),
-        metavar="L",
-        help="block length (default: the smallest max length of the models sharing a tokenizer)",
+    add_training_flags(
+        p,
+        ["max_seq_len"],
+        dests={"max_seq_len": "max_length"},
+        helps={"max_seq_len": "a block; default: the smallest max length of the models sharing a tokenizer"},
     )
     p.add_argument(
         "--lengths",
@@ -157,7 +160,7 @@ def command_line(args: argparse.Namespace) -> str:
         if opt == "extend_positions" and (value == "none" or not getattr(args, "lengths", None)):
             continue
         if value is not None:
-            parts += [f"--{opt.replace('_', '-')}", str(value)]
+            parts += [FLAG_NAMES.get(opt, f"--{opt.replace('_', '-')}"), str(value)]
     if getattr(args, "text_column", "text") != "text":
         parts += ["--text-column", args.text_column]
     for flag in ("skip_bad_text", "quiet"):
@@ -219,7 +222,7 @@ def check_paths(args: argparse.Namespace) -> None:
         check_file(args.json, "tupe evaluate", "--json")  # a file tupe did not write is never replaced
     if getattr(args, "lengths", None):
         if args.max_length is not None:
-            raise TupeError("--max-length and --lengths exclude each other: give the lengths in --lengths")
+            raise TupeError("--max-seq-len and --lengths exclude each other: give the lengths in --lengths")
         if plot_path(args) is not None:
             V.check_out_file("--plot", plot_path(args))
             from tupe.io.outputs import check_file

@@ -436,7 +436,7 @@ def evaluate(
         if settings.max_length is not None:
             if settings.max_length < 2 or settings.max_length > limit:
                 raise TupeError(
-                    f"--max-length {settings.max_length} must be between 2 and the models' max length {limit}"
+                    f"--max-seq-len {settings.max_length} must be between 2 and the models' max length {limit}"
                 )
             length = settings.max_length
         g.blocks = make_blocks(

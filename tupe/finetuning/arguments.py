@@ -4,12 +4,11 @@ transformers: `tupe finetune --help` builds its parser from here (tupe/cli.py `P
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from tupe import validators as V
 from tupe.errors import TupeError
-from tupe.training.finetuning import add_grid_arguments, add_run_arguments, grid_settings
+from tupe.training.finetuning import GridSettings, add_grid_arguments, add_run_arguments, grid_settings
 
 FAMILIES = ("ner", "qa", "multiple-choice", "classification")
 DEFAULT_SEEDS = (1, 2, 3)
@@ -17,52 +16,25 @@ DEFAULT_EPOCHS = 3.0  # transformers' run_ner / run_qa / run_swag
 
 
 @dataclass
-class FinetuneSettings:
-    """Everything that determines a run's score, apart from the learning rate and the seed."""
+class FinetuneSettings(GridSettings):
+    """Everything that determines a `tupe finetune` run's score, apart from the learning rate and the seed: the
+    shared recipe (tupe/training/finetuning.py `GridSettings`) and the task families' own settings."""
 
-    task: str
-    lrs: list[float] | None = None  # None: GLUE's defaults (the paper's grid; the small-model grid below 512)
     seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
     epochs: float = DEFAULT_EPOCHS
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    max_seq_len: int | None = None  # None: min(512, the model's positions); 384 for qa, like run_qa
-    warmup_ratio: float = 0.06
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-6
-    max_grad_norm: float = 1.0
-    lr_scheduler: str = "linear"
-    dropout: float | None = 0.1
     early_stopping: int | None = None  # patience in epochs, on the validation loss
     doc_stride: int | None = None  # qa: None = min(128, max_seq_len // 4)
     max_answer_length: int = 30
     n_best: int = 20
     version_2_with_negative: bool = False
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    fp16: bool = False
-    bf16: bool = False
 
     def resolved(self, max_positions: int, hidden_size: int | None) -> FinetuneSettings:
-        """Defaults filled in for this model; a `--max-seq-len` beyond its positions is an error."""
+        """Defaults filled in for this model (GLUE's grid; 384 tokens for qa, like run_qa); a `--max-seq-len`
+        beyond its positions is an error."""
         from tupe.glue.protocol import PAPER_LRS, SMALL_MODEL_LRS, is_small_model
 
-        out = FinetuneSettings(**asdict(self))
-        lrs = (
-            self.lrs
-            if self.lrs is not None
-            else (SMALL_MODEL_LRS if is_small_model(hidden_size) else PAPER_LRS)
-        )
-        out.lrs = list(dict.fromkeys(float(x) for x in lrs))
-        out.seeds = list(dict.fromkeys(int(x) for x in self.seeds))
-        if self.max_seq_len is None:
-            out.max_seq_len = min(384 if self.task == "qa" else 512, max_positions)
-        elif self.max_seq_len > max_positions:
-            raise TupeError(
-                f"--max-seq-len {self.max_seq_len} exceeds the model's max_position_embeddings {max_positions}"
-            )
+        lrs = SMALL_MODEL_LRS if is_small_model(hidden_size) else PAPER_LRS
+        out = self.with_defaults(lrs, 384 if self.task == "qa" else 512, max_positions)
         if self.task == "qa":
             stride = self.doc_stride if self.doc_stride is not None else min(128, out.max_seq_len // 4)
             if not 0 < stride < out.max_seq_len // 2:
@@ -73,13 +45,6 @@ class FinetuneSettings:
         if not out.lrs or not out.seeds:
             raise TupeError("the grid is empty: give at least one learning rate and one seed")
         return out
-
-    def fingerprint_fields(self) -> dict[str, Any]:
-        """The settings a finished run must share with the current command to be reused (not the grid itself)."""
-        d = asdict(self)
-        for key in ("lrs", "seeds", "eval_batch_size"):
-            d.pop(key)
-        return d
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -181,48 +180,42 @@ def _run(
     from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
     from tupe.io.files import atomic_write_json, atomic_write_text
     from tupe.runtime import tupe_version
-    from tupe.training.finetuning import finished_runs, run_grid, run_name
+    from tupe.training.finetuning import plan_grid, run_grid, run_name
 
     info, config = inspect_checkpoint(model_dir, scheme)
     tokenizer = load_tokenizer(tokenizer_dir or model_dir, config, explicit=tokenizer_dir is not None)
     train_ds = family.encode_train(tokenizer, train)
     eval_ds, aux = family.encode_eval(tokenizer, dev)
-    fingerprint = {
-        "settings": settings.fingerprint_fields(),
-        "model_weights_sha256": info.weights_sha256,
-        "data_sha256": family.fingerprint(train, dev),
-    }
-    done = finished_runs(out_dir, fingerprint, overwrite, outputs)
-    grid = [(lr, seed) for lr in settings.lrs for seed in settings.seeds]
-    steps_per_run = int(math.ceil(math.ceil(len(train_ds) / settings.batch_size) * settings.epochs))
+    grid = plan_grid(
+        out_dir,
+        settings,
+        len(train_ds),
+        info.weights_sha256,
+        family.fingerprint(train, dev),
+        overwrite,
+        outputs,
+    )
     log(
         f"{family.name}: {len(train)} train / {len(dev)} validation examples ({len(train_ds)} / {len(eval_ds)} "
         f"model inputs) from {paths[0]}, {paths[1]}; model {model_dir} (scheme {info.scheme})"
     )
-    log(
-        f"grid: {len(settings.lrs)} lr x {len(settings.seeds)} seeds = {len(grid)} runs, "
-        f"{sum(g in done for g in grid)} already done; {settings.epochs:g} epochs x "
-        f"{math.ceil(len(train_ds) / settings.batch_size)} steps (batch {settings.batch_size}, max length "
-        f"{settings.max_seq_len})"
-    )
+    log(grid.describe(settings, len(train_ds)))
     baseline = family.baseline(train, dev)
 
     def run_one(lr: float, seed: int, run_dir: Path, callbacks: list[Any]) -> dict:
-        from tupe.io.files import failed_writes_reported
         from tupe.training.finetuning import (
+            finish_run,
             load_head,
             loss_curve,
             make_trainer,
-            trainer_used,
             training_arguments,
         )
 
         model = load_head(
             family.model_class(), str(model_dir), seed, settings.dropout, **family.model_kwargs()
         )
-        work = run_dir / "trainer"
         args = training_arguments(
-            settings, lr, seed, work, len(train_ds), [], early_stopping=settings.early_stopping
+            settings, lr, seed, run_dir / "trainer", len(train_ds), [], early_stopping=settings.early_stopping
         )
         trainer = make_trainer(
             model,
@@ -239,13 +232,7 @@ def _run(
         train_seconds = time.time() - t0
         scores, rows = family.score(trainer.predict(eval_ds), aux, dev)
         atomic_write_text(run_dir / "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-        if save_models:
-            with failed_writes_reported(run_dir / "model", f"run lr={lr:g} seed={seed} is redone next time"):
-                trainer.save_model(str(run_dir / "model"))
-        used = trainer_used(trainer)
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
+        used = finish_run(trainer, run_dir, save_models, f"run lr={lr:g} seed={seed} is redone next time")
         return {
             "lr": lr,
             "seed": seed,
@@ -291,14 +278,14 @@ def _run(
                 "train_features": len(train_ds),
                 "validation_features": len(eval_ds),
                 **family.describe_data(train, dev),
-                "sha256": fingerprint["data_sha256"],
+                "sha256": grid.fingerprint["data_sha256"],
             },
             "settings": asdict(settings),
             "protocol": "mean over seeds per learning rate; best learning rate by the mean main metric; scores on "
             "the validation file after the last epoch"
             + (" (the best epoch by validation loss: early stopping)" if settings.early_stopping else ""),
             "engine": {"trainer": "transformers.Trainer", "tupe": tupe_version()},
-            "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid),
+            "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid.runs),
             "runs": sorted(
                 ({k: v for k, v in r.items() if k not in ("fingerprint", "loss_curve")} for r in runs),
                 key=lambda r: (r["lr"], r["seed"]),
@@ -313,20 +300,7 @@ def _run(
     def describe(r: dict) -> str:
         return ", ".join(f"{m}={r['scores'][m]:.2f}" for m in family.metrics)
 
-    run_grid(
-        out_dir,
-        grid,
-        done,
-        fingerprint,
-        run_one,
-        on_update,
-        steps_per_run,
-        f"{family.name} grid",
-        progress,
-        log,
-        describe,
-        outputs,
-    )
+    run_grid(grid, run_one, on_update, f"{family.name} grid", progress, log, describe)
     results = state["results"]
     if results["best"] is not None:
         b = results["best"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -47,12 +46,7 @@ from tupe.io.files import atomic_write_json, folder_lock
 from tupe.io.outputs import OutputFolder
 from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import console_log, hushed_libraries
-from tupe.training.finetuning import (
-    add_grid_arguments,
-    add_run_arguments,
-    finished_runs,
-    grid_settings,
-)
+from tupe.training.finetuning import add_grid_arguments, add_run_arguments, grid_settings, plan_grid
 from tupe.training.finetuning import run_grid as run_grid_loop
 from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
 
@@ -119,31 +113,18 @@ def _run_grid(
     data = _load_data(task, data_dir, train_file, dev_files)
     data.train = _subsample(data.train, settings.max_train_samples)
     data.dev = {k: _subsample(v, settings.max_eval_samples) for k, v in data.dev.items()}
-    fingerprint = {
-        "settings": settings.fingerprint_fields(),
-        "model_weights_sha256": info.weights_sha256,
-        "data_sha256": data_fingerprint(data),
-    }
-
     # Resume: reuse finished runs made with the same model, data and settings.
-    done = finished_runs(out_dir, fingerprint, overwrite, outputs)
-    grid = [(lr, seed) for lr in settings.lrs for seed in settings.seeds]
-    todo = [g for g in grid if g not in done]
     n_train = len(data.train)
-    steps_per_run = int(math.ceil(math.ceil(n_train / settings.batch_size) * settings.epochs))
-
+    grid = plan_grid(
+        out_dir, settings, n_train, info.weights_sha256, data_fingerprint(data), overwrite, outputs
+    )
     log(
         f"{task.name}: {n_train} train / "
         + ", ".join(f"{len(v)} {k}" for k, v in data.dev.items())
         + f" examples from {data.source}; model {model_dir} (scheme {info.scheme}, "
         f"pre-training steps {info.pretrain_steps if info.pretrain_steps is not None else 'unknown'})"
     )
-    log(
-        f"grid: {len(settings.lrs)} lr x {len(settings.seeds)} seeds = {len(grid)} runs, "
-        f"{len(grid) - len(todo)} already done; {settings.epochs:g} epochs x "
-        f"{math.ceil(n_train / settings.batch_size)} steps (batch {settings.batch_size}, max length "
-        f"{settings.max_seq_len})"
-    )
+    log(grid.describe(settings, n_train))
 
     train_enc = encode_split(tokenizer, data.train, settings.max_seq_len, task.is_regression)
     train_ds = to_dataset(train_enc, task.is_regression)
@@ -180,13 +161,13 @@ def _run_grid(
                     k: None if task.is_regression else max(np.bincount(v.labels)) / len(v)
                     for k, v in data.dev.items()
                 },
-                "sha256": fingerprint["data_sha256"],
+                "sha256": grid.fingerprint["data_sha256"],
             },
             "settings": asdict(settings),
             "protocol": "median over seeds per learning rate; best learning rate by the median main metric "
             "(TUPE paper, Table 2); scores are the dev scores after the last epoch",
             "engine": {"trainer": "transformers.Trainer", "tupe": tupe_version(), **_versions()},
-            "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid),
+            "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid.runs),
             "runs": sorted(
                 (
                     {k: r.get(k) for k in _RUN_SUMMARY_KEYS}
@@ -249,20 +230,7 @@ def _run_grid(
             for m, v in ms.items()
         )
 
-    run_grid_loop(
-        out_dir,
-        grid,
-        done,
-        fingerprint,
-        run_one,
-        on_update,
-        steps_per_run,
-        f"{task.name} grid",
-        progress,
-        log,
-        describe,
-        outputs,
-    )
+    run_grid_loop(grid, run_one, on_update, f"{task.name} grid", progress, log, describe)
     results = state["results"]
     _write_glue_card(out_dir, task, settings, results, data.source, info)
     best = results["best"]
@@ -373,7 +341,9 @@ def _write_glue_card(
         "epochs": settings.epochs,
         "batch size": settings.batch_size,
         "max sequence length": settings.max_seq_len,
-        "warm-up ratio": settings.warmup_ratio,
+        "warm-up": f"{settings.warmup_steps} steps"
+        if settings.warmup_steps is not None
+        else f"{settings.warmup_ratio:g} of the steps",
         "weight decay": settings.weight_decay,
         "Adam betas": f"{settings.adam_beta1}, {settings.adam_beta2}",
         "Adam epsilon": settings.adam_epsilon,

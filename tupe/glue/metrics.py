@@ -12,7 +12,8 @@ import numpy as np
 # scipy and scikit-learn are imported by the functions that use them: they take seconds to import, and
 # `tupe glue --help` imports this module
 
-METRIC_NAMES = ("accuracy", "f1", "mcc", "pearson", "spearman")
+METRIC_NAMES = ("accuracy", "f1", "macro_f1", "mcc", "pearson", "spearman")
+CLASS_METRICS = ("accuracy", "f1", "macro_f1", "mcc")  # of label ids; pearson and spearman: of scores
 
 
 def accuracy(labels: Sequence[int], predictions: Sequence[int]) -> float:
@@ -27,6 +28,13 @@ def f1(labels: Sequence[int], predictions: Sequence[int]) -> float:
     from sklearn.metrics import f1_score
 
     return float(f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0.0))
+
+
+def macro_f1(labels: Sequence[int], predictions: Sequence[int]) -> float:
+    """The mean over classes of each class's F1: the F1 of a task with more than two labels."""
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(labels, predictions, average="macro", zero_division=0.0))
 
 
 def mcc(labels: Sequence[int], predictions: Sequence[int]) -> float:
@@ -60,7 +68,14 @@ def spearman(labels: Sequence[float], predictions: Sequence[float]) -> float:
     return float(spearmanr(y, p)[0])
 
 
-_FUNCTIONS = {"accuracy": accuracy, "f1": f1, "mcc": mcc, "pearson": pearson, "spearman": spearman}
+_FUNCTIONS = {
+    "accuracy": accuracy,
+    "f1": f1,
+    "macro_f1": macro_f1,
+    "mcc": mcc,
+    "pearson": pearson,
+    "spearman": spearman,
+}
 
 
 def compute_metrics(names: Sequence[str], labels: Sequence, predictions: Sequence) -> dict[str, float]:

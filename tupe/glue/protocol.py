@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tupe.errors import TupeError
 from tupe.glue.tasks import GlueTask
-from tupe.training.finetuning import run_name  # noqa: F401  (re-exported)
+from tupe.training.finetuning import GridSettings, run_name  # noqa: F401  (run_name: re-exported)
 
 PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 PAPER_SEEDS = (1, 2, 3, 4, 5)
@@ -46,59 +46,25 @@ def is_small_model(hidden_size: int | None) -> bool:
 
 
 @dataclass
-class GlueSettings:
-    """Everything that determines a run's score, apart from the learning rate and the seed."""
+class GlueSettings(GridSettings):
+    """Everything that determines a GLUE run's score, apart from the learning rate and the seed (the shared
+    recipe's fields: tupe/training/finetuning.py `GridSettings`)."""
 
-    task: str
-    lrs: list[float] | None = None  # None: the paper's grid, or SMALL_MODEL_LRS for a model narrower than 512
     seeds: list[int] = field(default_factory=lambda: list(PAPER_SEEDS))
     epochs: float | None = None  # None: the paper's (10, or 5 for MNLI/QQP/QNLI); SMALL_MODEL_EPOCHS if small
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    max_seq_len: int | None = None  # None: min(512, the model's max_position_embeddings)
-    warmup_ratio: float = 0.06
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-6
-    max_grad_norm: float = 1.0
-    lr_scheduler: str = "linear"
-    dropout: float | None = 0.1  # the paper's fine-tuning dropout; None keeps the checkpoint's
-    max_train_samples: int | None = None
-    max_eval_samples: int | None = None
-    fp16: bool = False
-    bf16: bool = False
 
     def resolved(self, task: GlueTask, max_positions: int, hidden_size: int | None = None) -> GlueSettings:
         """Defaults filled in for this task and model: the paper's grid and epochs, or the small-model ones."""
-        out = GlueSettings(**asdict(self))
         small = is_small_model(hidden_size)
+        out = self.with_defaults(SMALL_MODEL_LRS if small else PAPER_LRS, 512, max_positions)
         out.task = task.name
-        lrs = self.lrs if self.lrs is not None else (SMALL_MODEL_LRS if small else PAPER_LRS)
-        out.lrs = list(dict.fromkeys(float(x) for x in lrs))  # "2e-5,2e-5" is one learning rate
-        out.seeds = list(dict.fromkeys(int(x) for x in self.seeds))
         default_epochs = SMALL_MODEL_EPOCHS if small else task.epochs
         out.epochs = float(default_epochs if self.epochs is None else self.epochs)
-        limit = max_positions
-        if self.max_seq_len is None:
-            out.max_seq_len = min(512, limit)
-        elif self.max_seq_len > limit:
-            raise TupeError(
-                f"--max-seq-len {self.max_seq_len} exceeds the model's max_position_embeddings {limit}"
-            )
-        elif self.max_seq_len < 8:
+        if out.max_seq_len < 8:
             raise TupeError(
                 f"--max-seq-len {self.max_seq_len} is too short (at least 8: [CLS] A [SEP] B [SEP])"
             )
         return out
-
-    def fingerprint_fields(self) -> dict[str, Any]:
-        """The settings a finished run must share with the current command to be reused (not the grid itself)."""
-        d = asdict(self)
-        d.pop("lrs")
-        d.pop("seeds")
-        d.pop("eval_batch_size")
-        return d
 
 
 def lr_key(lr: float) -> str:

@@ -106,6 +106,9 @@ def protocol_differences(data: dict[str, Any]) -> list[str]:
         "adam_epsilon": 1e-6,
         "dropout": 0.1,
     }
+    if s.get("warmup_steps") is not None:  # --warmup-steps in place of the ratio
+        paper.pop("warmup_ratio")
+        out.append(f"warm-up {s['warmup_steps']} steps (paper 6% of the steps)")
     for key, value in paper.items():
         if key in s and s[key] != value:
             out.append(f"{key} {s[key]} (paper {value})")

@@ -75,6 +75,25 @@ class GlueTask:
             raise ValueError(
                 f"task {self.name!r}: main_metric {self.main_metric!r} is not one of its metrics"
             )
+        self._check_metrics()
+
+    def _check_metrics(self) -> None:
+        """A metric the task's labels cannot have is refused when the entry is made, not after a grid's training."""
+        from tupe.glue.metrics import CLASS_METRICS, METRIC_NAMES
+
+        for metric in self.metrics:
+            if metric not in METRIC_NAMES:
+                raise ValueError(
+                    f"task {self.name!r}: unknown metric {metric!r}; known: {', '.join(METRIC_NAMES)}"
+                )
+            if (metric in CLASS_METRICS) == (self.regression_range is not None):
+                kind = "a regression task" if self.regression_range is not None else "a task with labels"
+                raise ValueError(f"task {self.name!r}: {metric} does not apply to {kind}")
+            if metric == "f1" and self.tsv_labels != ANY_LABEL and len(self.tsv_labels) != 2:
+                raise ValueError(
+                    f"task {self.name!r}: f1 is the binary F1 of label 1; with {len(self.tsv_labels)} labels use "
+                    "macro_f1"
+                )
 
     @property
     def is_regression(self) -> bool:

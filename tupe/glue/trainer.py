@@ -3,7 +3,6 @@ and its dev predictions."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,12 @@ from tupe.errors import TupeError
 from tupe.glue.metrics import compute_metrics, predictions_from_logits
 from tupe.glue.protocol import GlueSettings, main_score
 from tupe.glue.tasks import GlueTask, Split
-from tupe.io.files import atomic_write_text, failed_writes_reported
+from tupe.io.files import atomic_write_text
 from tupe.training.finetuning import (  # noqa: F401  (training_arguments: re-exported for tests)
+    finish_run,
     load_head,
     loss_curve,
     make_trainer,
-    trainer_used,
     training_arguments,
 )
 
@@ -107,9 +106,15 @@ def train_one(
         kwargs["id2label"] = dict(enumerate(task.label_names))
         kwargs["label2id"] = {n: i for i, n in enumerate(task.label_names)}
     model = load_head(TupeForSequenceClassification, model_dir, seed, settings.dropout, **kwargs)
-    work = run_dir / "trainer"
     args = training_arguments(
-        settings, lr, seed, work, len(train_ds), report_to, push_to_hub=push_to_hub, hub_model_id=hub_model_id
+        settings,
+        lr,
+        seed,
+        run_dir / "trainer",
+        len(train_ds),
+        report_to,
+        push_to_hub=push_to_hub,
+        hub_model_id=hub_model_id,
     )
     trainer = make_trainer(
         model,
@@ -138,15 +143,11 @@ def train_one(
         fname = f"predictions-{split_name}.tsv"
         _write_predictions(run_dir / fname, split, preds, task.is_regression)
         pred_files[split_name] = fname
-    if save_model:
-        with failed_writes_reported(  # disk full: torch/safetensors report it in their own exception types
-            run_dir / "model",
-            f"run lr={lr:g} seed={seed} has no result.json and is redone next time; the finished runs are "
-            "kept: free space and rerun the same command",
-        ):
-            trainer.save_model(str(run_dir / "model"))
-    used = trainer_used(trainer)
-    shutil.rmtree(work, ignore_errors=True)
+    redo = (
+        f"run lr={lr:g} seed={seed} has no result.json and is redone next time; the finished runs are kept: "
+        "free space and rerun the same command"
+    )
+    used = finish_run(trainer, run_dir, save_model, redo)
     return {
         "lr": lr,
         "seed": seed,

@@ -328,8 +328,8 @@ def _add_model_arguments(m: Any) -> None:
         type=_attention_kernel,
         metavar="NAME",
         help="attention kernel, saved with the model: auto (default: the fastest exact one for each step) or a "
-        "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS; built in: eager, the reference, "
-        "sdpa, fold, fused, flex), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
+        "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS, docs/model.md; an unknown name is "
+        "refused with the list), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
     )
     m.add_argument(
         "--attn-implementation",
@@ -437,15 +437,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip (and count) batches whose loss is NaN/inf instead of stopping the run",
     )
     add_model_data_arguments(p)
-    add_training_flags(
-        p.add_argument_group("length in epochs"),
-        ["epochs"],
-        helps={"epochs": "instead of --max-steps: steps = epochs x training blocks / --batch-size"},
-    )
+    add_epochs_argument(p)
     add_hub_arguments(
         p,
         push_help="push the final model to the Hugging Face Hub (needs a login; the Trainer's push_to_hub)",
         id_help="Hub repository for --push-to-hub (the Trainer's hub_model_id; default: the --out folder's name)",
+    )
+
+
+def add_epochs_argument(p: argparse.ArgumentParser) -> None:
+    """`--epochs`, the run's length counted in passes over the data (`tupe pretrain`, `tupe compare`)."""
+    add_training_flags(
+        p.add_argument_group("length in epochs"),
+        ["epochs"],
+        helps={"epochs": "instead of --max-steps: steps = epochs x training blocks / --batch-size"},
     )
 
 
@@ -484,6 +489,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="keep finished runs, continue interrupted ones")
     p.add_argument("--overwrite", action="store_true", help="start every run again")
     add_eval_text_argument(p, default=None)
+    add_epochs_argument(p)
     # also annotates the ranges in --help
     add_model_data_arguments(p, quiet_help="print the result tables only (no log lines, no progress bars)")
     p.epilog = (

@@ -10,16 +10,82 @@ head, data and metrics) is the caller's: GLUE's sentence classification, or a `t
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import shutil
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tupe.errors import TupeError
 from tupe.io.files import atomic_write_json
 
 if TYPE_CHECKING:
     from tupe.io.outputs import OutputFolder
+
+_S = TypeVar("_S", bound="GridSettings")
+# settings that decide how a run computes, not what it learns: a finished run is reused whatever they were
+_MACHINE_SETTINGS = ("lrs", "seeds", "eval_batch_size", "gradient_checkpointing", "torch_compile")
+_FINGERPRINT_TAIL = ("max_train_samples", "max_eval_samples", "fp16", "bf16", "warmup_steps")
+
+
+@dataclass
+class GridSettings:
+    """Everything that determines a fine-tuning run's score apart from its learning rate and seed: the recipe
+    `tupe glue` (`GlueSettings`) and `tupe finetune` (`FinetuneSettings`) share, each command adding its own
+    fields and defaults. The field order is that of the fingerprints in finished runs' result.json."""
+
+    task: str
+    lrs: list[float] | None = None  # None: the paper's grid, or the small-model grid below width 512
+    seeds: list[int] = field(default_factory=list)
+    epochs: float | None = None
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    max_seq_len: int | None = None  # None: the command's default for the model
+    warmup_ratio: float | None = 0.06  # None when `warmup_steps` is given
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    max_grad_norm: float = 1.0
+    lr_scheduler: str = "linear"
+    dropout: float | None = 0.1  # the paper's fine-tuning dropout; None keeps the checkpoint's
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    fp16: bool = False
+    bf16: bool = False
+    warmup_steps: int | None = None  # instead of warmup_ratio
+    gradient_checkpointing: bool = False
+    torch_compile: bool = False
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """The settings a finished run must share with the current command to be reused (not the grid itself,
+        nor how it computes), byte for byte as before the commands shared this class: a command's own fields
+        before the subsets and precision, and `warmup_steps` only where given."""
+        d = asdict(self)
+        for key in _MACHINE_SETTINGS:
+            d.pop(key)
+        tail = {key: d.pop(key) for key in _FINGERPRINT_TAIL}
+        if tail["warmup_steps"] is None:
+            del tail["warmup_steps"]
+        return d | tail
+
+    def with_defaults(self: _S, default_lrs: Sequence[float], default_len: int, max_positions: int) -> _S:
+        """A copy with the grid's defaults filled in and each value once ("2e-5,2e-5" is one learning rate), the
+        length checked against the model's positions, and `warmup_steps` (where given) replacing the ratio."""
+        out = replace(self)
+        out.lrs = list(dict.fromkeys(float(x) for x in (default_lrs if self.lrs is None else self.lrs)))
+        out.seeds = list(dict.fromkeys(int(x) for x in self.seeds))
+        if self.max_seq_len is None:
+            out.max_seq_len = min(default_len, max_positions)
+        elif self.max_seq_len > max_positions:
+            raise TupeError(
+                f"--max-seq-len {self.max_seq_len} exceeds the model's max_position_embeddings {max_positions}"
+            )
+        if self.warmup_steps is not None:
+            out.warmup_ratio = None
+        return out
 
 
 def add_grid_arguments(
@@ -59,12 +125,13 @@ def add_grid_arguments(
     )
     add_training_flags(
         p,
-        ["warmup_ratio", "lr_scheduler", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm"],
-        defaults={"warmup_ratio": 0.06, "lr_scheduler": "linear", "adam_beta1": 0.9, "adam_beta2": 0.999,
-                  "adam_epsilon": 1e-6, "max_grad_norm": 1.0},
-        helps={"warmup_ratio": "default 0.06", "lr_scheduler": "default linear", "adam_beta1": "default 0.9, the "
-               "paper's", "adam_beta2": "default 0.999, the paper's", "adam_epsilon": "default 1e-6",
-               "max_grad_norm": "default 1.0"},
+        ["warmup_ratio", "warmup_steps", "lr_scheduler", "adam_beta1", "adam_beta2", "adam_epsilon",
+         "max_grad_norm"],
+        defaults={"lr_scheduler": "linear", "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-6,
+                  "max_grad_norm": 1.0},
+        helps={"warmup_ratio": "default 0.06", "warmup_steps": "instead of --warmup-ratio", "lr_scheduler":
+               "default linear", "adam_beta1": "default 0.9, the paper's", "adam_beta2": "default 0.999, the "
+               "paper's", "adam_epsilon": "default 1e-6", "max_grad_norm": "default 1.0"},
     )  # fmt: skip
     p.add_argument("--weight-decay", type=V.nonneg_float, default=0.01, help="default 0.01")
     p.add_argument(
@@ -79,10 +146,14 @@ def grid_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings `add_grid_arguments` and `add_run_arguments` give, by the settings' field names."""
     from tupe.training.flags import precision_flags
 
-    names = ("lrs", "seeds", "epochs", "batch_size", "eval_batch_size", "max_seq_len", "warmup_ratio")
+    if args.warmup_ratio is not None and args.warmup_steps is not None:
+        raise TupeError("--warmup-ratio and --warmup-steps say the same thing: give one")
+    names = ("lrs", "seeds", "epochs", "batch_size", "eval_batch_size", "max_seq_len", "warmup_steps")
     names += ("lr_scheduler", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm")
+    names += ("gradient_checkpointing", "torch_compile")
     return {
         **{name: getattr(args, name) for name in names},
+        "warmup_ratio": 0.06 if args.warmup_ratio is None else args.warmup_ratio,
         "weight_decay": args.weight_decay,
         "dropout": None if args.dropout < 0 else args.dropout,  # -1: the checkpoint's
         "max_train_samples": args.max_train_samples,
@@ -105,6 +176,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     V.add_threads_progress(p, "progress bar")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     add_training_flags(p, ["precision"], defaults={"precision": "fp32"}, helps={"precision": "default fp32"})
+    add_training_flags(p, ["gradient_checkpointing", "torch_compile"])
 
 
 def run_name(lr: float, seed: int) -> str:
@@ -163,7 +235,8 @@ def training_arguments(
         per_device_eval_batch_size=settings.eval_batch_size,
         learning_rate=lr,
         num_train_epochs=settings.epochs,
-        warmup_steps=settings.warmup_ratio,  # a float < 1 is a ratio of the total steps
+        # --warmup-steps, or --warmup-ratio: a float < 1 is a ratio of the total steps
+        warmup_steps=settings.warmup_steps if settings.warmup_steps is not None else settings.warmup_ratio,
         lr_scheduler_type=settings.lr_scheduler,
         weight_decay=settings.weight_decay,
         adam_beta1=settings.adam_beta1,
@@ -181,6 +254,8 @@ def training_arguments(
         disable_tqdm=True,
         fp16=settings.fp16,
         bf16=settings.bf16,
+        activation_checkpointing=settings.gradient_checkpointing,  # transformers 5's name for gradient_checkpointing
+        torch_compile=settings.torch_compile,
         dataloader_num_workers=0,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
@@ -269,6 +344,21 @@ def loss_curve(trainer: Any) -> list[tuple[int, float]]:
     return [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
 
 
+def finish_run(trainer: Any, run_dir: Path, save_model: bool, redo: str) -> dict[str, Any]:
+    """The end of one run, after its scores: the fine-tuned model saved in `run_dir/model` if asked (a full disk
+    stops the grid in one line ending with `redo`, what happens to this run and how to go on), what the Trainer
+    used, and its work folder `run_dir/trainer` removed. Returns what the Trainer used (`trainer_used`)."""
+    from tupe.io.files import failed_writes_reported
+
+    if save_model:
+        # disk full: torch/safetensors report it in their own exception types
+        with failed_writes_reported(run_dir / "model", redo):
+            trainer.save_model(str(run_dir / "model"))
+    used = trainer_used(trainer)
+    shutil.rmtree(run_dir / "trainer", ignore_errors=True)
+    return used
+
+
 # ------------------------------------------------------------------------------------------------------- grid
 
 
@@ -320,28 +410,68 @@ def finished_runs(
     return done
 
 
-def run_grid(
+@dataclass
+class Grid:
+    """A grid in its folder: its (lr, seed) runs in order, those already finished there with the same
+    fingerprint (settings, model weights, data), and the optimizer steps of one run."""
+
+    out_dir: Path
+    runs: list[tuple[float, int]]
+    done: dict[tuple[float, int], dict]
+    fingerprint: dict[str, Any]
+    steps_per_run: int
+    outputs: OutputFolder
+
+    def describe(self, settings: GridSettings, n_train: int) -> str:
+        """The line a command prints before it starts: the grid's size, what is done, each run's length."""
+        batches = math.ceil(n_train / settings.batch_size)
+        return (
+            f"grid: {len(settings.lrs or [])} lr x {len(settings.seeds)} seeds = {len(self.runs)} runs, "
+            f"{sum(g in self.done for g in self.runs)} already done; {settings.epochs:g} epochs x {batches} steps "
+            f"(batch {settings.batch_size}, max length {settings.max_seq_len})"
+        )
+
+
+def plan_grid(
     out_dir: Path,
-    grid: list[tuple[float, int]],
-    done: dict[tuple[float, int], dict],
-    fingerprint: dict,
+    settings: GridSettings,
+    n_train: int,
+    weights_sha256: str,
+    data_sha256: str,
+    overwrite: bool,
+    outputs: OutputFolder,
+) -> Grid:
+    """The grid of resolved `settings` on `n_train` training examples, with the runs that already finished in
+    `out_dir` (a run made otherwise is an error, or with `overwrite` discarded: `finished_runs`)."""
+    fingerprint = {
+        "settings": settings.fingerprint_fields(),
+        "model_weights_sha256": weights_sha256,
+        "data_sha256": data_sha256,
+    }
+    done = finished_runs(out_dir, fingerprint, overwrite, outputs)
+    runs = [(lr, seed) for lr in settings.lrs or [] for seed in settings.seeds]
+    steps = int(math.ceil(math.ceil(n_train / settings.batch_size) * float(settings.epochs or 0)))
+    return Grid(out_dir, runs, done, fingerprint, steps, outputs)
+
+
+def run_grid(
+    grid: Grid,
     run_one: Callable[[float, int, Path, list[Any]], dict],
     on_update: Callable[[list[dict]], None],
-    steps_per_run: int,
     desc: str,
     progress: bool,
     log: Callable[[str], None],
     describe: Callable[[dict], str],
-    outputs: OutputFolder,
 ) -> list[dict]:
-    """Run every (lr, seed) of `grid` not in `done`, in order, under one progress bar. Each finished run's
+    """Run every (lr, seed) of `grid` not done yet, in order, under one progress bar. Each finished run's
     `result.json` is written last and atomically; `on_update(runs)` is called before the first run and after
     each (it rewrites the grid's results). Returns every finished run, in grid order."""
     from tqdm.auto import tqdm
 
+    out_dir, done, outputs, steps_per_run = grid.out_dir, grid.done, grid.outputs, grid.steps_per_run
     runs_dir = out_dir / "runs"
-    todo = [g for g in grid if g not in done]
-    runs = [done[g] for g in grid if g in done]
+    todo = [g for g in grid.runs if g not in done]
+    runs = [done[g] for g in grid.runs if g in done]
     out_dir.mkdir(parents=True, exist_ok=True)
     on_update(runs)
     if not todo:
@@ -361,7 +491,7 @@ def run_grid(
             r = run_one(lr, seed, run_dir, [progress_callback(bar, label)])
             bar.n = start + steps_per_run  # keep the ETA right if the Trainer's step count differed
             bar.refresh()
-            r["fingerprint"] = fingerprint
+            r["fingerprint"] = grid.fingerprint
             atomic_write_json(
                 run_dir / "result.json", r, indent=2, clean=True
             )  # last: marks the run finished

@@ -1,7 +1,8 @@
 """One flag vocabulary: the training settings that several commands have (`pretrain`, `compare`, `glue`,
 `finetune`), defined once here so each is spelled, typed and explained the same way everywhere.
 
-A command adds the ones it has with `add_training_flags(parser, names, defaults=..., dests=..., helps=...)`:
+A command adds the ones it has with `add_training_flags(parser, names, defaults=..., dests=..., helps=...)`
+(`types=...` where it narrows a range):
 `dests` maps a setting to the command's own attribute name (pre-training keeps `max_length`), `defaults` and
 `helps` say what the command's default is. Older spellings (`--clip`, `--adam-eps`, `--adam-betas B1,B2`, `--bf16`,
 `--fp16`, `--max-length`) keep working as aliases that `--help` does not list.
@@ -47,7 +48,7 @@ FLAGS: dict[str, Flag] = {
     "max_seq_len": Flag(
         "--max-seq-len",
         ("--max-length",),
-        dict(type=V.int_range(2, V.MAX_LENGTH), help="tokens per sequence"),
+        dict(type=V.int_range(2, V.MAX_LENGTH), metavar="N", help="tokens per sequence"),
     ),
     "warmup_ratio": Flag(
         "--warmup-ratio",
@@ -108,15 +109,19 @@ def add_training_flags(
     defaults: dict[str, Any] | None = None,
     dests: dict[str, str] | None = None,
     helps: dict[str, str] | None = None,
+    types: dict[str, Any] | None = None,
 ) -> None:
     """Add the flags of `names` (keys of `FLAGS`) with this command's defaults, attribute names and help (each
-    help is the shared wording plus the command's own, e.g. its default), and their hidden aliases."""
-    defaults, dests, helps = defaults or {}, dests or {}, helps or {}
+    help is the shared wording plus the command's own, e.g. its default), and their hidden aliases. `types`
+    narrows a flag's range where the command needs more (`tupe analyze`: blocks of at least 4 tokens)."""
+    defaults, dests, helps, types = defaults or {}, dests or {}, helps or {}, types or {}
     names = list(names)
     for name in names:
         flag = FLAGS[name]
         dest = dests.get(name, name)
         kwargs = dict(flag.kwargs, dest=dest)
+        if name in types:
+            kwargs["type"] = types[name]
         if name in defaults:
             kwargs["default"] = defaults[name]
         if name in helps:

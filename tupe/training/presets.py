@@ -25,7 +25,6 @@ _MINI: dict[str, Any] = dict(
     max_steps=1800,
     learning_rate=1e-3,
     warmup_steps=100,
-    weight_decay=0.01,
     eval_steps=100,
     save_steps=500,
     logging_steps=50,
@@ -45,7 +44,6 @@ _BASE: dict[str, Any] = dict(
     max_steps=100_000,
     learning_rate=2e-4,
     warmup_steps=5_000,
-    weight_decay=0.01,
     eval_steps=2_000,
     save_steps=10_000,
     logging_steps=100,
@@ -83,8 +81,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 COMMON: dict[str, Any] = dict(
-    optimizer="adamw",
-    lr_scheduler="linear",  # warm-up, then linear decay to 0 (the paper's)  # the paper's; tupe.training.optimizers.OPTIMIZERS has the others
+    optimizer="adamw",  # the paper's; tupe.training.optimizers.OPTIMIZERS has the others
+    lr_scheduler="linear",  # warm-up, then linear decay to 0 (the paper's)
+    weight_decay=0.01,
     adam_beta1=0.9,
     adam_beta2=0.999,
     adam_epsilon=1e-6,
