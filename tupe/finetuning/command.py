@@ -70,8 +70,9 @@ def summarize(family: Family, runs: list[dict], lrs: list[float], seeds: list[in
     if not per_lr:
         return {"per_lr": per_lr, "best": None}
     best = max(per_lr.values(), key=lambda v: v["mean"][family.main_metric])
-    return {
+    return {  # the family's metrics first, then any others its scores have (SQuAD v2.0's HasAns_*, NoAns_*)
         **{m: best["mean"][m] for m in family.metrics},
+        **best["mean"],
         "best": {k: best[k] for k in ("lr", "n_seeds", "seeds", "mean", "std")},
         "per_seed": best["per_seed"],
         "per_lr": per_lr,
