@@ -109,7 +109,7 @@ def encode_windows(
         raise TupeError("question answering needs a fast tokenizer (offset mapping); this one is not")
     questions = [q.lstrip() for q in questions]  # run_qa: leading white space can make the question too long
     special = tokenizer.num_special_tokens_to_add(pair=True)
-    for i, ids in enumerate(tokenizer(questions, add_special_tokens=False)["input_ids"]):
+    for i, ids in enumerate(tokenizer(questions, add_special_tokens=False, verbose=False)["input_ids"]):
         room = max_seq_len - special - len(ids)
         if room <= doc_stride:
             name = where[i] if where is not None else f"question {questions[i][:60]!r}"
