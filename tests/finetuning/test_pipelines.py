@@ -18,23 +18,50 @@ SETTINGS = ("--max-seq-len", "48", "--doc-stride", "12")
 
 
 def _finetune(model, task, train, validation, out, *extra):
-    args = ["finetune", "--task", task, "--model", str(model), "--train", str(train)]
-    args += ["--validation", str(validation), "--out", str(out), "--lrs", "1e-3", "--seeds", "1"]
-    args += ["--epochs", "1", "--batch-size", "8", "--threads", "1", "--no-progress", "--save-models", *extra]
-    assert main(args) == 0
+    """A one-run `tupe finetune --save-models` into `out` (once per module): (the saved model, results, rows)."""
+    if not (out / "results.json").exists():
+        args = ["finetune", "--task", task, "--model", str(model), "--train", str(train)]
+        args += ["--validation", str(validation), "--out", str(out), "--lrs", "1e-3", "--seeds", "1"]
+        args += [
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--threads",
+            "1",
+            "--no-progress",
+            "--save-models",
+            *extra,
+        ]
+        assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     return out / "runs" / results["best_run"] / "model", results, rows
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("v2", [False, True])
-def test_qa_pipeline_gives_the_answers_of_tupe_finetune(tiny_model, data_dir, tmp_path, v2):
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """Where this module's runs go, as the docs name them: out/squad, out/squad2, out/ner."""
+    return tmp_path_factory.mktemp("pipelines")
+
+
+def _squad(tiny_model, data_dir, root, v2=False):
     files = ("squad2_train.json", "squad2_dev.json") if v2 else ("squad_train.json", "squad_dev.json")
     extra = [*SETTINGS, *(["--version-2-with-negative"] if v2 else [])]
-    model, results, rows = _finetune(
-        tiny_model, "qa", data_dir / files[0], data_dir / files[1], tmp_path, *extra
-    )
+    out = root / "out" / ("squad2" if v2 else "squad")
+    return _finetune(tiny_model, "qa", data_dir / files[0], data_dir / files[1], out, *extra)
+
+
+def _ner(tiny_model, data_dir, root):
+    train, dev = data_dir / "ner_train.conll", data_dir / "ner_valid.txt"
+    return _finetune(tiny_model, "ner", train, dev, root / "out" / "ner", "--lrs", "3e-3")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("v2", [False, True])
+def test_qa_pipeline_gives_the_answers_of_tupe_finetune(tiny_model, data_dir, root, v2):
+    model, results, rows = _squad(tiny_model, data_dir, root, v2)
+    files = ("squad2_train.json", "squad2_dev.json") if v2 else ("squad_train.json", "squad_dev.json")
     assert results["data"]["validation_features"] > results["data"]["validation_examples"]  # several windows
     questions = read_squad(data_dir / files[1], with_negative=v2)
 
@@ -62,10 +89,8 @@ def test_qa_pipeline_gives_the_answers_of_tupe_finetune(tiny_model, data_dir, tm
 
 
 @pytest.mark.slow
-def test_qa_pipeline_top_k_and_long_contexts_split_across_windows(tiny_model, data_dir, tmp_path):
-    model, _, _ = _finetune(
-        tiny_model, "qa", data_dir / "squad_train.json", data_dir / "squad_dev.json", tmp_path, *SETTINGS
-    )
+def test_qa_pipeline_top_k_and_long_contexts_split_across_windows(tiny_model, data_dir, root):
+    model, _, _ = _squad(tiny_model, data_dir, root)
     q = read_squad(data_dir / "squad_dev.json", with_negative=False)[0]
     context = " ".join([q.context] * 4)  # far longer than one 48-token window
     qa = pipeline("question-answering", model=str(model), device="cpu")
@@ -129,10 +154,8 @@ def test_the_library_s_own_question_answering_task_is_never_replaced(monkeypatch
 
 
 @pytest.mark.slow
-def test_token_classification_pipeline_on_a_finetuned_ner_model(tiny_model, data_dir, tmp_path):
-    model, results, _ = _finetune(
-        tiny_model, "ner", data_dir / "ner_train.conll", data_dir / "ner_valid.txt", tmp_path, "--lrs", "3e-3"
-    )
+def test_token_classification_pipeline_on_a_finetuned_ner_model(tiny_model, data_dir, root):
+    model, results, _ = _ner(tiny_model, data_dir, root)
     ner = pipeline("token-classification", model=str(model), aggregation_strategy="simple", device="cpu")
     assert type(ner.model).__name__ == "TupeForTokenClassification"
     assert sorted(ner.model.config.id2label.values()) == results["label_names"]
@@ -144,3 +167,20 @@ def test_token_classification_pipeline_on_a_finetuned_ner_model(tiny_model, data
         assert e["entity_group"] in types and 0.0 <= e["score"] <= 1.0
         # the byte-level BPE's offsets keep a word's leading space (no trim_offsets): compare without it
         assert 0 <= e["start"] < e["end"] <= len(text) and e["word"].strip() in text[e["start"] : e["end"]]
+
+
+@pytest.mark.slow
+def test_the_docs_pipeline_example_runs(tiny_model, data_dir, root, monkeypatch, capsys):
+    """docs/finetuning.md "Pipelines on the fine-tuned model", run as written on this module's out/squad, out/ner."""
+    import re
+    from pathlib import Path
+
+    _squad(tiny_model, data_dir, root)
+    _ner(tiny_model, data_dir, root)
+    doc = Path(__file__).resolve().parents[2] / "docs" / "finetuning.md"
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S) if "pipeline(" in b]
+    assert len(blocks) == 1
+    monkeypatch.chdir(root)
+    exec(compile(blocks[0], str(doc), "exec"), {"__name__": "__doc_example__"})
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 4 and printed[0].startswith("{'score': ")
