@@ -184,3 +184,24 @@ def test_the_docs_pipeline_example_runs(tiny_model, data_dir, root, monkeypatch,
     exec(compile(blocks[0], str(doc), "exec"), {"__name__": "__doc_example__"})
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 and printed[0].startswith("{'score': ")
+
+
+def test_qa_pipeline_serves_any_extractive_model(tiny_model, tmp_path):
+    """Registered for the task, not for tupe: a `transformers` BERT question-answering checkpoint works too."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    transformers.set_seed(0)
+    transformers.BertForQuestionAnswering(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    qa = pipeline("question-answering", model=str(tmp_path), device="cpu")
+    context = "The museum in Paris opened in 1931. " * 6  # several windows of the default 64 tokens
+    answer = qa(question="When did it open?", context=context)
+    assert type(qa.model).__name__ == "BertForQuestionAnswering"
+    assert answer["answer"] and context[answer["start"] : answer["end"]] == answer["answer"]
