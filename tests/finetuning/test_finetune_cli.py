@@ -212,7 +212,7 @@ def test_refusals_are_one_line_and_write_nothing(tiny_model, data_dir, tmp_path,
         assert _finetune(tiny_model, task, train, validation, out) == 2
         line = _err(capsys)
         assert line.startswith("tupe finetune: error: ") and message in line, line
-        assert not out.exists()
+        assert not out.exists(), (task, message, sorted(p.name for p in out.rglob("*")))
     assert (
         _finetune(
             tiny_model,
@@ -256,3 +256,78 @@ def test_a_transformers_bert_folder_is_converted_once(data_dir, tokenizer, tmp_p
     assert r["scheme"] == "bert-a" and (out / "converted-bert-a" / "config.json").is_file()
     assert _finetune(*args) == 0  # resumed: the converted copy is reused, every run already done
     assert "1 already done" in capsys.readouterr().out
+
+
+def test_more_refusals_name_the_file_line_and_value(tiny_model, data_dir, tmp_path, capsys):
+    """What a user's own files get wrong, each one line naming where, with nothing written."""
+    out = tmp_path / "out"
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9 O\n".encode("latin-1"))
+    seen_other_prefix = tmp_path / "v.txt"  # I-group where training only tags groups B-group
+    seen_other_prefix.write_text("Kevin B-person\nsaw O\nOKC I-group\n")
+    five = tmp_path / "five.txt"  # a tag column, but not the last one
+    five.write_text("EU NNP B-NP B-ORG x\nrejects VBZ B-VP O x\n")
+    record = tmp_path / "v.jsonl"
+    record.write_text('{"tokens": ["Kevin", "OKC"], "tags": ["B-person", "B-team"]}\n')
+    long_question = tmp_path / "q.json"
+    long_question.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {
+                        "paragraphs": [
+                            {
+                                "context": "It opened in 1931.",
+                                "qas": [
+                                    {
+                                        "id": "long",
+                                        "question": "When " * 40,
+                                        "answers": [{"text": "1931", "answer_start": 13}],
+                                    }
+                                ],
+                            }
+                        ]
+                    }
+                ]
+            }
+        )
+    )
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    wnut = data_dir / "wnut_train.conll"
+    cases = [
+        (("ner", wnut, latin1), "latin1.txt: not UTF-8 text (byte 0xe9 at offset 3"),
+        (
+            ("ner", wnut, seen_other_prefix),
+            "v.txt:3: tag 'I-group' never occurs in the training file",
+        ),
+        (("ner", wnut, seen_other_prefix), "(it has B-group)"),
+        (("ner", five, data_dir / "wnut_dev.conll"), "five.txt:1: tag 'x' is not an IOB tag"),
+        (("ner", five, data_dir / "wnut_dev.conll"), "column 4 ('B-ORG') looks like one"),
+        (("ner", wnut, record), "v.jsonl:1: token 2 ('OKC'): tag 'B-team' never occurs"),
+        (
+            ("qa", data_dir / "squad_train.json", long_question),
+            "question 'long' takes",
+        ),
+        (
+            ("qa", folder, data_dir / "squad_dev.json"),
+            "folder: question answering reads the official SQuAD JSON",
+        ),
+        (
+            ("ner", folder, data_dir / "wnut_dev.conll"),
+            "folder: cannot load it as a dataset saved with save_to_disk",
+        ),
+        (
+            ("multiple-choice", data_dir / "squad2_official_train.json", data_dir / "swag_official_dev.csv"),
+            "needs SWAG columns",
+        ),
+        (
+            ("classification", data_dir / "swag_official_train.csv", data_dir / "swag_official_dev.csv"),
+            "classification needs a `text`",
+        ),
+    ]
+    for (task, train, validation), message in cases:
+        assert _finetune(tiny_model, task, train, validation, out) == 2
+        line = _err(capsys)
+        assert line.startswith("tupe finetune: error: ") and message in line, line
+        assert not out.exists(), (task, message, sorted(p.name for p in out.rglob("*")))

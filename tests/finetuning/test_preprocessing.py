@@ -108,3 +108,24 @@ def test_doc_stride_checked():
         FinetuneSettings(task="qa", max_seq_len=32, doc_stride=20).resolved(64, 32)
     with pytest.raises(TupeError, match="--max-seq-len 128 exceeds the model's max_position_embeddings 64"):
         FinetuneSettings(task="ner", max_seq_len=128).resolved(64, 32)
+
+
+def test_rank_answers_spans_across_windows_offsets_and_probabilities():
+    from tupe.finetuning.qa import rank_answers
+
+    context = "aa bb cc"
+    # byte-level BPE offsets keep the space before a word: " bb" is (2, 5); the answer is stripped, start moved
+    offs = [None, (0, 2), (2, 5), (5, 8)]
+    w1 = (np.array([0.0, 1.0, 4.0, 0.0]), np.array([0.0, 0.0, 3.0, 1.0]), offs)
+    w2 = (np.array([0.0, 0.0, 2.0, 0.0]), np.array([0.0, 0.0, 3.5, 0.0]), offs)  # " bb" again, lower
+    ranked = rank_answers([w1, w2], context, n_best=3, max_answer_length=5, with_null=False)
+    assert ranked[0].text == "bb" and context[ranked[0].start : ranked[0].end] == "bb"
+    assert ranked[0].logit == 7.0  # the best of the two windows' scores for the same span
+    assert len({(a.start, a.end) for a in ranked}) == len(ranked)  # each span once
+    assert all(context[a.start : a.end] == a.text for a in ranked)
+    assert [a.logit for a in ranked] == sorted((a.logit for a in ranked), reverse=True)
+    assert sum(a.probability for a in ranked) == pytest.approx(1.0)
+    with_null = rank_answers([w1, w2], context, n_best=1, max_answer_length=5, with_null=True)
+    assert [(a.text, a.start, a.end) for a in with_null] == [("bb", 2 + 1, 5), ("", 0, 0)]
+    assert with_null[1].logit == 0.0  # the lowest [CLS] score over the windows
+    assert rank_answers([w1], context, n_best=3, max_answer_length=0, with_null=False) == []

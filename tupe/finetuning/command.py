@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tupe import validators as V
+from tupe.errors import TupeError
 from tupe.finetuning.arguments import FinetuneSettings, add_arguments, settings_from  # noqa: F401 (cli)
 from tupe.finetuning.family import Family
 
@@ -69,8 +70,9 @@ def summarize(family: Family, runs: list[dict], lrs: list[float], seeds: list[in
     if not per_lr:
         return {"per_lr": per_lr, "best": None}
     best = max(per_lr.values(), key=lambda v: v["mean"][family.main_metric])
-    return {
+    return {  # the family's metrics first, then any others its scores have (SQuAD v2.0's HasAns_*, NoAns_*)
         **{m: best["mean"][m] for m in family.metrics},
+        **best["mean"],
         "best": {k: best[k] for k in ("lr", "n_seeds", "seeds", "mean", "std")},
         "per_seed": best["per_seed"],
         "per_lr": per_lr,
@@ -138,27 +140,59 @@ def finetune(
     from tupe.io.files import folder_lock
     from tupe.io.outputs import OutputFolder
 
-    with folder_lock(out_dir, "tupe finetune"):
-        # what the command writes at the top of --out; anything there that it did not write stops it here
-        outputs = OutputFolder(out_dir, "tupe finetune")
-        outputs.claim("results.json", "predictions.jsonl", "runs")
-        model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log, outputs)
-        return _run(
-            model_dir,
-            family,
-            settings,
-            train,
-            dev,
-            (train_path, dev_path),
-            out_dir,
-            scheme,
-            tokenizer_dir,
-            save_models,
-            overwrite,
-            progress,
-            log,
-            outputs,
-        )
+    created = not out_dir.exists()
+    try:
+        with folder_lock(out_dir, "tupe finetune"):
+            try:
+                # what the command writes at the top of --out; anything there that it did not write stops it here
+                outputs = OutputFolder(out_dir, "tupe finetune")
+                outputs.claim("results.json", "predictions.jsonl", "runs")
+                model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log, outputs)
+                return _run(
+                    model_dir,
+                    family,
+                    settings,
+                    train,
+                    dev,
+                    (train_path, dev_path),
+                    out_dir,
+                    scheme,
+                    tokenizer_dir,
+                    save_models,
+                    overwrite,
+                    progress,
+                    log,
+                    outputs,
+                )
+            except TupeError:
+                _forget_new_folder(out_dir, created)
+                raise
+    except TupeError:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            import contextlib
+
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
+
+
+def _forget_new_folder(out_dir: Path, created: bool) -> None:
+    """A refusal found only once the model and tokenizer are loaded (a SQuAD question too long for its window)
+    leaves nothing behind either: a folder this command created, with no finished run, is emptied (under the
+    lock, whose own files go when it is released) and then removed."""
+    import shutil
+
+    from tupe.io.files import LOCK_INFO_NAME, LOCK_NAME
+
+    if not created or any(out_dir.glob("runs/*/result.json")):
+        return
+    for entry in out_dir.iterdir():
+        if entry.name in (LOCK_NAME, LOCK_INFO_NAME):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _run(

@@ -47,6 +47,7 @@ class Family:
             for ex in examples:
                 record = dict(asdict(ex) if is_dataclass(ex) else ex)
                 record.pop("where", None)  # where it was read from: moving the files changes nothing
+                record.pop("line", None)
                 h.update(json.dumps(record, sort_keys=True).encode() + b"\n")
         return h.hexdigest()
 

@@ -65,7 +65,9 @@ def squad_scores(golds: Sequence[Sequence[str]], predictions: Sequence[str]) -> 
     em, f1, has = [], [], []
     for answers, pred in zip(golds, predictions):
         refs = [a for a in answers if normalize_answer(a)] or [""]
-        has.append(refs != [""])
+        has.append(
+            bool(answers)
+        )  # the official script: answerable if it has answers, whatever they normalise to
         em.append(max(exact_match(pred, a) for a in refs))
         f1.append(max(token_f1(pred, a) for a in refs))
 

@@ -30,6 +30,13 @@ class Sentence:
     tokens: list[str]
     tags: list[str]
     where: str  # file:line of the sentence's first token, or the record
+    line: int = 0  # CoNLL: the line of the first token (one token a line); 0 for records
+
+    def token_where(self, k: int) -> str:
+        """Where token `k` is: its file:line in a CoNLL file, else the record and its position."""
+        if self.line:
+            return f"{self.where.rsplit(':', 1)[0]}:{self.line + k}"
+        return f"{self.where}: token {k + 1} ({self.tokens[k][:40]!r})"
 
 
 def _check_tags(tags: list[str], where: str) -> None:
@@ -48,7 +55,7 @@ def read_conll(path: Path) -> list[Sentence]:
 
     def close() -> None:
         if tokens:
-            sentences.append(Sentence(list(tokens), list(tags), f"{path}:{start}"))
+            sentences.append(Sentence(list(tokens), list(tags), f"{path}:{start}", start))
             tokens.clear()
             tags.clear()
 
@@ -67,7 +74,17 @@ def read_conll(path: Path) -> list[Sentence]:
             )
         if not tokens:
             start = lineno
-        _check_tags([fields[-1]], f"{path}:{lineno}")
+        if not _TAG.match(fields[-1]):
+            tagged = [i for i, f in enumerate(fields[1:-1], start=2) if _TAG.match(f) and f != "O"]
+            hint = (
+                f"column {tagged[-1]} ({fields[tagged[-1] - 1]!r}) looks like one, but the tag must be the last"
+                if tagged
+                else "is this a NER file?"
+            )
+            raise TupeError(
+                f"{path}:{lineno}: tag {fields[-1]!r} is not an IOB tag (O, B-TYPE, I-TYPE) in the last column; "
+                + hint
+            )
         tokens.append(fields[0])
         tags.append(fields[-1])
     close()
@@ -138,9 +155,13 @@ class NerFamily(Family):
     def check(self, train: list[Sentence], dev: list[Sentence], train_path: Path, dev_path: Path) -> None:
         seen = {t for s in train for t in s.tags}
         for s in dev:
-            for tag in s.tags:
+            for k, tag in enumerate(s.tags):
                 if tag not in seen:
-                    raise TupeError(f"{s.where}: tag {tag!r} never occurs in the training file {train_path}")
+                    kin = sorted(t for t in seen if t[2:] == tag[2:] and t != "O")
+                    also = f" (it has {', '.join(kin)})" if kin and tag != "O" else ""
+                    raise TupeError(
+                        f"{s.token_where(k)}: tag {tag!r} never occurs in the training file {train_path}{also}"
+                    )
         # run_ner's order: the labels sorted, so the ids do not depend on the order of the file
         self.labels = sorted(seen)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,113 @@ def read_squad(path: Path, with_negative: bool) -> list[Question]:
     return out
 
 
+def encode_windows(
+    tokenizer: Any,
+    questions: Sequence[str],
+    contexts: Sequence[str],
+    max_seq_len: int,
+    doc_stride: int,
+    return_token_type_ids: bool | None = None,
+    names: tuple[str, str] = ("--max-seq-len", "--doc-stride"),
+    where: Sequence[str] | None = None,
+) -> tuple[Any, list[int], list[list[tuple[int, int] | None]]]:
+    """run_qa's windows of `[CLS] question [SEP] context [SEP]`, consecutive windows sharing `doc_stride` context
+    tokens: (the encoding without its offsets, each window's question index, each window's offsets of its context
+    tokens, None for the question and special tokens). `names`: the two settings as errors name them; `where`: each
+    question as errors name it. A question that leaves no more than `doc_stride` tokens of the window to the
+    context is refused. Shared by `tupe finetune --task qa` and the question-answering pipeline (tupe/pipelines.py)."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise TupeError("question answering needs a fast tokenizer (offset mapping); this one is not")
+    questions = [q.lstrip() for q in questions]  # run_qa: leading white space can make the question too long
+    special = tokenizer.num_special_tokens_to_add(pair=True)
+    for i, ids in enumerate(tokenizer(questions, add_special_tokens=False, verbose=False)["input_ids"]):
+        room = max_seq_len - special - len(ids)
+        if room <= doc_stride:
+            name = where[i] if where is not None else f"question {questions[i][:60]!r}"
+            raise TupeError(
+                f"{name} takes {len(ids)} tokens, leaving {room} of a window of {names[0]} {max_seq_len} to the "
+                f"context; that must be more than {names[1]} {doc_stride} (raise {names[0]} or lower {names[1]})"
+            )
+    try:
+        enc = tokenizer(
+            questions,
+            list(contexts),
+            truncation="only_second",
+            max_length=max_seq_len,
+            stride=doc_stride,
+            return_overflowing_tokens=True,
+            return_offsets_mapping=True,
+            return_token_type_ids=return_token_type_ids,
+        )
+    except BaseException as err:  # the tokenizers library panics (a BaseException) on impossible windows
+        if isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise TupeError(
+            f"cannot cut the contexts into windows of {names[0]} {max_seq_len} with {names[1]} {doc_stride}: "
+            f"{str(err).splitlines()[0][:200]}"
+        ) from None
+    sample = [int(i) for i in enc.pop("overflow_to_sample_mapping")]
+    offsets = enc.pop("offset_mapping")
+    context_offsets = []
+    for i, offs in enumerate(offsets):
+        seq = enc.sequence_ids(i)
+        context_offsets.append([tuple(o) if seq[k] == 1 else None for k, o in enumerate(offs)])
+    return enc, sample, context_offsets
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One candidate answer of a question: `context[start:end] == text`; the null answer (SQuAD v2.0) is ""
+    at 0..0."""
+
+    text: str
+    start: int
+    end: int
+    logit: float  # start logit + end logit; the null answer's is the lowest [CLS] score over the windows
+    probability: float  # softmax of the logits over the n-best candidates, as run_qa's nbest "probability"
+
+
+def rank_answers(
+    windows: Iterable[tuple[np.ndarray, np.ndarray, Sequence[tuple[int, int] | None]]],
+    context: str,
+    n_best: int,
+    max_answer_length: int,
+    with_null: bool,
+) -> list[Answer]:
+    """run_qa's post-processing of one question from its windows' (start logits, end logits, context offsets):
+    per window the `n_best` best starts x ends that lie in the context, in order and at most `max_answer_length`
+    tokens long, scored start + end logit; the `n_best` best over all windows (a span seen in several windows
+    once, with its best score), and with `with_null` the null answer scored by the lowest [CLS] (position 0)
+    score over the windows. Best first; on a tie the span found first (and any span before the null answer)."""
+    spans: dict[tuple[int, int], Answer] = {}
+    null: float | None = None
+    for start_logits, end_logits, offs in windows:
+        n = len(offs)  # the logits may be padded beyond the window
+        st, en = np.asarray(start_logits[:n], dtype=np.float64), np.asarray(end_logits[:n], dtype=np.float64)
+        score0 = float(st[0] + en[0])
+        null = score0 if null is None or score0 < null else null
+        for a in np.argsort(-st, kind="stable")[:n_best]:
+            for b in np.argsort(-en, kind="stable")[:n_best]:
+                if offs[a] is None or offs[b] is None or b < a or b - a + 1 > max_answer_length:
+                    continue
+                raw = context[offs[a][0] : offs[b][1]]
+                text = raw.strip()
+                begin = offs[a][0] + len(raw) - len(raw.lstrip())
+                score = float(st[a] + en[b])
+                key = (begin, begin + len(text))
+                if key not in spans or score > spans[key].logit:
+                    spans[key] = Answer(text, key[0], key[1], score, 0.0)
+    ranked = sorted(spans.values(), key=lambda x: -x.logit)[:n_best]
+    if with_null and null is not None:
+        ranked = sorted([*ranked, Answer("", 0, 0, null, 0.0)], key=lambda x: -x.logit)
+    if not ranked:
+        return []
+    logits = np.array([x.logit for x in ranked])
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    return [Answer(x.text, x.start, x.end, x.logit, float(q)) for x, q in zip(ranked, p)]
+
+
 class QaFamily(Family):
     name = "qa"
     metrics = ("f1", "exact_match")
@@ -105,33 +213,20 @@ class QaFamily(Family):
         import datasets
 
         s = self.settings
-        if not getattr(tokenizer, "is_fast", False):
-            raise TupeError("question answering needs a fast tokenizer (offset mapping); this one is not")
-        try:
-            enc = tokenizer(
-                [q.question.lstrip() for q in examples],
-                [q.context for q in examples],
-                truncation="only_second",
-                max_length=s.max_seq_len,
-                stride=s.doc_stride,
-                return_overflowing_tokens=True,
-                return_offsets_mapping=True,
-                return_token_type_ids=False,
-            )
-        except Exception as err:  # noqa: BLE001 - e.g. a question longer than the window
-            raise TupeError(
-                f"cannot cut the contexts into windows of --max-seq-len {s.max_seq_len} with --doc-stride "
-                f"{s.doc_stride}: {str(err).splitlines()[0][:200]}"
-            ) from None
-        sample = enc.pop("overflow_to_sample_mapping")
-        offsets = enc.pop("offset_mapping")
-        starts, ends, context_offsets = [], [], []
-        for i, offs in enumerate(offsets):
-            seq = enc.sequence_ids(i)
+        enc, sample, context_offsets = encode_windows(
+            tokenizer,
+            [q.question for q in examples],
+            [q.context for q in examples],
+            s.max_seq_len,
+            s.doc_stride,
+            return_token_type_ids=False,
+            where=[q.where for q in examples],
+        )
+        starts, ends = [], []
+        for i, offs in enumerate(context_offsets):
             q = examples[sample[i]]
-            context_offsets.append([o if seq[k] == 1 else None for k, o in enumerate(offs)])
-            first = seq.index(1)
-            last = len(seq) - 1 - seq[::-1].index(1)
+            inside = [k for k, o in enumerate(offs) if o is not None]
+            first, last = inside[0], inside[-1]
             start = end = 0  # [CLS]: the answer is not (wholly) in this window, or there is none
             if q.answers:
                 a, b = q.starts[0], q.starts[0] + len(q.answers[0])
@@ -153,7 +248,7 @@ class QaFamily(Family):
                 "end_positions": ends,
             }
         )
-        return ds, {"example": list(sample), "offsets": context_offsets}
+        return ds, {"example": sample, "offsets": context_offsets}
 
     def encode_train(self, tokenizer: Any, examples: list[Question]) -> Any:
         return self._features(tokenizer, examples)[0]
@@ -164,29 +259,19 @@ class QaFamily(Family):
     def answers(
         self, start_logits: np.ndarray, end_logits: np.ndarray, aux: dict, examples: list[Question]
     ) -> list[str]:
-        """run_qa's post-processing: the best span over every window of a question, or "" (v2.0)."""
+        """run_qa's post-processing (`rank_answers`): the best span over every window of a question, or "" when
+        none is allowed or (v2.0) the null answer scores higher."""
         s = self.settings
         by_example: dict[int, list[int]] = defaultdict(list)
         for f, e in enumerate(aux["example"]):
             by_example[e].append(f)
         out = []
         for e, q in enumerate(examples):
-            best_score, best_text, null_score = -np.inf, "", None
-            for f in by_example[e]:
-                st, en, offs = start_logits[f], end_logits[f], aux["offsets"][f]
-                n = len(offs)
-                score0 = float(st[0] + en[0])
-                null_score = score0 if null_score is None or score0 < null_score else null_score
-                for a in np.argsort(st[:n])[::-1][: s.n_best]:
-                    for b in np.argsort(en[:n])[::-1][: s.n_best]:
-                        if offs[a] is None or offs[b] is None or b < a or b - a + 1 > s.max_answer_length:
-                            continue
-                        score = float(st[a] + en[b])
-                        if score > best_score:
-                            best_score, best_text = score, q.context[offs[a][0] : offs[b][1]].strip()
-            if s.version_2_with_negative and null_score is not None and null_score > best_score:
-                best_text = ""
-            out.append(best_text)
+            windows = [(start_logits[f], end_logits[f], aux["offsets"][f]) for f in by_example[e]]
+            ranked = rank_answers(
+                windows, q.context, s.n_best, s.max_answer_length, with_null=s.version_2_with_negative
+            )
+            out.append(ranked[0].text if ranked else "")
         return out
 
     def score(self, output: Any, aux: Any, examples: list[Question]) -> tuple[dict[str, float], list[dict]]:
