@@ -382,3 +382,35 @@ def test_mixed_precision_auto_close_to_float32(scheme: str, dtype: torch.dtype, 
     ref_flat = torch.cat([g.flatten() for g in ref_grads.values()])
     cosine = torch.nn.functional.cosine_similarity(flat, ref_flat, dim=0).item()
     assert cosine >= HALF_GRAD_COSINE[dtype], (kernel, cosine)
+
+
+def test_glue_first_batch_check_on_the_device(device, tmp_path: Path) -> None:
+    """`tupe glue`'s finite-loss check before training: the model is on the device, the collated batch is built
+    on the CPU (on the first GPU run every GLUE fine-tune failed here: 'index is on cpu')."""
+    from transformers import DataCollatorWithPadding
+
+    from tests.glue.fixtures import make_checkpoint, make_tokenizer
+    from tupe.glue.trainer import check_finite_start
+    from tupe.modeling import TupeForSequenceClassification
+
+    folder = make_checkpoint(tmp_path / "ckpt", scheme="tupe-a")
+    model = TupeForSequenceClassification.from_pretrained(folder, num_labels=2).to(device)
+    tok = make_tokenizer()
+    rows = [dict(tok("the film was good ."), labels=1), dict(tok("the day was sad ."), labels=0)]
+    check_finite_start(model, rows, DataCollatorWithPadding(tok), str(folder))  # raises on a device mismatch
+
+
+def test_glue_command_on_the_device(device, tmp_path: Path) -> None:
+    """A whole `tupe glue` grid (one lr, one seed) through the command line on the device: it finishes and
+    scores the dev set."""
+    from tests.glue.fixtures import make_checkpoint, write_task
+    from tupe.cli import main as cli
+
+    folder = make_checkpoint(tmp_path / "ckpt", scheme="tupe-r")
+    write_task(tmp_path / "glue", "SST-2", n_train=16, n_dev=8)
+    out = tmp_path / "out"
+    argv = ["glue", "--model", str(folder), "--task", "SST-2", "--data-dir", str(tmp_path / "glue"),
+            "--out", str(out), "--lrs", "1e-4", "--seeds", "1", "--epochs", "1", "--no-progress"]  # fmt: skip
+    assert cli(argv) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["complete"] and 0.0 <= result["best"]["main_median"] <= 1.0

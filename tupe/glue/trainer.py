@@ -65,11 +65,12 @@ def check_finite_start(model: Any, train_ds: Any, collator: Any, model_dir: str)
     if n == 0:
         return
     batch = collator([train_ds[i] for i in range(n)])
+    device = next(model.parameters()).device  # on a GPU the model is there already, the batch is not
     was_training = model.training
     model.eval()
     with torch.no_grad():
         loss = model(
-            **{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+            **{k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
         ).loss
     model.train(was_training)
     if loss is not None and not torch.isfinite(loss):
