@@ -250,6 +250,7 @@ class Source:
         target = model.state_dict()
         tied = _tied_names(model)
         kept = [k for k, v in target.items() if k in self.state and self.state[k].shape == v.shape]
+        copied = set(kept)
         with torch.no_grad():
             model.load_state_dict({k: self.state[k] for k in kept}, strict=False)
         if getattr(model.config, "tie_word_embeddings", False):
@@ -260,8 +261,8 @@ class Source:
             source_scheme=self.scheme,
             scheme=model.config.position_scheme,
             kept=[k for k in kept if k not in tied],
-            new=[k for k in target if k not in kept and k not in tied],
-            dropped=[k for k in self.state if k not in set(kept)],
+            new=[k for k in target if k not in copied and k not in tied],
+            dropped=[k for k in self.state if k not in copied],
         )
 
 
