@@ -188,7 +188,7 @@ def _reordered_tokenizer(tok: Any, order: list[int], cache_dir: str | None) -> P
     from tokenizers import Tokenizer
 
     from tupe.data.packing import default_cache_dir
-    from tupe.data.tokenizer import _wrap
+    from tupe.data.tokenizer import wrap_backend
 
     new_of = {old: new for new, old in enumerate(order)}
     spec = json.loads(tok.backend_tokenizer.to_str())
@@ -220,7 +220,7 @@ def _reordered_tokenizer(tok: Any, order: list[int], cache_dir: str | None) -> P
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     out = root / "init-from-tokenizers" / hashlib.sha256(text.encode()).hexdigest()[:20]
     if not (out / "tokenizer.json").is_file():
-        _wrap(Tokenizer.from_str(text)).save_pretrained(out)
+        wrap_backend(Tokenizer.from_str(text)).save_pretrained(out)
     return out
 
 
