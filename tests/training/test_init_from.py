@@ -210,6 +210,14 @@ def test_refusals(tiny_run, tiny_tokenizer_dir, tmp_path) -> None:  # noqa: ANN0
         run(tokenizer=str(tiny_tokenizer_dir))
 
     run()  # a run from `source`, then --resume with another source (or none) is another run
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(tmp_path / "run" / "tupe_run.json", unfinished)
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", unfinished / "checkpoint-1")
+    with pytest.raises(TupeError, match=r"a tupe run without a final model .*--init-from .*checkpoint-1"):
+        run("from-unfinished", init_from=str(unfinished))
+    record = run("from-checkpoint", init_from=str(unfinished / "checkpoint-1"))["init_from"]
+    assert record["source_scheme"] == "tupe-a" and record["new"] == []
     shutil.rmtree(tmp_path / "run" / "checkpoint-1", ignore_errors=True)
     (tmp_path / "run" / "pretrain_summary.json").unlink()
     changed = _bert_folder(tmp_path / "changed", tiny_tokenizer_dir, seed_shift=0.5)
