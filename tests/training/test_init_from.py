@@ -35,12 +35,20 @@ def _bert_folder(
     return folder
 
 
-def _stock_bert_tokenizer():  # noqa: ANN202 - a BertTokenizer
-    """A WordPiece vocabulary laid out as Google's BERT's: [PAD] 0, [unused*], [UNK] 100, [CLS] 101, ..."""
+def _stock_bert_tokenizer(corpus: Path | None = None, without: str = ""):  # noqa: ANN202 - a BertTokenizer
+    """A WordPiece vocabulary laid out as Google's BERT's: [PAD] 0, [unused*], [UNK] 100, [CLS] 101, [SEP] 102,
+    [MASK] 103, then the corpus's most frequent words (`without`: a special token left out)."""
+    import re
+    from collections import Counter
+
     from transformers import BertTokenizer
 
-    words = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "man"]
-    return BertTokenizer(vocab={w: i for i, w in enumerate(words)})
+    words = Counter()
+    for path in sorted(corpus.glob("*.txt")) if corpus else []:
+        words.update(re.findall(r"\w+|[^\w\s]", path.read_text().lower()))
+    special = [t for t in ("[UNK]", "[CLS]", "[SEP]", "[MASK]") if t != without]
+    vocab = ["[PAD]", *(f"[unused{i}]" for i in range(99)), *special, *(w for w, _ in words.most_common(300))]
+    return BertTokenizer(vocab={w: i for i, w in enumerate(dict.fromkeys(vocab))})
 
 
 def _spy_first_step(monkeypatch: pytest.MonkeyPatch) -> list:
@@ -104,6 +112,39 @@ def test_from_a_bert_folder_the_first_loss_is_berts(
 
 
 @pytest.mark.slow
+def test_from_a_bert_with_a_stock_wordpiece_vocabulary(tiny_run, tiny_corpus, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """[CLS] at 101 as in Google's BERT: the run's tokenizer is the source's with its special tokens moved to the
+    ids the data pipeline writes, the embedding and LM-head rows moved alike: the same function, so the first
+    loss is BERT's own on that batch read back in the source's ids."""
+    from transformers import AutoTokenizer, BertForMaskedLM
+
+    from tupe.training.init_from import contract_order
+
+    tok = _stock_bert_tokenizer(tiny_corpus)
+    source = tmp_path / "bert"
+    random_bert("BertForMaskedLM", vocab_size=len(tok), max_position_embeddings=64).save_pretrained(source)
+    tok.save_pretrained(source)
+    seen = _spy_first_step(monkeypatch)
+    out = tmp_path / "run"
+    pretrain(
+        tiny_run(out, scheme="bert-a", init_from=str(source), max_steps=1, dropout=0.0, **SHAPE_FROM_SOURCE)
+    )
+    order = torch.tensor(contract_order(tok))
+    inputs, loss = seen[0]
+    labels = inputs["labels"]
+    source_ids = {"input_ids": order[inputs["input_ids"]], "attention_mask": inputs["attention_mask"],
+                  "labels": torch.where(labels >= 0, order[labels.clamp(min=0)], labels)}  # fmt: skip
+    assert int((labels >= 0).sum()) > 0
+    with torch.no_grad():
+        expected = BertForMaskedLM.from_pretrained(source).eval()(**source_ids).loss.item()
+    assert loss == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    saved = AutoTokenizer.from_pretrained(out)
+    text = "the man said that he was there."
+    assert saved.tokenize(text) == tok.tokenize(text) and saved.cls_token_id == 1 and tok.cls_token_id == 101
+    assert order[saved(text)["input_ids"]].tolist() == tok(text)["input_ids"]
+
+
+@pytest.mark.slow
 def test_from_a_tupe_run_of_another_scheme(tiny_run, tmp_path, monkeypatch, capsys) -> None:  # noqa: ANN001
     from transformers import set_seed
 
@@ -154,10 +195,10 @@ def test_refusals(tiny_run, tiny_tokenizer_dir, tmp_path) -> None:  # noqa: ANN0
     bare = _bert_folder(tmp_path / "bare", tiny_tokenizer_dir, with_tokenizer=False)
     with pytest.raises(TupeError, match=r"no tokenizer in .*bare .*uses the source's tokenizer"):
         run(init_from=str(bare))
-    stock = _bert_folder(tmp_path / "stock", tiny_tokenizer_dir, with_tokenizer=False)
-    _stock_bert_tokenizer().save_pretrained(stock)
-    with pytest.raises(TupeError, match=r"its tokenizer cannot feed .* needs \[PAD\]=0, \[CLS\]=1"):
-        run(init_from=str(stock))
+    no_mask = _bert_folder(tmp_path / "no-mask", tiny_tokenizer_dir, with_tokenizer=False)
+    _stock_bert_tokenizer(without="[MASK]").save_pretrained(no_mask)
+    with pytest.raises(TupeError, match=r"its tokenizer cannot feed .* special tokens \[PAD\]=0, \[CLS\]=1"):
+        run(init_from=str(no_mask))
     other = tmp_path / "gpt"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 300}))
@@ -169,6 +210,14 @@ def test_refusals(tiny_run, tiny_tokenizer_dir, tmp_path) -> None:  # noqa: ANN0
         run(tokenizer=str(tiny_tokenizer_dir))
 
     run()  # a run from `source`, then --resume with another source (or none) is another run
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(tmp_path / "run" / "tupe_run.json", unfinished)
+    shutil.copytree(tmp_path / "run" / "checkpoint-1", unfinished / "checkpoint-1")
+    with pytest.raises(TupeError, match=r"a tupe run without a final model .*--init-from .*checkpoint-1"):
+        run("from-unfinished", init_from=str(unfinished))
+    record = run("from-checkpoint", init_from=str(unfinished / "checkpoint-1"))["init_from"]
+    assert record["source_scheme"] == "tupe-a" and record["new"] == []
     shutil.rmtree(tmp_path / "run" / "checkpoint-1", ignore_errors=True)
     (tmp_path / "run" / "pretrain_summary.json").unlink()
     changed = _bert_folder(tmp_path / "changed", tiny_tokenizer_dir, seed_shift=0.5)

@@ -28,7 +28,7 @@ PAD_ID, CLS_ID, SEP_ID, MASK_ID, UNK_ID = range(5)
 TOKENIZER_VERSION = "bytebpe-v1"
 
 
-def _wrap(backend) -> PreTrainedTokenizerFast:  # noqa: ANN001 - backend is a tokenizers.Tokenizer
+def wrap_backend(backend) -> PreTrainedTokenizerFast:  # noqa: ANN001 - backend is a tokenizers.Tokenizer
     """Wrap a `tokenizers.Tokenizer` (with our special tokens and post-processor) for transformers."""
     from transformers import PreTrainedTokenizerFast
 
@@ -103,7 +103,7 @@ def train_tokenizer(
     for i, t in enumerate(SPECIAL_TOKENS):
         if vocab.get(t) != i:
             raise RuntimeError(f"special token {t} got id {vocab.get(t)}, expected {i}")
-    return _wrap(backend)
+    return wrap_backend(backend)
 
 
 def check_tokenizer(tok, where: str = "tokenizer") -> None:  # noqa: ANN001
@@ -139,7 +139,7 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
         if check_regular(path, "tokenizer file").st_size > TOKENIZER_LIMIT:
             raise TupeError(f"{path}: far larger than a tokenizer file; is it the right file?")
         try:
-            tok = _wrap(Tokenizer.from_file(str(path)))
+            tok = wrap_backend(Tokenizer.from_file(str(path)))
         except Exception as err:  # noqa: BLE001
             raise TupeError(f"{path}: not a tokenizers JSON file ({err})") from err
     elif path.is_dir():

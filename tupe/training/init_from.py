@@ -115,8 +115,7 @@ def with_source(config: Any) -> Any:
             f"--tokenizer {config.tokenizer} and --init-from {config.init_from}: continued pre-training uses the "
             "source's tokenizer; drop --tokenizer"
         )
-    _check_tokenizer(folder, config.init_from)
-    changes: dict[str, Any] = {"tokenizer": str(folder)}
+    changes: dict[str, Any] = {"tokenizer": _check_tokenizer(folder, config.init_from, config.cache_dir)}
     for name, (flag, key) in SHAPE_FLAGS.items():
         value = source.get(key)
         if value is None:
@@ -136,20 +135,93 @@ def with_source(config: Any) -> Any:
     return dataclasses.replace(config, **changes)
 
 
-def _check_tokenizer(folder: Path, given: str) -> None:
-    """The source's tokenizer must follow the special-token ids tupe's data pipeline writes (packing, masking):
-    a tokenizer of a tupe run does; a stock BERT WordPiece vocabulary ([CLS] = 101, ...) is refused here, before
-    any work, in one line that says why."""
+def _check_tokenizer(folder: Path, given: str, cache_dir: str | None) -> str:
+    """The tokenizer the run uses: the source's own when it has the special-token ids tupe's data pipeline writes
+    (packing, masking: a tokenizer trained by tupe does), else the source's tokenizer with its five special
+    tokens moved to those ids (`contract_order`; a stock BERT WordPiece vocabulary has [CLS] at 101), saved under
+    the cache folder: the same tokens and segmentation, and the model's rows are moved alike, so the model
+    computes the same function. A tokenizer without the five special tokens is refused in one line."""
     from tupe.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
     try:
         load_tokenizer(folder)
+        return str(folder)
     except TupeError as err:
-        ids = ", ".join(f"{t}={i}" for i, t in enumerate(SPECIAL_TOKENS))
-        raise TupeError(
-            f"--init-from {given}: its tokenizer cannot feed tupe pretrain's data pipeline, which needs {ids} "
-            f"({str(err).split(': ', 1)[-1].split(';')[0]}); a tokenizer trained by tupe has them"
-        ) from None
+        problem = str(err).split(": ", 1)[-1].split(";")[0]
+    from tupe.io.checkpoints import load_tokenizer as load_saved_tokenizer
+
+    tok = load_saved_tokenizer(folder)
+    order = contract_order(tok)
+    if order is not None:
+        reordered = _reordered_tokenizer(tok, order, cache_dir)
+        try:
+            load_tokenizer(reordered)
+            return str(reordered)
+        except TupeError:
+            pass
+    ids = ", ".join(f"{t}={i}" for i, t in enumerate(SPECIAL_TOKENS))
+    raise TupeError(
+        f"--init-from {given}: its tokenizer cannot feed tupe pretrain's data pipeline, which needs the special "
+        f"tokens {ids} ({problem}), and moving them there failed; a tokenizer trained by tupe has them"
+    )
+
+
+def contract_order(tok: Any) -> list[int] | None:  # noqa: ANN401
+    """`order[new_id] = old_id`: the swaps that put [PAD], [CLS], [SEP], [MASK], [UNK] at ids 0-4, or None if
+    the (fast) tokenizer lacks one of them."""
+    from tupe.data.tokenizer import SPECIAL_TOKENS
+
+    vocab = tok.get_vocab()
+    if not getattr(tok, "is_fast", False) or any(t not in vocab for t in SPECIAL_TOKENS):
+        return None
+    order = list(range(max(len(tok), max(vocab.values()) + 1)))
+    for new, token in enumerate(SPECIAL_TOKENS):
+        old = order.index(vocab[token])
+        order[new], order[old] = order[old], order[new]
+    return order
+
+
+def _reordered_tokenizer(tok: Any, order: list[int], cache_dir: str | None) -> Path:  # noqa: ANN401
+    """`tok` with token `order[i]` at id i, saved once in `CACHE/init-from-tokenizers/HASH/`."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    from tupe.data.packing import default_cache_dir
+    from tupe.data.tokenizer import wrap_backend
+
+    new_of = {old: new for new, old in enumerate(order)}
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    model = spec["model"]
+    if isinstance(model.get("vocab"), dict):
+        model["vocab"] = {t: new_of[i] for t, i in model["vocab"].items()}
+    elif isinstance(model.get("vocab"), list):  # Unigram: the list order is the id
+        model["vocab"] = [model["vocab"][old] for old in order]
+    else:
+        raise TupeError(f"{tok.name_or_path}: a {model.get('type')} tokenizer's ids cannot be reordered")
+    for added in spec.get("added_tokens") or []:
+        added["id"] = new_of[added["id"]]
+
+    def remap(node: Any) -> None:  # noqa: ANN401 - post-processor JSON: TemplateProcessing, BertProcessing, ...
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "ids" and isinstance(value, list):
+                    node[key] = [new_of[i] for i in value]
+                elif key in ("cls", "sep") and isinstance(value, list) and len(value) == 2:
+                    node[key] = [value[0], new_of[value[1]]]
+                else:
+                    remap(value)
+        elif isinstance(node, list):
+            for item in node:
+                remap(item)
+
+    remap(spec.get("post_processor"))
+    text = json.dumps(spec, ensure_ascii=False)
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    out = root / "init-from-tokenizers" / hashlib.sha256(text.encode()).hexdigest()[:20]
+    if not (out / "tokenizer.json").is_file():
+        wrap_backend(Tokenizer.from_str(text)).save_pretrained(out)
+    return out
 
 
 @dataclass
@@ -178,6 +250,7 @@ class Source:
         target = model.state_dict()
         tied = _tied_names(model)
         kept = [k for k, v in target.items() if k in self.state and self.state[k].shape == v.shape]
+        copied = set(kept)
         with torch.no_grad():
             model.load_state_dict({k: self.state[k] for k in kept}, strict=False)
         if getattr(model.config, "tie_word_embeddings", False):
@@ -188,8 +261,8 @@ class Source:
             source_scheme=self.scheme,
             scheme=model.config.position_scheme,
             kept=[k for k in kept if k not in tied],
-            new=[k for k in target if k not in kept and k not in tied],
-            dropped=[k for k in self.state if k not in set(kept)],
+            new=[k for k in target if k not in copied and k not in tied],
+            dropped=[k for k in self.state if k not in copied],
         )
 
 
@@ -223,6 +296,11 @@ def load_source(run: Any, tokenizer: Any) -> Source:
     if model_class is TupeModel:
         state = {f"{TupeForMaskedLM.base_model_prefix}.{k}": v for k, v in state.items()}
     vocab = int(model.config.vocab_size)
+    if str(run.tokenizer) != str(folder):  # the source's tokenizer with its special tokens moved: rows alike
+        from tupe.io.checkpoints import load_tokenizer as load_saved_tokenizer
+
+        order = contract_order(load_saved_tokenizer(folder))
+        state = _reorder_rows(state, order + list(range(len(order), vocab)), vocab)
     if len(tokenizer) > vocab:
         raise TupeError(
             f"--init-from {run.init_from}: its tokenizer has {len(tokenizer)} tokens, its model {vocab}"
@@ -239,6 +317,23 @@ def load_source(run: Any, tokenizer: Any) -> Source:
         state=state,
         config=model.config.to_dict(),
         identity=identity,
+    )
+
+
+def _reorder_rows(state: dict[str, Any], order: list[int], vocab: int) -> dict[str, Any]:
+    """The vocabulary-indexed tensors (word embeddings, LM bias and decoder) with row `order[i]` at row i."""
+    import torch
+
+    index = torch.tensor(order[:vocab])
+    return {
+        k: v.index_select(0, index) if v.ndim and v.shape[0] == vocab and _by_token(k) else v
+        for k, v in state.items()
+    }
+
+
+def _by_token(name: str) -> bool:
+    return name.endswith(
+        ("word_embeddings.weight", "lm_head.bias", "lm_head.decoder.weight", "lm_head.decoder.bias")
     )
 
 
