@@ -140,11 +140,26 @@ def test_relative_embeddings_are_shared_and_projected_by_each_layer():
     model = TupeModel.from_deberta(_deberta(DebertaV2Model))
     assert not any("rel" in name for name, _ in model.layers.named_parameters())
     ctx = model.positional(9)
-    assert ctx.relative_embeddings.shape == (17, 24) and ctx.bias is None
+    # one vector per row read: 8 buckets give the 17 offsets of 9 tokens 13 rows (the log buckets share some)
+    assert ctx.relative_embeddings.shape == (13, 24) and ctx.bias is None
     q = k = torch.zeros(1, 2, 9, 12, dtype=torch.float64)
     # zero queries and keys: both terms vanish whatever the projections
     term = ctx.layer_term(q, k, model.layers[0].attention.project_positions, ctx.relative_embeddings)
     assert term.abs().max() == 0
+
+
+@pytest.mark.parametrize("n", [3, 9, 30, 200])
+def test_relative_table_has_each_row_read_once_in_offset_order(n):
+    """`DisentangledPositions(n)`: the rows that the offsets read, each once, and each offset's row in it (None for
+    one row per offset); gathered, the LayerNorm-ed rows of the offsets n - 1 .. -(n - 1)."""
+    model = TupeModel.from_deberta(_deberta(DebertaV2Model))
+    relative = model.positional.relative
+    table, index = relative(n)
+    offsets = torch.arange(n - 1, -n, -1)
+    expected = relative.LayerNorm(relative.rel_embeddings(relative.rows(offsets)))
+    assert table.shape[0] == relative.rows(offsets).unique().numel()
+    torch.testing.assert_close(table if index is None else table[index], expected, atol=0, rtol=0)
+    assert (index is None) == (table.shape[0] == 2 * n - 1)
 
 
 def test_relative_scores_match_the_gather_formula_and_gradcheck():

@@ -117,9 +117,11 @@ def test_auto_kernel_choice_on_cpu():
     with torch.no_grad():
         model.train()
         assert _kernel(model) == "sdpa"
-    # no dropout: a content-free term still sends SDPA to its math kernel (its mask needs a gradient), so "fused";
-    # without a term SDPA's flash kernel applies
-    for scheme, expected in (("tupe-a", "fused"), ("tupe-r", "fused"), ("bert-a", "sdpa"), ("rope", "sdpa")):
+    # no dropout: a learned content-free term (or DeBERTa's per-layer one) still sends SDPA to its math kernel (its
+    # mask needs a gradient), so "fused"; without a term, or with ALiBi's constant one, SDPA's flash kernel applies
+    fused = ("tupe-a", "tupe-r", "t5", "deberta")
+    for scheme in (*fused, "alibi", "bert-a", "rope", "nope"):
+        expected = "fused" if scheme in fused else "sdpa"
         model = TupeForMaskedLM(tiny_config(scheme, attention_probs_dropout_prob=0.0))
         assert _kernel(model) == expected, scheme
         assert _kernel(model, torch.bfloat16) == "sdpa", scheme

@@ -251,7 +251,9 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
     out = {}
     hf = by.get((HF_BERT, "sdpa"))
     hf_deberta = by.get((HF_DEBERTA, "eager"))
-    from tupe.modeling.positional import scheme_class
+    from tupe.modeling.positional import comparator_scheme, scheme_class
+
+    baseline = comparator_scheme(HF_BERT)  # the scheme transformers' BERT implements (bert-a)
 
     for (scheme, backend), t in by.items():
         if scheme in (HF_BERT, HF_DEBERTA):
@@ -262,9 +264,9 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
             out[f"{scheme} [{backend}] / hf-bert"] = t / hf
         if hf_deberta and scheme_class(scheme).transformers_comparator == HF_DEBERTA:  # transformers' own one
             out[f"{scheme} [{backend}] / hf-deberta"] = t / hf_deberta
-        bert = by.get(("bert-a", backend))
-        if bert and scheme != "bert-a":
-            out[f"{scheme} / bert-a [{backend}]"] = t / bert
+        bert = by.get((baseline, backend))
+        if bert and scheme != baseline:
+            out[f"{scheme} / {baseline} [{backend}]"] = t / bert
     return out
 
 

@@ -18,8 +18,6 @@ if TYPE_CHECKING:  # torch is imported where used: `tupe bench --help` imports t
 HF_DEBERTA = (
     "hf-deberta"  # transformers' DebertaV2ForMaskedLM (DeBERTa-v3's choices): the deberta scheme's count
 )
-# each transformers comparator -> the scheme whose count it has
-HF_SCHEMES = {"hf-bert": "bert-a", HF_DEBERTA: "deberta"}
 
 
 @dataclass(frozen=True)
@@ -53,10 +51,10 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     """Matmul FLOPs of one forward pass (multiply-add = 2 FLOPs).
 
     `predicted_rows`: rows the MLM head runs on (masked tokens with sparse prediction, batch x seq_len without).
-    `scheme` is a TUPE position scheme or a transformers comparator of `HF_SCHEMES` ("hf-bert": BERT-A with a
-    dense head, the count of "bert-a"; "hf-deberta": the count of "deberta").
+    `scheme` is a TUPE position scheme or a transformers comparator, counted as the scheme it implements (the
+    scheme's `transformers_comparator`; "hf-bert": BERT-A with a dense head, "hf-deberta": DeBERTa).
     """
-    from tupe.modeling.positional import scheme_class
+    from tupe.modeling.positional import comparator_scheme, scheme_class
     from tupe.training.model import HF_BERT
 
     h, f, v, layers = shape.hidden_size, shape.intermediate_size, shape.vocab_size, shape.num_hidden_layers
@@ -64,7 +62,7 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     per_layer = 2 * tokens * h * (3 * h) + 2 * tokens * h * h + 2 * 2 * tokens * h * f
     per_layer += 2 * 2 * batch * seq_len * seq_len * h  # q k^T and probs v, all heads
     total = layers * per_layer
-    cls = scheme_class(HF_SCHEMES.get(scheme, scheme))
+    cls = scheme_class(comparator_scheme(scheme) or scheme)
     if scheme != HF_BERT:
         total += cls.extra_forward_flops(h, seq_len)  # positional side, once per forward
     total += layers * cls.extra_layer_flops(h, seq_len, batch)  # positional terms inside every layer

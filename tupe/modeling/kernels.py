@@ -319,6 +319,7 @@ CONTEXT_TERMS: dict[str, tuple[str, bool]] = {
     # name: (description for messages, must a kernel take it)
     "bias": ("a content-free logit term (ctx.bias, (h, n, n), shared by the batch)", True),
     "fold": ("a low-rank content-free term (ctx.fold: extra query/key columns equal to ctx.bias)", False),
+    "constant": ("a constant content-free term (nothing learned: ctx.bias needs no gradient)", False),
     "rotary": ("rotary positions (ctx.rotary, applied to queries and keys)", False),
     "layer": (
         "a per-layer term of the layer's own queries, keys and projections (ctx.layer_logits, (b, h, n, n))",
@@ -627,9 +628,12 @@ for _kernel in (
         "kernels.biased_attention: one n x n buffer, the shared term broadcast, fast dropout mask (CPU training)",
         handles=frozenset({"bias", "layer"}),
         dtypes=_FLOATS,
-        # CPU training: SDPA runs its unfused math kernel with dropout or with a mask that needs a gradient
+        # CPU training: SDPA runs its unfused math kernel with dropout or with a mask that needs a gradient; a
+        # constant term (ALiBi) without dropout is an additive mask without gradient, which SDPA's flash kernel takes
         auto=lambda s: (
-            s.device_type == "cpu" and s.trains and (s.dropout or bool({"bias", "layer"} & s.terms))
+            s.device_type == "cpu"
+            and s.trains
+            and (s.dropout or "layer" in s.terms or ("bias" in s.terms and "constant" not in s.terms))
         ),
     ),
     AttentionKernel(

@@ -547,6 +547,11 @@ class Alibi(PositionalScheme):
     content_free = True
     decomposable = True
 
+    @classmethod
+    def terms(cls) -> frozenset[str]:
+        # nothing learned: without attention dropout SDPA's flash kernel takes the term as a mask (kernels.py)
+        return super().terms() | {"constant"}
+
     def __init__(self, config: TupeConfig):
         super().__init__(config)
         self.heads = config.num_attention_heads
@@ -732,10 +737,28 @@ class DisentangledPositions(nn.Module):
         delta = log_bucket_position(offsets, self.buckets, self.max_relative) if self.buckets > 0 else offsets
         return (delta + self.span).clamp(0, 2 * self.span - 1)
 
-    def forward(self, n: int) -> torch.Tensor:
-        """(2n - 1, hidden): `LN(P)` for the offsets `i - j = n - 1, n - 2, ..., -(n - 1)`, in that order."""
-        offsets = torch.arange(n - 1, -n, -1, device=self.rel_embeddings.weight.device)
-        return self.LayerNorm(self.rel_embeddings(self.rows(offsets)))  # row-wise: LN of the rows read
+    def forward(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(table, index)`: `LN(P)` of the rows of `rel_embeddings` that a length-n input reads, one vector per
+        row, and the (2n - 1,) position in `table` of the row each offset `i - j = n - 1, ..., -(n - 1)` (slot u
+        for offset `n - 1 - u`) reads; `index` is None where it is the identity (every offset has a row of its
+        own, in slot order: short inputs).
+
+        One vector per row, not per offset, so that each layer projects each row once (log buckets and the clamp
+        give many offsets the same row: at n = 512 with 256 buckets, 511 rows for 1023 offsets) and a layer's
+        dropout drops a row for every offset that reads it, as DeBERTa's `pos_dropout` drops rows of its table.
+        Traced or compiled, the whole table (its row count does not depend on the input) and `rows` as index.
+        """
+        weight = self.rel_embeddings.weight
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            offsets = torch.arange(n - 1, -n, -1, device=weight.device)
+            return self.LayerNorm(weight), self.rows(offsets)
+        # the offsets' rows, on the CPU (2n - 1 integers: no device sync for the Python decisions below)
+        rows = self.rows(torch.arange(n - 1, -n, -1))
+        used, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+        used, index = used.flip(0), (used.numel() - 1) - inverse  # rows in slot order (offsets decrease)
+        identity = bool((index == torch.arange(index.numel())).all())
+        table = self.LayerNorm(self.rel_embeddings(used.to(weight.device)))  # row-wise: LN of the rows read
+        return table, None if identity else index.to(weight.device)
 
 
 class Deberta(PositionalScheme):
@@ -769,11 +792,13 @@ class Deberta(PositionalScheme):
     def forward(self, n: int) -> PositionalContext:
         from .kernels import dropout
 
-        rel = self.relative(n)  # (2n - 1, hidden), offsets n - 1 .. -(n - 1)
+        rel, index = self.relative(n)  # (rows read, hidden); each offset's row (None: one row per offset)
         scale, training, p = self.logit_scale, self.training, self.dropout_p
 
         def layer_term(q: torch.Tensor, k: torch.Tensor, project, rel: torch.Tensor) -> torch.Tensor:
-            qr, kr = project(dropout(rel, p, training))  # (h, 2n - 1, d) each
+            qr, kr = project(dropout(rel, p, training))  # (h, rows, d) each: every row projected once
+            if index is not None:  # (h, 2n - 1, d): offsets n - 1 .. -(n - 1)
+                qr, kr = qr.index_select(1, index), kr.index_select(1, index)
             return relative_scores(q, k, qr, kr, scale)
 
         return PositionalContext(scale, relative_embeddings=rel, layer_term=layer_term)
@@ -811,6 +836,12 @@ def scheme_class(name: str) -> type[PositionalScheme]:
     if name not in SCHEMES:
         raise ValueError(f"unknown position_scheme {name!r}; valid schemes: {', '.join(SCHEMES)}")
     return SCHEMES[name]
+
+
+def comparator_scheme(comparator: str) -> str | None:
+    """The scheme whose `transformers_comparator` is `comparator` (`tupe bench`'s "hf-bert" -> "bert-a"), or None:
+    what a transformers model of the bench implements, and so the baseline its ratios are stated against."""
+    return next((name for name, cls in SCHEMES.items() if cls.transformers_comparator == comparator), None)
 
 
 def build_scheme(config: TupeConfig) -> PositionalScheme:

@@ -413,7 +413,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--scheme",
         default="tupe-a",
         help="positional scheme: bert-a, bert-r, bert-a-d, tupe-a, tupe-r, "
-        "tupe-a-tie-cls, tupe-r-tie-cls, rope, nope, sinusoidal, t5, alibi, "
+        "tupe-a-tie-cls, tupe-r-tie-cls, rope, nope, sinusoidal, t5, alibi, deberta, "
         "or hf-bert (transformers' own BertForMaskedLM, a control) "
         "(default tupe-a)",
     )
