@@ -2,7 +2,8 @@
 `transformers`-compatible model family.
 
 `import tupe` registers the model with the `transformers` Auto classes, so `AutoModelForMaskedLM.from_pretrained`
-loads a saved TUPE checkpoint without `trust_remote_code`.
+loads a saved TUPE checkpoint without `trust_remote_code`, and `pipeline("question-answering")` (which
+transformers 5 removed) for extractive QA checkpoints.
 
 The package itself is light: the model classes (and torch, transformers) are imported on first use, so the
 `tupe` command line starts fast. The registration happens as soon as `transformers` is imported in the process
@@ -43,11 +44,20 @@ def _register() -> None:
     importlib.import_module(f"{__name__}.modeling")
 
 
-class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
-    """One-shot import hook: once the `transformers` package has been executed, register the Auto classes."""
+def _register_pipelines() -> None:
+    """pipeline("question-answering"), which transformers 5 removed (tupe/pipelines.py), once transformers'
+    pipelines module exists: registering needs it, and importing it for every `import tupe` would slow start-up."""
+    importlib.import_module(f"{__name__}.pipelines").register_pipelines()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """One-shot import hook: once the module `fullname` has been executed, call `then`."""
+
+    def __init__(self, fullname: str, then: Any) -> None:
+        self.fullname, self.then = fullname, then
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != "transformers":
+        if fullname != self.fullname:
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
@@ -55,12 +65,13 @@ class _RegisterWhenTransformersLoads(importlib.abc.MetaPathFinder):
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
+        then = self.then
 
-        def exec_then_register(module: Any) -> None:
+        def exec_then(module: Any) -> None:
             exec_module(module)
-            _register()
+            then()
 
-        spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_then  # type: ignore[method-assign]
         return spec
 
 
@@ -81,7 +92,8 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-if "transformers" in sys.modules:
-    _register()
-elif not any(isinstance(f, _RegisterWhenTransformersLoads) for f in sys.meta_path):
-    sys.meta_path.insert(0, _RegisterWhenTransformersLoads())
+for _module, _then in (("transformers", _register), ("transformers.pipelines", _register_pipelines)):
+    if _module in sys.modules:
+        _then()
+    elif not any(isinstance(f, _AfterImport) and f.fullname == _module for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(_module, _then))

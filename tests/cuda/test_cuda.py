@@ -198,16 +198,12 @@ def documented_auto(
 ) -> str:
     """The rule of docs/model.md ("Attention kernels"), written out independently of the registry's `auto`
     entries: "fold" on GPUs where the term is low-rank; "fused" when training in float32/float64 on CPU with
-    attention dropout or a content-free term; "flex" on CUDA for other content-free terms without dropout;
-    else "sdpa"."""
+    attention dropout or a content-free term that needs a gradient (a constant one, alibi's, is SDPA's mask);
+    "flex" on CUDA for other content-free terms without dropout; else "sdpa"."""
     if device != "cpu" and "fold" in terms:
         return "fold"
-    if (
-        device == "cpu"
-        and trains
-        and dtype in (torch.float32, torch.float64)
-        and (dropout or terms & {"bias", "layer"})
-    ):
+    learned_term = "layer" in terms or ("bias" in terms and "constant" not in terms)
+    if device == "cpu" and trains and dtype in (torch.float32, torch.float64) and (dropout or learned_term):
         return "fused"
     if device == "cuda" and "bias" in terms and not dropout:
         return "flex"

@@ -24,8 +24,3 @@ def register_auto_classes() -> None:
     # the class name in tokenizer_config.json; saved folders carry its code for users without tupe.
     transformers.AutoTokenizer.register(TupeConfig, tokenizer_class=FairseqMosesBPETokenizer, exist_ok=True)
     FairseqMosesBPETokenizer.register_for_auto_class("AutoTokenizer")
-
-    # pipeline("question-answering"), which transformers 5 removed (tupe/pipelines.py); never the library's own
-    from tupe.pipelines import register_pipelines
-
-    register_pipelines()
