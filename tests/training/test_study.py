@@ -48,9 +48,19 @@ def test_study_stages_on_tiny_runs(
     assert main([*common, "--stages", "ood,summary", "--resume"]) == 0
     assert (out / "ood-built-in.json").stat().st_mtime_ns == mtime
 
-    # SST-2 for the seed-0 runs only, two `tupe glue` processes at a time; the summary gains its column
+    # SST-2 for the seed-0 runs only (one learning rate: time), two `tupe glue` processes at a time; the summary
+    # gains its column
     write_task(tmp_path / "glue", "SST-2", n_train=8, n_dev=8)
-    glue = ["--glue-data", str(tmp_path / "glue"), "--glue-pretrain-seeds", "0", "--parallel", "2"]
+    glue = [
+        "--glue-data",
+        str(tmp_path / "glue"),
+        "--glue-pretrain-seeds",
+        "0",
+        "--glue-lrs",
+        "1e-4",
+        "--parallel",
+        "2",
+    ]
     assert main([*common, *glue, "--stages", "glue,summary", "--resume"]) == 0
     assert sorted(p.name for p in (out / "glue").glob("SST-2-*")) == [
         "SST-2-bert-a-seed-0",

@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--glue-train-samples", type=V.positive_int, default=8000, help="SST-2 subset (default 8000)"
     )
     p.add_argument(
+        "--glue-lrs", help="learning rates of the SST-2 grid (default: tupe glue's small-model grid)"
+    )
+    p.add_argument(
         "--glue-pretrain-seeds",
         help="fine-tune the runs of these pre-training seeds only (default: every seed)",
     )
@@ -131,7 +134,8 @@ def _glue(runs: dict[str, Path], out: Path, args: argparse.Namespace, log) -> No
         tag = f"SST-2-{name.replace('/', '-')}"
         argv = [sys.executable, "-m", "tupe", "glue", "--model", str(d), "--task", "SST-2", "--data-dir",
                 str(args.glue_data), "--out", str(out / tag), "--seeds", "1,2,3", "--max-train-samples",
-                str(args.glue_train_samples), "--threads", "1", "--no-progress"]  # fmt: skip
+                str(args.glue_train_samples), "--threads", "1", "--no-progress",
+                *(["--lrs", args.glue_lrs] if args.glue_lrs else [])]  # fmt: skip
         log(f"glue: {name} -> {out / tag} (log {out / 'logs' / tag}.log)")
         with open(out / "logs" / f"{tag}.log", "ab") as fh:
             return name, subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
