@@ -46,6 +46,15 @@ def _err(capsys):
     return lines[0]
 
 
+def _assert_refused(model, cases, out, capsys) -> None:
+    """Each ((task, train, validation), message) case: exit 2, one error line holding the message, nothing written."""
+    for (task, train, validation), message in cases:
+        assert _finetune(model, task, train, validation, out) == 2
+        line = _err(capsys)
+        assert line.startswith("tupe finetune: error: ") and message in line, line
+        assert not out.exists(), (task, message, sorted(p.name for p in out.rglob("*")))
+
+
 def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -208,11 +217,7 @@ def test_refusals_are_one_line_and_write_nothing(tiny_model, data_dir, tmp_path,
             "classification needs a `text`",
         ),
     ]
-    for (task, train, validation), message in cases:
-        assert _finetune(tiny_model, task, train, validation, out) == 2
-        line = _err(capsys)
-        assert line.startswith("tupe finetune: error: ") and message in line, line
-        assert not out.exists(), (task, message, sorted(p.name for p in out.rglob("*")))
+    _assert_refused(tiny_model, cases, out, capsys)
     assert (
         _finetune(
             tiny_model,
@@ -326,8 +331,4 @@ def test_more_refusals_name_the_file_line_and_value(tiny_model, data_dir, tmp_pa
             "classification needs a `text`",
         ),
     ]
-    for (task, train, validation), message in cases:
-        assert _finetune(tiny_model, task, train, validation, out) == 2
-        line = _err(capsys)
-        assert line.startswith("tupe finetune: error: ") and message in line, line
-        assert not out.exists(), (task, message, sorted(p.name for p in out.rglob("*")))
+    _assert_refused(tiny_model, cases, out, capsys)
