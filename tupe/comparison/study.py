@@ -40,7 +40,7 @@ STAGES = ("train", "ood", "lengths", "glue", "summary")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from tupe import validators as V
-    from tupe.training.arguments import DEMO_STEPS
+    from tupe.training.arguments import DEMO_STEPS, attention_kernel_name
 
     p = argparse.ArgumentParser(prog="python -m tupe.comparison.study", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=V.nonempty_path, help="study folder (outside the repository)")
@@ -78,18 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--attention-kernel",
+        type=attention_kernel_name,
         help="attention kernel of every run (default: auto); the maths is the same, only the speed differs",
     )
     p.add_argument("--cache-dir", type=V.nonempty_path, help="tokenizer/data cache")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
-    if args.attention_kernel is not None:
-        from tupe.modeling.kernels import canonical_kernel_name
-
-        try:
-            args.attention_kernel = canonical_kernel_name(args.attention_kernel, "--attention-kernel")
-        except ValueError as err:
-            p.error(str(err))
     unknown = set(args.stages.split(",")) - set(STAGES)
     if unknown:
         p.error(f"--stages: unknown {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}")

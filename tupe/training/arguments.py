@@ -216,7 +216,7 @@ def training_arguments(run: ResolvedConfig):
     )
 
 
-def _attention_kernel(value: str) -> str:
+def attention_kernel_name(value: str) -> str:
     """`--attention-kernel`: a name of the kernel registry (checked when given: it imports the model package)."""
     from tupe.modeling.kernels import canonical_kernel_name
 
@@ -325,7 +325,7 @@ def _add_model_arguments(m: Any) -> None:
     )
     m.add_argument(
         "--attention-kernel",
-        type=_attention_kernel,
+        type=attention_kernel_name,
         metavar="NAME",
         help="attention kernel, saved with the model: auto (default: the fastest exact one for each step) or a "
         "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS, docs/model.md; an unknown name is "
