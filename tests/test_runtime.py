@@ -1,5 +1,5 @@
-"""tupe.runtime: the malloc tuning keeps freed 16 MiB and 100 MiB blocks (under and over glibc's 32 MiB cap on the
-mmap threshold) in the heap, is off with TUPE_MALLOC_TUNING=0 and
+"""tupe.runtime: the malloc tuning keeps a freed 16 MiB block in the heap, and `keep_large_blocks` a 100 MiB one
+(over glibc's 32 MiB cap on the mmap threshold) too, is off with TUPE_MALLOC_TUNING=0 and
 is applied by the `tupe` command line. Each check runs in a fresh interpreter (the setting is process-wide)."""
 
 from __future__ import annotations
@@ -52,7 +52,17 @@ def test_tuned_allocator_keeps_large_blocks_in_the_heap():
         "import tupe.runtime as r\ntuned = r.tune_cpu_allocator() and r.cpu_allocator_tuned()"
     )
     assert tuned == "True"
-    assert mapped == "0"  # served from the heap, so freeing it returns nothing to the kernel
+    assert mapped == "1"  # 16 MiB served from the heap (freeing it returns nothing); 100 MiB still mapped
+    tuned, mapped = _probe(
+        "import tupe.runtime as r\nr.tune_cpu_allocator()\ntuned = r.keep_large_blocks() and r.large_blocks_kept()"
+    )
+    assert (tuned, mapped) == ("True", "0")  # both from the heap
+
+
+def test_keep_large_blocks_needs_the_tuning():
+    env = {**os.environ, "TUPE_MALLOC_TUNING": "0"}
+    setup = "import tupe.runtime as r\nr.tune_cpu_allocator()\ntuned = r.keep_large_blocks()"
+    assert _probe(setup, env) == ["False", "2"]
 
 
 def test_untuned_allocator_maps_large_blocks_and_the_switch_turns_tuning_off():
@@ -71,7 +81,7 @@ def test_command_line_applies_it(tmp_path):
         "tuned = r.cpu_allocator_tuned()"
     )
     tuned, mapped = _probe(setup)
-    assert (tuned, mapped) == ("True", "0")
+    assert (tuned, mapped) == ("True", "1")  # `tupe report` keeps glibc's mmap for blocks over 32 MiB
 
 
 def test_console_log_prints_each_line_unless_quiet(capsys):

@@ -28,6 +28,7 @@ _PUBLIC = {
     "TupeForTokenClassification": "tupe.modeling",
     "TupeModel": "tupe.modeling",
     "TupePreTrainedModel": "tupe.modeling",
+    "keep_large_blocks": "tupe.runtime",
     "tune_cpu_allocator": "tupe.runtime",
 }
 

@@ -5,10 +5,12 @@ own progress lines (`console_log`) and the version.
 glibc's malloc hands every large block (a step's logits, attention scores, activations) back to the kernel
 when it is freed and maps fresh zeroed pages for the next step: at the `mini` shape that was about a million
 page faults per 30 steps and a quarter of the step time (docs/benchmarks.md). `tune_cpu_allocator` keeps
-blocks of up to 32 MiB (glibc's maximum for the mmap threshold) in the heap, turns glibc's own mmap off for
-larger blocks too (at the `base` shape the 100 MB gradients of the 32,768 x 768 word embeddings were mapped
-afresh every step: about 50,000 page faults and 4-12% of the step), and stops trimming the heap's top below
-1 GiB, so freed memory is reused by the next step. glibc still maps memory when the heap cannot grow. The peak resident memory is unchanged; what changes is that
+blocks of up to 32 MiB (glibc's maximum for the mmap threshold) in the heap and stops trimming the heap's top
+below 1 GiB, so freed memory is reused by the next step. Blocks over 32 MiB are still mapped afresh; where the
+shapes repeat every step (pre-training's packed blocks, `tupe bench`), `keep_large_blocks` also turns glibc's
+mmap off, so that the 100 MB gradients of the 32,768 x 768 word embeddings at the `base` shape stop costing
+about 49,000 page faults per step. It is not the default: with sizes that vary (evaluation at several lengths)
+large blocks kept in the heap raised the peak RSS by 5-65% (docs/benchmarks.md). The peak resident memory is unchanged; what changes is that
 freed memory stays with the process instead of going back to the system between steps.
 
 It is a process-wide switch, so importing `tupe` does not flip it: the `tupe` command line does, and library
@@ -31,6 +33,8 @@ MMAP_THRESHOLD = 32 * 1024 * 1024  # the largest value glibc accepts on 64-bit (
 TRIM_THRESHOLD = 1024 * 1024 * 1024
 
 _tuned: bool | None = None  # None: not tried yet
+_large_kept = False
+_mallopt: Callable[[int, int], int] | None = None
 
 
 def tune_cpu_allocator() -> bool:
@@ -55,15 +59,31 @@ def tune_cpu_allocator() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success; setting the mmap threshold also turns off glibc's dynamic adjustment of both
-    _tuned = all(
-        mallopt(option, value) == 1
-        for option, value in (
-            (_M_MMAP_THRESHOLD, MMAP_THRESHOLD),
-            (_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-            (_M_MMAP_MAX, 0),  # blocks over 32 MiB from the heap as well (sbrk; mmap only if sbrk fails)
-        )
+    _tuned = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+    if _tuned:
+        global _mallopt
+        _mallopt = mallopt
     return _tuned
+
+
+def keep_large_blocks() -> bool:
+    """Where `tune_cpu_allocator` is in effect, turn glibc's mmap off for blocks over 32 MiB too (they come from
+    the heap, and glibc maps memory only when the heap cannot grow); True if it is in effect.
+
+    For loops whose block sizes repeat every step (pre-training, `tupe bench`), called when the loop starts;
+    see the module docstring for why it is not part of `tune_cpu_allocator`. Idempotent; process-wide.
+    """
+    global _large_kept
+    if not _large_kept and _tuned and _mallopt is not None:
+        _large_kept = _mallopt(_M_MMAP_MAX, 0) == 1
+    return _large_kept
+
+
+def large_blocks_kept() -> bool:
+    """Whether `keep_large_blocks` is in effect in this process (recorded by `tupe bench`)."""
+    return _large_kept
 
 
 def cpu_allocator_tuned() -> bool:

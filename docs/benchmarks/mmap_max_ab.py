@@ -1,9 +1,9 @@
 """glibc's mmap for blocks over 32 MiB on or off, at the `base` shape: fresh processes, alternating.
 
-`tupe.tune_cpu_allocator` used to set only the mmap threshold (32 MiB, glibc's cap) and the trim threshold, so
-blocks over 32 MiB (the 32,768 x 768 gradients of the word embeddings, 100 MB) were still mapped afresh each
-step. It now also sets `M_MMAP_MAX` to 0. Each run here is a fresh interpreter that applies the tuning, then
-for "before" maps large blocks again (`M_MMAP_MAX` back to glibc's default, 65,536), trains `SCHEME` for
+`tupe.tune_cpu_allocator` sets the mmap threshold (32 MiB, glibc's cap) and the trim threshold, so blocks over
+32 MiB (the 32,768 x 768 gradients of the word embeddings, 100 MB) are still mapped afresh each step;
+`tupe.keep_large_blocks` (which `tupe pretrain` and `tupe bench` call) also sets `M_MMAP_MAX` to 0. Each run
+here is a fresh interpreter that applies the tuning, and for "after" `keep_large_blocks`, trains `SCHEME` for
 2 + STEPS steps (batch 1 x 512, one thread) and prints the median step's wall and CPU time, the minor page
 faults per step and the peak RSS. Usage, from the repository root (docs/benchmarks.md):
 
@@ -16,13 +16,13 @@ import subprocess
 import sys
 
 CHILD = """
-import ctypes, json, resource, statistics, sys, time
+import json, resource, statistics, sys, time
 import torch, tupe
 from tupe.bench.flops import preset_shape
 from tupe.bench.runner import build_tupe, make_batch
 tupe.tune_cpu_allocator()
-if sys.argv[1] == "before":
-    ctypes.CDLL("libc.so.6").mallopt(-4, 65536)  # M_MMAP_MAX: glibc's default
+if sys.argv[1] == "after":
+    tupe.keep_large_blocks()  # glibc's mmap off for blocks over 32 MiB too
 torch.set_num_threads(1)
 shape, cpu = preset_shape("base"), torch.device("cpu")
 batch = make_batch(1, 512, shape.vocab_size, cpu)

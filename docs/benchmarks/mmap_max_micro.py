@@ -1,7 +1,7 @@
 """The cost of glibc mapping fresh pages for a 100 MB block, in isolation (docs/benchmarks.md).
 
-Fresh interpreters with `tupe.tune_cpu_allocator()` applied, then glibc's `M_MMAP_MAX` put back to its default
-("before") or left at 0 ("after"); each times, on one thread, a zero-filled 32,768 x 768 float32 tensor (the word
+Fresh interpreters with `tupe.tune_cpu_allocator()` applied, and for "after" `tupe.keep_large_blocks()`
+(glibc's `M_MMAP_MAX` at 0); each times, on one thread, a zero-filled 32,768 x 768 float32 tensor (the word
 embeddings' gradient at the `base` shape, which the embedding's backward allocates every step) and the
 (32,768 x 75) @ (75 x 768) product that gives the tied decoder's gradient. Usage: python docs/benchmarks/mmap_max_micro.py
 """
@@ -10,11 +10,11 @@ import subprocess
 import sys
 
 CHILD = """
-import ctypes, resource, statistics, sys, time
+import resource, statistics, sys, time
 import torch, tupe
 tupe.tune_cpu_allocator()
-if sys.argv[1] == "before":
-    ctypes.CDLL("libc.so.6").mallopt(-4, 65536)  # M_MMAP_MAX: glibc's default
+if sys.argv[1] == "after":
+    tupe.keep_large_blocks()  # glibc's mmap off for blocks over 32 MiB too
 torch.set_num_threads(1)
 x, y = torch.rand(32768, 75), torch.rand(75, 768)
 for name, f in (("zeros(32768, 768)", lambda: torch.zeros(32768, 768)), ("mm -> 32768 x 768", lambda: x @ y)):

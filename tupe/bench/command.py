@@ -204,7 +204,7 @@ def default_batch(preset: str, seq_len: int | None, batch_size: int | None) -> t
 def machine_description(device: torch.device) -> dict:
     import torch
 
-    from tupe.runtime import cpu_allocator_tuned
+    from tupe.runtime import cpu_allocator_tuned, large_blocks_kept
 
     info = {
         "platform": platform.platform(),
@@ -214,6 +214,7 @@ def machine_description(device: torch.device) -> dict:
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "malloc_tuned": cpu_allocator_tuned(),  # tupe.runtime: the `tupe` command keeps freed blocks for reuse
+        "malloc_large_blocks_kept": large_blocks_kept(),  # and, for the timed loops, blocks over 32 MiB too
     }
     try:
         import transformers
@@ -271,7 +272,7 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
 
 
 def _print_steps(result: dict, rows: list[dict], shape: Shape, args: argparse.Namespace, peak: float) -> None:
-    from tupe.runtime import cpu_allocator_tuned
+    from tupe.runtime import cpu_allocator_tuned, large_blocks_kept
     from tupe.training.model import HF_BERT
 
     print(
@@ -279,7 +280,7 @@ def _print_steps(result: dict, rows: list[dict], shape: Shape, args: argparse.Na
         f"{shape.hidden_size} ({shape.num_attention_heads} heads, FFN {shape.intermediate_size}), vocab "
         f"{shape.vocab_size}, {args.autocast if args.autocast != 'none' else 'float32'}, "
         f"median of {args.rounds} interleaved rounds; matmul peak {peak / 1e9:.1f} GFLOP/s; malloc tuning "
-        f"{'on' if cpu_allocator_tuned() else 'off'}"
+        f"{'on' if cpu_allocator_tuned() else 'off'}{', large blocks kept' if large_blocks_kept() else ''}"
     )
     print(
         f"{'model':26s} {'kernel':7s} {'step s':>8s} {'q1-q3':>13s} {'tok/s':>8s} {'MFU':>6s} "
@@ -401,6 +402,9 @@ def run(args: argparse.Namespace) -> int:
 
         check_file(args.json, "tupe bench", "--json")  # a file tupe did not write is never replaced
     V.apply_threads(args.threads)
+    from tupe.runtime import keep_large_blocks
+
+    keep_large_blocks()  # every model's step repeats its sizes (a no-op unless the allocator is tuned)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = V.parse_device(args.device)

@@ -137,6 +137,9 @@ def _pretrain(run: ResolvedConfig) -> dict[str, Any]:
     run = run.for_data(len(data.train_idx))  # --epochs and --warmup-ratio as steps
     args.max_steps, args.warmup_steps = run.max_steps, run.warmup_steps
 
+    from tupe.runtime import keep_large_blocks
+
+    keep_large_blocks()  # packed blocks: the same sizes every step (a no-op unless the allocator is tuned)
     model_kwargs = model_config(run, data.tokenizer)
     source = load_source(run, data.tokenizer) if run.init_from else None
     if source is not None:
