@@ -6,12 +6,14 @@ glibc's malloc hands every large block (a step's logits, attention scores, activ
 when it is freed and maps fresh zeroed pages for the next step: at the `mini` shape that was about a million
 page faults per 30 steps and a quarter of the step time (docs/benchmarks.md). `tune_cpu_allocator` keeps
 blocks of up to 32 MiB (glibc's maximum for the mmap threshold) in the heap and stops trimming the heap's top
-below 1 GiB, so freed memory is reused by the next step. Blocks over 32 MiB are still mapped afresh; where the
-shapes repeat every step (pre-training's packed blocks, `tupe bench`), `keep_large_blocks` also turns glibc's
-mmap off, so that the 100 MB gradients of the 32,768 x 768 word embeddings at the `base` shape stop costing
-about 49,000 page faults per step. It is not the default: with sizes that vary (evaluation at several lengths)
-large blocks kept in the heap raised the peak RSS by 5-65% (docs/benchmarks.md). The peak resident memory is unchanged; what changes is that
-freed memory stays with the process instead of going back to the system between steps.
+below 1 GiB, so freed memory is reused by the next step; the peak resident memory is unchanged, what changes is
+that freed memory stays with the process instead of going back to the system between steps.
+
+Blocks over 32 MiB are still mapped afresh. Where the sizes repeat every step (pre-training's packed blocks,
+`tupe bench`), `keep_large_blocks` also turns glibc's mmap off, so that the 100 MB gradients of the
+32,768 x 768 word embeddings at the `base` shape stop costing about 49,000 page faults per step. It is not part
+of `tune_cpu_allocator`: with sizes that vary (evaluation at several lengths) large blocks kept in the heap
+raised the peak RSS by 5-65% (docs/benchmarks.md).
 
 It is a process-wide switch, so importing `tupe` does not flip it: the `tupe` command line does, and library
 users may call it themselves. `TUPE_MALLOC_TUNING=0` in the environment turns it off everywhere.
