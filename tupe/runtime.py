@@ -45,7 +45,7 @@ def tune_cpu_allocator() -> bool:
     Idempotent. Does nothing (False) off Linux/glibc (e.g. musl, macOS, Windows) or when the environment sets
     `TUPE_MALLOC_TUNING=0`.
     """
-    global _tuned
+    global _tuned, _mallopt
     if _tuned is not None:
         return _tuned
     _tuned = False
@@ -64,9 +64,7 @@ def tune_cpu_allocator() -> bool:
     _tuned = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
-    if _tuned:
-        global _mallopt
-        _mallopt = mallopt
+    _mallopt = mallopt if _tuned else None  # for keep_large_blocks
     return _tuned
 
 
