@@ -90,3 +90,19 @@ def test_console_log_prints_each_line_unless_quiet(capsys):
     console_log(False)("step 1")
     console_log(True)("hidden")
     assert capsys.readouterr().out == "step 1\n"
+
+
+def test_keep_large_blocks_never_trims_the_heap():
+    """A step that frees more than the 1 GiB trim threshold (transformers' DeBERTa at `base`) keeps it in the heap:
+    `keepcost` (the releasable top of the heap) still holds a freed 1.2 GiB block."""
+    code = _PROBE.split("{setup}")[0] + (
+        "import tupe.runtime as r\nr.tune_cpu_allocator()\nkept = r.keep_large_blocks()\n"
+        "block = libc.malloc(1200 * 1024 * 1024)\nlibc.free(block)\n"
+        "print(kept, libc.mallinfo2().keepcost >= 1200 * 1024 * 1024)\n"
+    )
+    if not hasattr(__import__("ctypes").CDLL("libc.so.6"), "mallinfo2"):
+        pytest.skip("glibc without mallinfo2")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split() == ["True", "True"]

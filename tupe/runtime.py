@@ -11,7 +11,9 @@ that freed memory stays with the process instead of going back to the system bet
 
 Blocks over 32 MiB are still mapped afresh. Where the sizes repeat every step (pre-training's packed blocks,
 `tupe bench`), `keep_large_blocks` also turns glibc's mmap off, so that the 100 MB gradients of the
-32,768 x 768 word embeddings at the `base` shape stop costing about 49,000 page faults per step. It is not part
+32,768 x 768 word embeddings at the `base` shape stop costing about 49,000 page faults per step, and stops
+trimming the heap at all (a step that frees more than 1 GiB, as transformers' DeBERTa's does at `base`, had it
+mapped back every step: about 300,000 page faults). It is not part
 of `tune_cpu_allocator`: with sizes that vary (evaluation at several lengths) large blocks kept in the heap
 raised the peak RSS by 5-65% (docs/benchmarks.md).
 
@@ -70,14 +72,17 @@ def tune_cpu_allocator() -> bool:
 
 def keep_large_blocks() -> bool:
     """Where `tune_cpu_allocator` is in effect, turn glibc's mmap off for blocks over 32 MiB too (they come from
-    the heap, and glibc maps memory only when the heap cannot grow); True if it is in effect.
+    the heap, and glibc maps memory only when the heap cannot grow) and stop trimming the heap; True if it is in
+    effect.
 
     For loops whose block sizes repeat every step (pre-training, `tupe bench`), called when the loop starts;
     see the module docstring for why it is not part of `tune_cpu_allocator`. Idempotent; process-wide.
     """
     global _large_kept
     if not _large_kept and _tuned and _mallopt is not None:
-        _large_kept = _mallopt(_M_MMAP_MAX, 0) == 1
+        # and never trim the heap's top (-1, mallopt(3)): a model whose step frees more than the 1 GiB above
+        # (transformers' DeBERTa at the base shape, about 300,000 page faults per step) would map it back each step
+        _large_kept = _mallopt(_M_MMAP_MAX, 0) == 1 and _mallopt(_M_TRIM_THRESHOLD, -1) == 1
     return _large_kept
 
 
