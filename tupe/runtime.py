@@ -81,7 +81,8 @@ def keep_large_blocks() -> bool:
     global _large_kept
     if not _large_kept and _tuned and _mallopt is not None:
         # and never trim the heap's top (-1, mallopt(3)): a model whose step frees more than the 1 GiB above
-        # (transformers' DeBERTa at the base shape, about 300,000 page faults per step) would map it back each step
+        # (transformers' DeBERTa at the base shape: about 300,000 page faults per step in tupe bench) can map it back
+        # every step
         _large_kept = _mallopt(_M_MMAP_MAX, 0) == 1 and _mallopt(_M_TRIM_THRESHOLD, -1) == 1
     return _large_kept
 
