@@ -15,8 +15,9 @@ pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only"
 )
 
-# glibc's mallinfo2 (>= 2.33): `hblks` counts the blocks malloc got from mmap instead of the heap
-_PROBE = """
+# glibc's mallinfo2 (>= 2.33): `hblks` counts the blocks malloc got from mmap instead of the heap, `keepcost`
+# the releasable top of the heap
+_MALLINFO = """
 import ctypes, sys
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
@@ -26,7 +27,10 @@ libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Info
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
-{setup}
+"""
+_PROBE = (
+    _MALLINFO
+    + """{setup}
 mapped = 0
 for size in (16, 100):  # MiB: under and over glibc's 32 MiB cap on the mmap threshold
     before = libc.mallinfo2().hblks
@@ -35,16 +39,21 @@ for size in (16, 100):  # MiB: under and over glibc's 32 MiB cap on the mmap thr
     libc.free(block)
 print(tuned, mapped)
 """
+)
 
 
-def _probe(setup: str, env: dict | None = None) -> list[str]:
+def _run(code: str, env: dict | None = None) -> list[str]:
+    """`code` (built on `_MALLINFO`) in a fresh interpreter; the words it prints."""
     if not hasattr(__import__("ctypes").CDLL("libc.so.6"), "mallinfo2"):
         pytest.skip("glibc without mallinfo2")
-    code = _PROBE.format(setup=setup)
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, env=env
     )
     return out.stdout.split()
+
+
+def _probe(setup: str, env: dict | None = None) -> list[str]:
+    return _run(_PROBE.format(setup=setup), env)
 
 
 def test_tuned_allocator_keeps_large_blocks_in_the_heap():
@@ -95,14 +104,9 @@ def test_console_log_prints_each_line_unless_quiet(capsys):
 def test_keep_large_blocks_never_trims_the_heap():
     """A step that frees more than the 1 GiB trim threshold (transformers' DeBERTa at `base`) keeps it in the heap:
     `keepcost` (the releasable top of the heap) still holds a freed 1.2 GiB block."""
-    code = _PROBE.split("{setup}")[0] + (
+    code = _MALLINFO + (
         "import tupe.runtime as r\nr.tune_cpu_allocator()\nkept = r.keep_large_blocks()\n"
         "block = libc.malloc(1200 * 1024 * 1024)\nlibc.free(block)\n"
         "print(kept, libc.mallinfo2().keepcost >= 1200 * 1024 * 1024)\n"
     )
-    if not hasattr(__import__("ctypes").CDLL("libc.so.6"), "mallinfo2"):
-        pytest.skip("glibc without mallinfo2")
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.split() == ["True", "True"]
+    assert _run(code) == ["True", "True"]
