@@ -13,9 +13,9 @@ Blocks over 32 MiB are still mapped afresh. Where the sizes repeat every step (p
 `tupe bench`), `keep_large_blocks` also turns glibc's mmap off, so that the 100 MB gradients of the
 32,768 x 768 word embeddings at the `base` shape stop costing about 49,000 page faults per step, and stops
 trimming the heap at all (a step that frees more than 1 GiB, as transformers' DeBERTa's does at `base`, had it
-mapped back every step: about 300,000 page faults). It is not part
-of `tune_cpu_allocator`: with sizes that vary (evaluation at several lengths) large blocks kept in the heap
-raised the peak RSS by 5-65% (docs/benchmarks.md).
+mapped back every round of `tupe bench`: about 300,000 page faults per step). It is not part of
+`tune_cpu_allocator`: with sizes that vary (evaluation at several lengths) large blocks kept in the heap raised
+the peak RSS by 5-65% (docs/benchmarks.md).
 
 It is a process-wide switch, so importing `tupe` does not flip it: the `tupe` command line does, and library
 users may call it themselves. `TUPE_MALLOC_TUNING=0` in the environment turns it off everywhere.
@@ -79,7 +79,7 @@ def keep_large_blocks() -> bool:
     see the module docstring for why it is not part of `tune_cpu_allocator`. Idempotent; process-wide.
     """
     global _large_kept
-    if not _large_kept and _tuned and _mallopt is not None:
+    if not _large_kept and _mallopt is not None:  # set by tune_cpu_allocator only when it took effect
         # and never trim the heap's top (-1, mallopt(3)): a model whose step frees more than the 1 GiB above
         # (transformers' DeBERTa at the base shape: about 300,000 page faults per step in tupe bench) can map it back
         # every step
