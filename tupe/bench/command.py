@@ -102,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "same choices, timed by default as deberta's comparator)",
     )
     parser.add_argument(
+        "--flash-baseline",
+        action="store_true",
+        help="also time bert-a with SDPA held to its flash backend (label `bert-a [sdpa-flash]`; refused, not "
+        "replaced, where flash cannot run the step) and give every step time as a ratio to it",
+    )
+    parser.add_argument(
         "--peak-flops",
         type=V.positive_float,
         default=None,
@@ -250,6 +256,13 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
 
     by = {(r["scheme"], r["backend"]): r[key] for r in rows if r.get(key)}
     out = {}
+    from .runner import FLASH_BASELINE
+
+    flash = next((t for (s, b), t in by.items() if b == FLASH_BASELINE), None)
+    if flash:
+        for (scheme, backend), t in by.items():
+            if backend != FLASH_BASELINE:
+                out[f"{scheme} [{backend}] / bert-a [{FLASH_BASELINE}]"] = t / flash
     hf = by.get((HF_BERT, "sdpa"))
     hf_deberta = by.get((HF_DEBERTA, "eager"))
     from tupe.modeling.positional import comparator_scheme, scheme_class
@@ -257,6 +270,8 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
     baseline = comparator_scheme(HF_BERT)  # the scheme transformers' BERT implements (bert-a)
 
     for (scheme, backend), t in by.items():
+        if backend == FLASH_BASELINE:
+            continue
         if scheme in (HF_BERT, HF_DEBERTA):
             if scheme == HF_DEBERTA and hf:
                 out["hf-deberta / hf-bert"] = t / hf
@@ -335,6 +350,10 @@ def _time_shape(name: str, shape: Shape, args: argparse.Namespace, schemes, back
     wants_deberta = any(scheme_class(s).transformers_comparator == HF_DEBERTA for s in schemes)
     if wants_deberta and not getattr(args, "no_hf_deberta", False):
         cands.append(build_hf_deberta(shape, args.seq_len, batch, device, torch.float32))
+    if getattr(args, "flash_baseline", False):
+        from .runner import build_flash_baseline
+
+        cands.append(build_flash_baseline(shape, args.seq_len, batch, device, torch.float32, autocast))
     for s in schemes:
         for b in backends:
             cands.append(build_tupe(s, b, shape, args.seq_len, batch, device, torch.float32, autocast))

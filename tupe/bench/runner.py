@@ -8,6 +8,7 @@ ratios stay meaningful even when absolute times move.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -72,8 +73,14 @@ class Candidate:
     cpu_times: list[float] = field(default_factory=list)
     peak_memory: int | None = None
     memory_method: str = ""
+    # wraps every step of this candidate (e.g. SDPA restricted to its flash backend); None: nothing
+    context: Callable[[], contextlib.AbstractContextManager] | None = None
 
     def step(self) -> None:
+        with self.context() if self.context is not None else contextlib.nullcontext():
+            self._step()
+
+    def _step(self) -> None:
         loss = self.model(**self.batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -161,6 +168,41 @@ def build_tupe(
     flops = train_step_flops(shape, scheme, batch["input_ids"].shape[0], seq_len, rows)
     label = f"{scheme} [{backend}]"
     return Candidate(label, scheme, backend, resolved, model, _optimizer(model), batch, flops)
+
+
+FLASH_BASELINE = (
+    "sdpa-flash"  # the label of bert-a with SDPA restricted to its flash backend (--flash-baseline)
+)
+
+
+def flash_context(device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """SDPA restricted to its flash backend: a step it cannot serve (a mask, unequal head widths) fails instead of
+    silently running another backend. The CPU has no flash kernel with dropout: there (the suite's dry run) the
+    math backend is allowed as a fallback, and the label says `sdpa-flash` all the same."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [SDPBackend.FLASH_ATTENTION]
+    if device.type != "cuda":
+        backends.append(SDPBackend.MATH)
+    return lambda: sdpa_kernel(backends)
+
+
+def build_flash_baseline(
+    shape: Shape,
+    seq_len: int,
+    batch: dict[str, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    compute_dtype: torch.dtype | None = None,
+) -> Candidate:
+    """`bert-a` with the `sdpa` kernel and SDPA held to its flash backend (full blocks: no mask reaches SDPA)."""
+    from tupe.modeling.positional import comparator_scheme
+
+    scheme = comparator_scheme(HF_BERT)
+    cand = build_tupe(scheme, "sdpa", shape, seq_len, batch, device, dtype, compute_dtype)
+    cand.backend, cand.kernel, cand.label = FLASH_BASELINE, FLASH_BASELINE, f"{scheme} [{FLASH_BASELINE}]"
+    cand.context = flash_context(device)
+    return cand
 
 
 def build_hf_bert(
