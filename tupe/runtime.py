@@ -111,28 +111,36 @@ def tupe_version() -> str:
 def hushed_libraries(progress: bool = True, quiet: bool = False) -> Iterator[None]:
     """`--no-progress` / `--quiet` for the libraries too, while the command runs: no "Writing model shards" /
     "Loading weights" / `datasets` bars without progress; only errors from `transformers` and `datasets` with
-    --quiet. The previous settings come back afterwards."""
-    import datasets
+    --quiet. The previous settings come back afterwards. Without `datasets` installed (a GPU image may lack it;
+    pre-training the built-in corpus never imports it), only `transformers` is hushed."""
     import transformers
+
+    try:
+        import datasets
+    except ImportError:
+        datasets = None
 
     hf = transformers.utils.logging
     saved = (hf.get_verbosity(), hf.is_progress_bar_enabled())
-    saved_ds = (datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled())
+    saved_ds = (datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()) if datasets else None
     if not progress or quiet:
         hf.disable_progress_bar()
-        datasets.disable_progress_bars()
+        if datasets:
+            datasets.disable_progress_bars()
     if quiet:
         hf.set_verbosity_error()
-        datasets.logging.set_verbosity_error()
+        if datasets:
+            datasets.logging.set_verbosity_error()
     try:
         yield
     finally:
         hf.set_verbosity(saved[0])
-        datasets.logging.set_verbosity(saved_ds[0])
         if saved[1]:
             hf.enable_progress_bar()
-        if saved_ds[1]:
-            datasets.enable_progress_bars()
+        if datasets and saved_ds:
+            datasets.logging.set_verbosity(saved_ds[0])
+            if saved_ds[1]:
+                datasets.enable_progress_bars()
 
 
 def console_log(quiet: bool) -> Callable[[str], None]:

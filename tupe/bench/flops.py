@@ -76,6 +76,8 @@ def train_step_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predic
 
 
 def _sync(device: torch.device) -> None:
+    import torch  # not at the top: `tupe bench --help` imports this module
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

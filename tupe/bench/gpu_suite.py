@@ -285,6 +285,8 @@ def stage_long(args: argparse.Namespace, out: Path, timeout: float) -> dict:
     ]
     if args.smoke:
         cmd.append("--smoke")
+    if args.long_schemes:
+        cmd += ["--long-schemes", args.long_schemes]
     run = run_logged(cmd, out / "long.log", timeout, _child_env())
     path = out / "long.json"
     rows = json.loads(path.read_text()) if path.exists() else {"rows": []}
@@ -311,6 +313,8 @@ def long_child(args: argparse.Namespace) -> int:
     order = [s for s in LONG_ORDER if s in POSITION_SCHEMES] + [
         s for s in POSITION_SCHEMES if s not in LONG_ORDER
     ]
+    if args.long_schemes:
+        order = [s.strip() for s in args.long_schemes.split(",") if s.strip()]
     result: dict = {"shape": shape.__dict__, "lengths": list(lengths), "autocast": "bfloat16", "rows": []}
     for scheme in order:
         for n in lengths:
@@ -675,6 +679,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--work",
         default=None,
         help="scratch folder of end-to-end, emptied first (default: a new temporary folder)",
+    )
+    parser.add_argument(
+        "--long-schemes",
+        default=None,
+        help="comma-separated schemes of the long stage (default: all, in LONG_ORDER)",
     )
     parser.add_argument("--long-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -292,8 +292,29 @@ def flex_bias_attention(
         return score
 
     fn = _compiled_flex() if q.is_cuda else flex_attention
+    options = flex_kernel_options() if q.is_cuda else None
     with torch.autocast(device_type, enabled=False):
-        return fn(q, k, v, score_mod=score_mod, scale=scale)
+        return fn(q, k, v, score_mod=score_mod, scale=scale, kernel_options=options)
+
+
+def flex_kernel_options() -> dict | None:
+    """`kernel_options` for the compiled flex_attention: the JSON object in `$TUPE_FLEX_KERNEL_OPTIONS` (e.g.
+    `{"BLOCK_M": 64, "BLOCK_N": 64}`), or None for PyTorch's own choice. On an H200 with torch 2.11, PyTorch's
+    choice for bf16 at head width 64 needed 240 KiB of shared memory with our float32 term read in the score_mod
+    (the limit is 227 KiB) and did not compile; benchmarks/gpu/flex_probe.py finds options that do."""
+    import json
+    import os
+
+    text = os.environ.get("TUPE_FLEX_KERNEL_OPTIONS", "").strip()
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"TUPE_FLEX_KERNEL_OPTIONS is not JSON ({err}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"TUPE_FLEX_KERNEL_OPTIONS must be a JSON object, got {text!r}")
+    return value
 
 
 _COMPILED_FLEX = None

@@ -17,7 +17,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
-from tupe.training.flags import LR_SCHEDULERS, add_training_flags, precision_flags
+from tupe.training.flags import LR_SCHEDULERS, add_training_flags, checkpointing_argument, precision_flags
 from tupe.training.optimizers import OPTIMIZERS
 from tupe.training.presets import PRESETS, get_preset
 from tupe.training.reporting import (
@@ -211,7 +211,7 @@ def training_arguments(run: ResolvedConfig):
         average_tokens_across_devices=True,
         use_cpu=not torch.cuda.is_available(),  # also what makes accelerate run data-parallel on CPU (gloo)
         **precision_flags(run.precision),
-        activation_checkpointing=run.gradient_checkpointing,  # transformers 5's name for gradient_checkpointing
+        **checkpointing_argument(run.gradient_checkpointing),
         torch_compile=run.torch_compile,
     )
 

@@ -216,6 +216,7 @@ def training_arguments(
     import torch
     from transformers import TrainingArguments
 
+    from tupe.training.flags import checkpointing_argument
     from tupe.training.reporting import trainer_reporting
 
     stopping: dict[str, Any] = {"save_strategy": "no", "eval_strategy": "no"}
@@ -254,7 +255,7 @@ def training_arguments(
         disable_tqdm=True,
         fp16=settings.fp16,
         bf16=settings.bf16,
-        activation_checkpointing=settings.gradient_checkpointing,  # transformers 5's name for gradient_checkpointing
+        **checkpointing_argument(settings.gradient_checkpointing),
         torch_compile=settings.torch_compile,
         dataloader_num_workers=0,
         dataloader_pin_memory=torch.cuda.is_available(),

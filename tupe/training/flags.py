@@ -155,3 +155,19 @@ def precision_flags(precision: str) -> dict[str, bool]:
     if precision in ("bf16", "fp16") and not cuda:
         raise TupeError(f"--precision {precision} needs a GPU here; use fp32 (the default on CPU)")
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+
+
+def checkpointing_argument(enabled: bool) -> dict[str, bool]:
+    """The TrainingArguments field that turns on activation (gradient) checkpointing: `activation_checkpointing` in
+    the transformers releases that renamed it, `gradient_checkpointing` in those before (5.17 has only the old
+    name: found on a lent GPU machine, where every `tupe pretrain` failed on the new one)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing": enabled
+    }
