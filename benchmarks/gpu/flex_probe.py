@@ -24,6 +24,7 @@ CANDIDATES = (
     {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2},
     {},  # PyTorch's own choice (failed to compile on an H200 with torch 2.11)
 )
+# (tupe's default on sm90 is the first: tupe.modeling.kernels.SM90_HALF_FLEX_OPTIONS; the probe sets each explicitly)
 
 
 def child(options: dict, seq_len: int, batch: int) -> None:

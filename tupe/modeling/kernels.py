@@ -292,29 +292,37 @@ def flex_bias_attention(
         return score
 
     fn = _compiled_flex() if q.is_cuda else flex_attention
-    options = flex_kernel_options() if q.is_cuda else None
+    options = flex_kernel_options(q) if q.is_cuda else None
     with torch.autocast(device_type, enabled=False):
         return fn(q, k, v, score_mod=score_mod, scale=scale, kernel_options=options)
 
 
-def flex_kernel_options() -> dict | None:
-    """`kernel_options` for the compiled flex_attention: the JSON object in `$TUPE_FLEX_KERNEL_OPTIONS` (e.g.
-    `{"BLOCK_M": 64, "BLOCK_N": 64}`), or None for PyTorch's own choice. On an H200 with torch 2.11, PyTorch's
-    choice for bf16 at head width 64 needed 240 KiB of shared memory with our float32 term read in the score_mod
-    (the limit is 227 KiB) and did not compile; benchmarks/gpu/flex_probe.py finds options that do."""
+# PyTorch's own flex configuration for 16-bit q/k/v of head width 64 on sm90 (H100/H200) is 128 x 128 blocks in 3
+# stages; with our float32 (h, n, n) term read in the score_mod it needed 240 KiB of shared memory, over the 227 KiB
+# limit, and did not compile (an H200, torch 2.11.0+cu130, 2026-11-27). 64 x 64 blocks compiled and ran the base
+# shape's forward + backward in 1.16 ms against 1.30 ms for 128 x 64 (benchmarks/gpu/flex_probe.py, docs/benchmarks.md).
+SM90_HALF_FLEX_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64}
+
+
+def flex_kernel_options(q: torch.Tensor) -> dict | None:
+    """`kernel_options` for the compiled flex_attention on CUDA: the JSON object in `$TUPE_FLEX_KERNEL_OPTIONS` if set
+    (`{}` = PyTorch's own choice; e.g. `{"BLOCK_M": 64, "BLOCK_N": 64}`), else `SM90_HALF_FLEX_OPTIONS` for bf16/fp16
+    on an sm90 GPU, else None (PyTorch's choice)."""
     import json
     import os
 
     text = os.environ.get("TUPE_FLEX_KERNEL_OPTIONS", "").strip()
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"TUPE_FLEX_KERNEL_OPTIONS is not JSON ({err}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"TUPE_FLEX_KERNEL_OPTIONS must be a JSON object, got {text!r}")
-    return value
+    if text:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"TUPE_FLEX_KERNEL_OPTIONS is not JSON ({err}): {text!r}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"TUPE_FLEX_KERNEL_OPTIONS must be a JSON object, got {text!r}")
+        return value or None
+    if q.dtype in (torch.float16, torch.bfloat16) and torch.cuda.get_device_capability(q.device) == (9, 0):
+        return dict(SM90_HALF_FLEX_OPTIONS)
+    return None
 
 
 _COMPILED_FLEX = None
