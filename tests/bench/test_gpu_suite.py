@@ -43,6 +43,15 @@ def test_cpu_dry_run_runs_every_stage(tmp_path: Path) -> None:
     assert all(r["tokens_per_s"] > 0 for r in bench["steps"])
     assert "tupe-a [default] / bert-a [sdpa-flash]" in bench["ratios"]
 
+    profiled = stages["profile"]["rows"]
+    assert [r["label"] for r in profiled] == [
+        "bert-a [sdpa-flash]",
+        "tupe-a [default]",
+        "alibi [default]",
+        "hf-bert",
+    ]
+    assert all(r["wall_ms"] > 0 and r["top_cpu_ops"] for r in profiled), profiled
+
     rows = stages["long"]["rows"]
     assert {r["scheme"] for r in rows} == set(POSITION_SCHEMES)
     assert not [r for r in rows if "error" in r]

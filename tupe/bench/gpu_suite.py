@@ -11,9 +11,12 @@ a stage with too little time left is skipped with a note):
    default kernel, `bert-a` with SDPA held to its flash backend (`--flash-baseline`), transformers' BERT (SDPA)
    and DeBERTa-v2; tokens/s, MFU against the GPU's dense bf16 peak, peak memory, ratios to `bert-a [sdpa-flash]`;
    a batch that does not fit is halved until it does (the table says which batch ran);
-3. `long`: batch 1 at 1,024 to 8,192 tokens (base shape, bf16, no dropout so that `flex` may run): step time and
+3. `profile`: one base/512 step of bert-a (flash), tupe-a, alibi and transformers' BERT under PyTorch's profiler:
+   wall time against the GPU's busy time (its idle share: launch-bound or compute-bound), kernels per step, the top
+   kernels;
+4. `long`: batch 1 at 1,024 to 8,192 tokens (base shape, bf16, no dropout so that `flex` may run): step time and
    peak memory of every scheme with its default kernel, one model at a time, until it runs out of memory;
-4. `end-to-end`: `tupe pretrain --preset base --precision bf16` on the built-in corpus for a few hundred steps with
+5. `end-to-end`: `tupe pretrain --preset base --precision bf16` on the built-in corpus for a few hundred steps with
    evaluation and checkpoints inside the timed loop: tokens/s including data loading.
 
 Every stage is a child process with a time limit (interrupted, then killed, at its end), writes its JSON under
@@ -25,6 +28,7 @@ device's limit leaves every finished stage's results. The GPU, driver and librar
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -38,9 +42,10 @@ import threading
 import time
 from pathlib import Path
 
-STAGES = ("cuda-tests", "steps", "long", "end-to-end")
-# seconds of the default 540 s budget; the cuda tests took 175 s on an H200 with fp16 (2026-11-26)
-SHARES = {"cuda-tests": 150, "steps": 180, "long": 120, "end-to-end": 90}
+STAGES = ("cuda-tests", "steps", "profile", "long", "end-to-end")
+# seconds of the default 540 s budget: on an H200 (2026-11-27) tests/cuda without fp16 took 56 s, each `tupe bench`
+# of `steps` about 60 s, end-to-end 66 s, a flex scheme's lengths in `long` ~25 s of compiling
+SHARES = {"cuda-tests": 100, "steps": 150, "profile": 60, "long": 140, "end-to-end": 90}
 MIN_STAGE_S = 25  # a stage with less time than this left is skipped
 
 # dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, FLOP/s; the MFU denominator
@@ -120,7 +125,7 @@ def environment(device: str) -> dict:
         )
     peak, source = dense_bf16_peak(env.get("gpu"))
     env["dense_bf16_peak_flops"], env["dense_bf16_peak_source"] = peak, source
-    env["commit"] = _run_quiet(["git", "rev-parse", "HEAD"])
+    env["commit"] = _run_quiet(["git", "describe", "--always", "--dirty"])  # -dirty: uncommitted changes ran
     return env
 
 
@@ -269,7 +274,181 @@ def stage_steps(args: argparse.Namespace, out: Path, timeout: float) -> dict:
     return result
 
 
-# ---- stage 3: long sequences, batch 1 --------------------------------------------------------------------------
+# ---- stage 3: where a step's time goes ----------------------------------------------------------------------
+
+PROFILED = (
+    "bert-a",
+    "tupe-a",
+    "alibi",
+)  # bert-a with SDPA flash, then these with their default kernels, + hf-bert
+
+
+def stage_profile(args: argparse.Namespace, out: Path, timeout: float) -> dict:
+    cmd = [
+        *_python(),
+        "-m",
+        "tupe.bench.gpu_suite",
+        "--profile-child",
+        "--out",
+        str(out),
+        "--device",
+        args.device,
+    ]
+    if args.smoke:
+        cmd.append("--smoke")
+    run = run_logged(cmd, out / "profile.log", timeout, _child_env())
+    path = out / "profile.json"
+    return {**run, **(json.loads(path.read_text()) if path.exists() else {"rows": []})}
+
+
+def _device_time_us(event) -> float:  # noqa: ANN001 - a profiler FunctionEventAvg
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0
+
+
+def profile_child(args: argparse.Namespace) -> int:
+    """`profile`, in its own process: one base training step of each model under PyTorch's profiler (CPU + CUDA
+    activities): wall time per step, the GPU's busy time (sum of kernel times) and so its idle share, the top
+    kernels and the top CPU-side operators. A step whose GPU is mostly idle is launch-bound, not compute-bound."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+
+    from .flops import Shape, preset_shape
+    from .profiling import quiet_profile
+    from .runner import build_flash_baseline, build_hf_bert, build_tupe, make_batch
+
+    device = torch.device(args.device)
+    out = Path(args.out)
+    if args.smoke:
+        shape, seq_len, batch_size, steps = Shape(64, 2, 1, 256, 1000, 0.1), 32, 2, 1
+    else:
+        shape, seq_len, batch_size, steps = preset_shape("base"), 512, 16, 3
+    batch = make_batch(batch_size, seq_len, shape.vocab_size, device)
+    builders = [
+        (
+            "bert-a [sdpa-flash]",
+            lambda: build_flash_baseline(shape, seq_len, batch, device, torch.float32, torch.bfloat16),
+        )
+    ]
+    for scheme in PROFILED[1:]:
+        builders.append(
+            (
+                f"{scheme} [default]",
+                lambda s=scheme: build_tupe(
+                    s, "default", shape, seq_len, batch, device, torch.float32, torch.bfloat16
+                ),
+            )
+        )
+    builders.append(("hf-bert", lambda: build_hf_bert(shape, seq_len, batch, device, torch.float32)))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    result: dict = {
+        "shape": shape.__dict__,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "steps": steps,
+        "rows": [],
+    }
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for label, build in builders:
+        row: dict = {"label": label}
+        try:
+            cand = build()
+            row["kernel"] = cand.kernel
+            for _ in range(1 if args.smoke else 3):  # warm-up (and any compilation) outside the profile
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    cand.step()
+            sync()
+            with quiet_profile(activities=activities) as prof:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    with torch.autocast(device.type, dtype=torch.bfloat16):
+                        cand.step()
+                sync()
+                wall = (time.perf_counter() - t0) / steps
+            events = prof.key_averages()
+            kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+            busy = sum(_device_time_us(e) for e in kernels) / 1e6 / steps
+            row.update(
+                wall_ms=1e3 * wall,
+                gpu_busy_ms=1e3 * busy if kernels else None,
+                gpu_idle_share=(1 - busy / wall) if kernels else None,
+                kernel_launches_per_step=sum(e.count for e in kernels) / steps if kernels else None,
+                top_kernels=[
+                    {
+                        "name": e.key[:90],
+                        "ms_per_step": _device_time_us(e) / 1e3 / steps,
+                        "calls": e.count // steps,
+                    }
+                    for e in sorted(kernels, key=_device_time_us, reverse=True)[:8]
+                ],
+                top_cpu_ops=[
+                    {"name": e.key[:90], "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps}
+                    for e in sorted(
+                        (e for e in events if e.device_type == DeviceType.CPU),
+                        key=lambda e: e.self_cpu_time_total,
+                        reverse=True,
+                    )[:8]
+                ],
+            )
+            del cand
+        except Exception as e:  # noqa: BLE001 - recorded; the next model runs
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        result["rows"].append(row)
+        write_json(out / "profile.json", result)
+        busy = row.get("gpu_busy_ms")
+        print(
+            f"profile: {label:24s} "
+            + (
+                row.get("error")
+                or f"wall {row['wall_ms']:.1f} ms/step"
+                + (
+                    f", GPU busy {busy:.1f} ms ({100 * (1 - row['gpu_idle_share']):.0f}%), "
+                    f"{row['kernel_launches_per_step']:.0f} kernels/step"
+                    if busy is not None
+                    else ""
+                )
+            ),
+            flush=True,
+        )
+    return 0
+
+
+def profile_table(profile: dict) -> list[str]:
+    rows = profile.get("rows", [])
+    if not rows:
+        return ["(no rows)"]
+    lines = [
+        f"One step at base, {profile.get('batch_size')} x {profile.get('seq_len')}, bf16 autocast, under PyTorch's "
+        f"profiler (mean of {profile.get('steps')}):",
+        "",
+        "| model | kernel | wall ms | GPU busy ms | GPU busy share | kernels per step | top kernels (ms per step) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['label']} | - | {r['error'][:60]} | | | | |")
+            continue
+        busy = r.get("gpu_busy_ms")
+        top = "; ".join(f"{k['name'][:40]} {k['ms_per_step']:.2f}" for k in r.get("top_kernels", [])[:3])
+        lines.append(
+            f"| {r['label']} | {r.get('kernel', '-')} | {r['wall_ms']:.1f} | {_fmt(busy, '.1f')} | "
+            f"{_fmt(100 * (1 - r['gpu_idle_share']) if busy is not None else None, '.0f')}% | "
+            f"{_fmt(r.get('kernel_launches_per_step'), '.0f')} | {top or '-'} |"
+        )
+    return lines
+
+
+# ---- stage 4: long sequences, batch 1 --------------------------------------------------------------------------
 
 
 def stage_long(args: argparse.Namespace, out: Path, timeout: float) -> dict:
@@ -358,6 +537,7 @@ def long_child(args: argparse.Namespace) -> int:
             except Exception as e:  # noqa: BLE001 - recorded, and the next scheme runs
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             del cand
+            gc.collect()  # the model and optimizer of this row are gone before the next row's peak is read
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             result["rows"].append(row)
@@ -377,7 +557,7 @@ def long_child(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- stage 4: tupe pretrain end to end -------------------------------------------------------------------------
+# ---- stage 5: tupe pretrain end to end -------------------------------------------------------------------------
 
 
 def stage_end_to_end(args: argparse.Namespace, out: Path, timeout: float) -> dict:
@@ -636,6 +816,8 @@ def write_summary(out: Path, env: dict, stages: dict) -> None:
                     md.append("Targets (base/512):")
                     md += targets(b, peak)
                     md.append("")
+        elif name == "profile":
+            md += profile_table(st)
         elif name == "long":
             md += long_table(st)
         elif name == "end-to-end":
@@ -686,6 +868,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated schemes of the long stage (default: all, in LONG_ORDER)",
     )
     parser.add_argument("--long-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in stages if s not in STAGES]
@@ -698,6 +881,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 RUNNERS = {
     "cuda-tests": stage_cuda_tests,
     "steps": stage_steps,
+    "profile": stage_profile,
     "long": stage_long,
     "end-to-end": stage_end_to_end,
 }
@@ -709,6 +893,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.long_child:
         return long_child(args)
+    if args.profile_child:
+        return profile_child(args)
     t_start = time.monotonic()
     if args.device == "cuda":
         import torch

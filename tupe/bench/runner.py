@@ -318,13 +318,17 @@ def measure_peak_memory(
         else torch.autocast(device.type, enabled=False)
     )
     if device.type == "cuda":
+        # every candidate is resident at once: the step's own rise above what was allocated before it, plus this
+        # candidate's parameters and optimizer state (not the other models')
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
         with ctx:
             candidate.step()
         torch.cuda.synchronize(device)
-        candidate.peak_memory = int(torch.cuda.max_memory_allocated(device))
-        candidate.memory_method = "cuda max_memory_allocated"
+        rise = torch.cuda.max_memory_allocated(device) - before
+        candidate.peak_memory = int(state_bytes(candidate) + rise)
+        candidate.memory_method = "params+optimizer state + cuda max_memory_allocated rise during the step"
         return
     from torch.profiler import ProfilerActivity
 
