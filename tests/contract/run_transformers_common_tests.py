@@ -6,7 +6,7 @@ library's source distribution, and it runs from a scratch folder outside the rep
 
     pip download --no-deps --no-binary :all: transformers==$(python -c 'import transformers as t; print(t.__version__)') -d /tmp/tfsrc
     OMP_NUM_THREADS=1 python tests/contract/run_transformers_common_tests.py /tmp/tfsrc/transformers-*.tar.gz \
-        [--schemes tupe-a deberta] [--json counts.json] [-- extra pytest args]
+        [--schemes tupe-a deberta] [--jobs 2] [--json counts.json] [-- extra pytest args]
 
 The suite's `tests/exporters` and `tests/generation` are not in the source distribution; their two mixins are
 stubbed (export is tupe's own `tests/modeling/test_export.py`; an encoder does not generate). Prints one line of
@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,36 +175,39 @@ def _run_scheme(scratch: Path, scheme: str, pytest_args: list[str]) -> dict:
     return {"scheme": scheme, **counts, "failures": failures, "output_tail": "\n".join(tail[-60:])}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import tupe
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # everything after "--" goes to pytest (argparse would give it to the first positional)
+    pytest_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "source", type=Path, help="transformers source distribution (.tar.gz) or its unpacked folder"
     )
     parser.add_argument("--schemes", nargs="+", default=list(tupe.POSITION_SCHEMES))
     parser.add_argument("--json", type=Path, help="write the counts per scheme here")
-    parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -k resize)")
-    args = parser.parse_args()
-    results = []
+    parser.add_argument("--jobs", type=int, default=1, help="schemes run at once (one pytest process each)")
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tupe-common-") as folder:
         scratch = _suite_folder(args.source.expanduser().resolve(), Path(folder))
-        for scheme in args.schemes:
-            result = _run_scheme(scratch, scheme, args.pytest_args)
-            results.append(result)
-            print(
-                f"{scheme}: {result['passed']} passed, {result['skipped']} skipped, {result['failed']} failed, "
-                f"{result['error']} errors",
-                flush=True,
-            )
-            for name in result["failures"]:
-                print(f"  {name}", flush=True)
-            if not result["passed"] and not result["failed"]:
-                print(result["output_tail"], flush=True)
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            results = list(pool.map(lambda s: _run_scheme(scratch, s, pytest_args), args.schemes))
+    for result in results:
+        print(
+            f"{result['scheme']}: {result['passed']} passed, {result['skipped']} skipped, {result['failed']} failed, "
+            f"{result['error']} errors",
+            flush=True,
+        )
+        for name in result["failures"]:
+            print(f"  {name}", flush=True)
+        if not result["passed"] and not result["failed"]:
+            print(result["output_tail"], flush=True)
     if args.json:
         slim = [{k: v for k, v in r.items() if k != "output_tail"} for r in results]
         args.json.write_text(json.dumps(slim, indent=1) + "\n")
-    return int(any(r["failed"] or r["error"] for r in results))
+    return int(any(r["failed"] or r["error"] or not r["passed"] for r in results))
 
 
 if __name__ == "__main__":
