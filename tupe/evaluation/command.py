@@ -76,9 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--extend-positions",
         choices=EXTEND_METHODS,
         default="none",
-        help="with --lengths, how a learned position table reaches lengths beyond its trained rows: none (default: "
-        "the model is reported as having no positions there), interpolate (trained rows resampled linearly), "
-        "repeat (trained rows copied end to end, as Longformer); schemes without a table run at any length",
+        help="with --lengths, how positions reach lengths beyond the trained ones: none (default: a learned table "
+        "is reported as having no positions there, other schemes run as trained); for learned tables "
+        "interpolate (trained rows resampled linearly) or repeat (trained rows copied end to end, as Longformer); "
+        "for rotary schemes (rope), at scale s = length / training length, pi (positions / s), ntk (base * "
+        "s^(d/(d-2))) or yarn (per-frequency ramp, attention factor 0.1 ln s + 1), as transformers' rope scaling; "
+        "a method is refused by name for the schemes it does not apply to",
     )
     p.add_argument(
         "--plot",
