@@ -59,6 +59,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="evaluate at most N blocks, evenly spaced over the text (default: every full block)",
     )
+    p.add_argument(
+        "--masked-tokens",
+        type=V.positive_int,
+        metavar="N",
+        help="evaluate the fewest evenly spaced blocks whose masked targets reach N (all blocks if they hold "
+        "fewer), at each length of --lengths: every length rests on about N targets, where --max-blocks takes "
+        "the same number of blocks at every length; excludes --max-blocks",
+    )
     add_training_flags(
         p,
         ["max_seq_len"],
@@ -144,6 +152,7 @@ def command_line(args: argparse.Namespace) -> str:
     for opt in (
         "tokenizer",
         "max_blocks",
+        "masked_tokens",
         "max_length",
         "lengths",
         "extend_positions",
@@ -223,6 +232,8 @@ def check_paths(args: argparse.Namespace) -> None:
         from tupe.io.outputs import check_file
 
         check_file(args.json, "tupe evaluate", "--json")  # a file tupe did not write is never replaced
+    if getattr(args, "masked_tokens", None) is not None and args.max_blocks is not None:
+        raise TupeError("--masked-tokens and --max-blocks exclude each other: give one budget")
     if getattr(args, "lengths", None):
         if args.max_length is not None:
             raise TupeError("--max-seq-len and --lengths exclude each other: give the lengths in --lengths")
@@ -269,6 +280,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         mlm_probability=args.mlm_probability,
         max_blocks=args.max_blocks,
+        masked_tokens=getattr(args, "masked_tokens", None),
         max_length=args.max_length,
         batch_size=args.batch_size,
         pppl_tokens=pppl,

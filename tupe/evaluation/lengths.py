@@ -267,6 +267,7 @@ def evaluate_lengths(
                 entry |= {
                     "blocks": g["blocks"],
                     "masked_tokens": g["masked_tokens"],
+                    "tokens_per_word": g["tokens_per_word"],
                     "loss": r["loss"],
                     "word_order_delta": r["word_order_delta"],
                     "minus_unigram": r["minus_unigram"],
