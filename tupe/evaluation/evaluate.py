@@ -50,6 +50,18 @@ class EvalModel:
         Inputs go to the model's device and the sums come back to the CPU."""
         device = next(self.model.parameters()).device
         inputs, labels = inputs.to(device), labels.to(device)
+        selected = labels != -100
+        logits = self.logits_at(inputs, selected)
+        nll = torch.nn.functional.cross_entropy(logits, labels[selected], reduction="none").double()
+        rows = torch.arange(inputs.shape[0], device=device).unsqueeze(1).expand_as(inputs)[selected]
+        sums = torch.zeros(inputs.shape[0], dtype=torch.float64, device=device).index_add_(0, rows, nll)
+        return sums.cpu()
+
+    def logits_at(self, inputs: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+        """(selected positions, vocab) float32 masked-LM logits of (rows, n) `inputs` (no padding) at the True
+        positions of the (rows, n) `selected`, in row-major order, on the model's device."""
+        device = next(self.model.parameters()).device
+        inputs, selected = inputs.to(device), selected.to(device)
         attention = torch.ones_like(inputs)
         if self.kind == "tupe":
             hidden = self.model.tupe(inputs, attention_mask=attention, return_dict=True).last_hidden_state
@@ -59,12 +71,7 @@ class EvalModel:
                 input_ids=inputs, attention_mask=attention, token_type_ids=torch.zeros_like(inputs)
             ).last_hidden_state
             head = self.model.cls
-        selected = labels != -100
-        logits = head(hidden[selected]).float()
-        nll = torch.nn.functional.cross_entropy(logits, labels[selected], reduction="none").double()
-        rows = torch.arange(inputs.shape[0], device=device).unsqueeze(1).expand_as(inputs)[selected]
-        sums = torch.zeros(inputs.shape[0], dtype=torch.float64, device=device).index_add_(0, rows, nll)
-        return sums.cpu()
+        return head(hidden[selected]).float()
 
 
 _TIED = {"lm_head.decoder.weight", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}

@@ -134,3 +134,40 @@ def format_lengths_report(result: dict[str, Any]) -> str:
         "their blocks, so compare a model across lengths by its loss, not by pairs",
     ]
     return "\n".join(out)
+
+
+def format_passkey_report(result: dict[str, Any]) -> str:
+    """`tupe evaluate --probe passkey`: one row per model and distance (accuracy with the key, with a decoy key,
+    their paired difference; a note where a model runs beyond its training length or cannot run)."""
+    s = result["settings"]
+    ci = f"{int(s['ci_level'] * 100)}% CI" if s["bootstrap_resamples"] else "no CI"
+    out = [
+        f"passkey probe: filler from {result['text']['description']}; a key of {s['key_digits']} digits in "
+        f"{s['template']!r}, then d filler tokens, then the same sentence with the key's digits masked; "
+        f"{s['blocks']} blocks per distance, seed {s['seed']}",
+        f"accuracy: share of masked key digits recovered (the most likely of the ten digit tokens); guess: the same "
+        f"blocks with the first key's digits all changed; chance {s['chance']:.3f}; [{ci}: bootstrap over blocks, "
+        f"{s['bootstrap_resamples']} resamples]",
+        "",
+    ]
+    header = ["model", "distance", "block", "accuracy", "guess", "accuracy - guess", "note"]
+    rows = []
+    for e in result["by_distance"]:
+        if not e["evaluated"]:
+            rows.append(
+                [e["model"], str(e["distance"]), str(e["block_length"]), "-", "-", "-", e["note"] or ""]
+            )
+            continue
+        rows.append(
+            [
+                e["model"],
+                str(e["distance"]),
+                str(e["block_length"]),
+                _fmt(e["accuracy"]),
+                _fmt(e["guess_accuracy"]),
+                _fmt(e["accuracy_minus_guess"], signed=True),
+                e["note"] or "",
+            ]
+        )
+    out += _table(header, rows)
+    return "\n".join(out)
