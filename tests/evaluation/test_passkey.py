@@ -169,3 +169,44 @@ def test_cli_probe_writes_the_table_and_json_and_refuses_probe_options_without_i
         main(["evaluate", "--model", str(model), "--text", str(text_file), "--extend-positions", "pi"]) == 2
     )
     assert "--extend-positions goes with --lengths or --probe" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_tiny_rope_model_trained_to_copy_passes_and_its_untrained_start_does_not(tmp_path, tokenizer):
+    """A real TupeForMaskedLM (rope, 2 layers) trained for 300 steps to fill masked key digits (blocks laid out as
+    the probe's, other seeds, distances 0-23): its attention must find the earlier key, and the probe says so; the
+    same network before training does not. (The probe gives no model anything but the blocks.)"""
+    from tupe import TupeForMaskedLM
+
+    from .conftest import make_documents, tiny_config
+
+    sentence = key_sentence(tokenizer, TEMPLATE, 3)
+    text = tmp_path / "filler.txt"
+    text.write_text("\n\n".join(make_documents(40, seed=2)) + "\n")
+    stream = np.asarray(tokenizer(text.read_text().replace("\n", " "), add_special_tokens=False)["input_ids"])
+    torch.manual_seed(0)
+    config = tiny_config(len(tokenizer), "rope", 128, hidden_size=64, intermediate_size=128)
+    untrained = TupeForMaskedLM(config).eval()
+    untrained.save_pretrained(tmp_path / "untrained")
+    tokenizer.save_pretrained(tmp_path / "untrained")
+    model = TupeForMaskedLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(300):
+        d = int(np.random.default_rng([7, step]).integers(0, 24))
+        blocks, _, at, keys = probe_blocks(sentence, stream, d, 16, seed=10_000 + step, cls_id=1, mask_id=3)
+        labels = np.full_like(blocks, -100)
+        labels[:, at] = sentence.candidates[np.arange(3), keys]
+        loss = model(input_ids=torch.from_numpy(blocks), labels=torch.from_numpy(labels)).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval().save_pretrained(tmp_path / "trained")
+    tokenizer.save_pretrained(tmp_path / "trained")
+    models = [load_model(tmp_path / "trained"), load_model(tmp_path / "untrained")]
+    result = _probe(models, text, distances=(8, 20), blocks=60, key_digits=3)
+    by = {(e["model"], e["distance"]): e for e in result["by_distance"]}
+    for d in (8, 20):
+        trained, start = by[(models[0].name, d)], by[(models[1].name, d)]
+        assert trained["accuracy_minus_guess"]["low"] > 0.2, trained  # it copies
+        assert trained["guess_nll_minus_nll"]["low"] > 0
+        assert start["accuracy_minus_guess"]["low"] <= 0.0 <= start["accuracy_minus_guess"]["high"], start
