@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--extend-positions",
         choices=EXTEND_METHODS,
         default="none",
-        help="with --lengths, how positions reach lengths beyond the trained ones: none (default: a learned table "
+        help="with --lengths or --probe, how positions reach lengths beyond the trained ones: none (default: a learned table "
         "is reported as having no positions there, other schemes run as trained); for learned tables "
         "interpolate (trained rows resampled linearly) or repeat (trained rows copied end to end, as Longformer); "
         "for rotary schemes (rope), at scale s = length / training length, pi (positions / s), ntk (base * "
