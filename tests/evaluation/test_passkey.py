@@ -31,15 +31,44 @@ QUIET = dict(log=lambda m: None)
 def test_key_sentence_is_the_tokenizers_own_cut_of_every_key(tokenizer):
     sentence = key_sentence(tokenizer, TEMPLATE, 5)
     rng = np.random.default_rng(0)
+    assert sentence.digits.tolist() == list(
+        range(10)
+    )  # this tokenizer never saw a digit: each is its own byte
     for _ in range(20):
         key = rng.integers(0, 10, size=5)
-        text = TEMPLATE.replace("{key}", " ".join(map(str, key)))
+        text = TEMPLATE.replace("{key}", " ".join(map(str, sentence.digits[key])))
         assert sentence.with_key(key).tolist() == tokenizer(text, add_special_tokens=False)["input_ids"]
         pieces = tokenizer.convert_ids_to_tokens(sentence.with_key(key)[sentence.positions].tolist())
         assert [p.lstrip("Ġ") for p in pieces] == [str(d) for d in key]  # the masked tokens are the digits
     for bad in ("no key here", "{key} and {key}", "{key} {other}"):
         with pytest.raises(TupeError, match="--probe-template must hold"):
             key_sentence(tokenizer, bad, 5)
+
+
+def test_digits_the_bpe_does_not_write_as_one_token_are_left_out_of_the_key():
+    """A BPE that learnt ` 1` .. ` 9` but not ` 0` (as one trained on the books does) writes ` 0` as two tokens,
+    which would shift the sentence: its keys use 1-9, chance 1/9."""
+    from ..helpers import train_test_tokenizer
+
+    lines = [
+        "the pass key is " + " ".join(str(d) for d in np.random.default_rng(i).integers(1, 10, 8))
+        for i in range(60)
+    ]
+    bpe = train_test_tokenizer(lines, vocab_size=300)
+    assert (
+        len(bpe(" 0", add_special_tokens=False)["input_ids"]) == 2
+        and len(bpe(" 7", add_special_tokens=False)["input_ids"]) == 1
+    )
+    sentence = key_sentence(bpe, TEMPLATE, 4)
+    assert sentence.digits.tolist() == list(range(1, 10)) and sentence.candidates.shape == (4, 9)
+    key = np.array([0, 8, 3, 3])  # indices into the alphabet: digits 1 9 4 4
+    ids = bpe(TEMPLATE.replace("{key}", "1 9 4 4"), add_special_tokens=False)["input_ids"]
+    assert sentence.with_key(key).tolist() == ids
+    _, decoys, at, keys = probe_blocks(sentence, np.arange(100, 200), 5, 30, seed=0, cls_id=1, mask_id=3)
+    shown = decoys[:, 1 + FILLER_AROUND + sentence.positions]  # the decoy's digit tokens
+    assert (shown != sentence.candidates[np.arange(4), keys]).all() and np.isin(
+        shown, sentence.candidates
+    ).all()
 
 
 def test_blocks_hold_the_key_the_filler_and_the_masked_key_where_documented(tokenizer):

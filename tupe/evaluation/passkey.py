@@ -6,10 +6,11 @@ Each probe block, for a distance d, is
 sentence with a key of k random digits (written with a space between digits, so that every digit is a word of its
 own under any BPE), `S(masked)` the same sentence with the key's digit tokens replaced by [MASK], F = 16, and the
 filler a seeded random stretch of the text's token stream (as pre-training packs it). The score is the accuracy
-of recovering the masked digits (the most likely of the ten digit tokens at each masked position) against the
+of recovering the masked digits (the most likely of the digit tokens at each masked position) against the
 same blocks with the first key replaced by other digits (each digit changed): the guess a model makes without
 the key. A model that copies scores near 1 with the key and near 0 on the decoy; one that does not use the key
-scores the same on both, about 1/10. Intervals: percentile bootstrap over blocks (tupe.evaluation.bootstrap).
+scores the same on both, about 1/10 (1/A where the tokenizer writes only A digits as one token each, e.g. 1-9).
+Intervals: percentile bootstrap over blocks (tupe.evaluation.bootstrap).
 Definitions and limits: docs/evaluation.md.
 """
 
@@ -50,23 +51,29 @@ class PasskeySettings:
 
 @dataclasses.dataclass
 class KeySentence:
-    """The template tokenised once per digit: ids with any key, where the key's digit tokens sit."""
+    """The template tokenised once per digit: ids with any key, where the key's digit tokens sit, and which digits
+    the tokenizer writes as one token each there (its key alphabet)."""
 
-    ids: np.ndarray  # (t,) the sentence's token ids with the key 0 0 ... 0
+    ids: np.ndarray  # (t,) the sentence's token ids with the key d d ... d, d = digits[0]
     positions: np.ndarray  # (k,) indices into `ids` of the key's digit tokens
-    candidates: np.ndarray  # (k, 10): the token id of digit c at key place j
+    digits: (
+        np.ndarray
+    )  # (A,) the digits keys are drawn from (0..9, or those the tokenizer writes as one token)
+    candidates: np.ndarray  # (k, A): the token id of digit digits[a] at key place j
 
-    def with_key(self, digits: np.ndarray) -> np.ndarray:
-        """(t,) ids of the sentence holding the key `digits` ((k,) ints in 0..9)."""
+    def with_key(self, key: np.ndarray) -> np.ndarray:
+        """(t,) ids of the sentence holding `key`: (k,) indices into `digits`."""
         out = self.ids.copy()
-        out[self.positions] = self.candidates[np.arange(len(digits)), digits]
+        out[self.positions] = self.candidates[np.arange(len(key)), key]
         return out
 
 
 def key_sentence(tokenizer: Any, template: str, k: int, who: str = "the tokenizer") -> KeySentence:  # noqa: ANN401
-    """Tokenise `template` with a k-digit key once per digit 0..9 and find each key digit's token: each must be one
-    token holding that digit alone (and perhaps the space before it), the rest of the sentence the same for every
-    digit; otherwise a one-line error naming the template."""
+    """Tokenise `template` with a k-digit key once per digit 0..9 and find each key digit's token. A digit belongs
+    to the key alphabet when each of its k copies is one token holding that digit alone (and perhaps the space
+    before it) and the rest of the sentence is cut as for the other digits of the alphabet: a BPE trained on books
+    often has ` 1` .. ` 9` as tokens but writes ` 0` as a space then `0`, which would move every later token, so
+    its keys use 1-9 (chance 1/9). Fewer than two such digits is a one-line error naming the template."""
     if template.count("{key}") != 1 or any(
         f[1] not in (None, "key") for f in string.Formatter().parse(template)
     ):
@@ -77,7 +84,7 @@ def key_sentence(tokenizer: Any, template: str, k: int, who: str = "the tokenize
         raise TupeError(f"--probe-key-digits must be at least 1, got {k}")
     start = template.index("{key}")
     chars = [start + 2 * j for j in range(k)]  # the digits' characters in "d d d ..."
-    rows, positions = [], None
+    layouts: dict[tuple, list[tuple[int, np.ndarray]]] = {}  # the sentence's cut -> (digit, ids) cut that way
     for c in range(10):
         enc = tokenizer(
             template.replace("{key}", " ".join([str(c)] * k)),
@@ -87,21 +94,22 @@ def key_sentence(tokenizer: Any, template: str, k: int, who: str = "the tokenize
         ids, spans = np.asarray(enc["input_ids"], dtype=np.int64), enc["offset_mapping"]
         at = [next((i for i, (a, b) in enumerate(spans) if a <= ch < b), None) for ch in chars]
         if None in at or len(set(at)) != k or any(spans[i][1] - spans[i][0] > 2 for i in at):  # type: ignore[index]
-            raise TupeError(
-                f"--probe-template {template!r}: {who} does not write each digit of the key as a token of its own "
-                f"(digit {c}); the probe needs one token per digit"
-            )
-        if positions is not None and (at != positions.tolist() or len(ids) != len(rows[0])):
-            raise TupeError(
-                f"--probe-template {template!r}: {who} cuts the sentence differently for digit {c}"
-            )
-        positions = np.asarray(at, dtype=np.int64)
-        rows.append(ids)
-    assert positions is not None
-    table = np.stack(rows)  # (10, t)
-    if len({tuple(np.delete(r, positions)) for r in table}) != 1 or len(set(table[:, positions[0]])) != 10:
-        raise TupeError(f"--probe-template {template!r}: {who} does not tell the ten digits apart in the key")
-    return KeySentence(table[0].copy(), positions, table[:, positions].T.copy())
+            continue  # this digit is not one token of its own at every place
+        rest = tuple(np.delete(ids, at).tolist())
+        layouts.setdefault((len(ids), tuple(at), rest), []).append((c, ids))
+    best = max(layouts.values(), key=len, default=[])
+    if len(best) < 2:
+        raise TupeError(
+            f"--probe-template {template!r}: {who} writes fewer than two digits as one token each at every place "
+            "of the key; the probe needs that (try another template)"
+        )
+    ((_, positions_t, _),) = [key for key, value in layouts.items() if value is best]
+    positions = np.asarray(positions_t, dtype=np.int64)
+    table = np.stack([ids for _, ids in best])  # (A, t)
+    if len(set(table[:, positions[0]].tolist())) != len(best):
+        raise TupeError(f"--probe-template {template!r}: {who} does not tell the digits apart in the key")
+    digits = np.asarray([c for c, _ in best], dtype=np.int64)
+    return KeySentence(table[0].copy(), positions, digits, table[:, positions].T.copy())
 
 
 def filler_stream(
@@ -148,8 +156,9 @@ def probe_blocks(
     keys = np.empty((n_blocks, k), dtype=np.int64)
     for b in range(n_blocks):
         rng = np.random.default_rng([seed, PASSKEY_STREAM, distance, b])
-        key = rng.integers(0, 10, size=k)
-        decoy = (key + rng.integers(1, 10, size=k)) % 10  # every digit changed
+        a = len(sentence.digits)
+        key = rng.integers(0, a, size=k)  # indices into the key alphabet
+        decoy = (key + rng.integers(1, a, size=k)) % a  # every digit changed
         offset = int(rng.integers(0, len(stream) - need + 1))
         filler = np.asarray(stream[offset : offset + need], dtype=np.int64)
         query = sentence.with_key(key)
@@ -173,13 +182,14 @@ def score_blocks(
     candidates: np.ndarray,
     batch_size: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per block: (digits recovered (B,), sum of -log p(true digit token) over the vocabulary (B,)). A digit is
-    recovered when the true one has the highest logit of the ten digit tokens at its place."""
+    """Per block: (digits recovered (B,), sum of -log p(true digit token) over the vocabulary (B,)). `keys` (B, k)
+    index the A columns of `candidates` (k, A); a digit is recovered when the true one has the highest logit of
+    the A digit tokens at its place."""
     n_blocks, k = keys.shape
     correct, nll = np.zeros(n_blocks), np.zeros(n_blocks)
     selected = torch.zeros(blocks.shape, dtype=torch.bool)
     selected[:, torch.from_numpy(masked_at)] = True
-    cand = torch.from_numpy(candidates)  # (k, 10)
+    cand = torch.from_numpy(candidates)  # (k, A)
     with torch.inference_mode():
         for start in range(0, n_blocks, batch_size):
             stop = min(n_blocks, start + batch_size)
@@ -187,7 +197,7 @@ def score_blocks(
             logits = logits.reshape(stop - start, k, -1)  # (b, k, vocab): positions in row-major order
             digit_logits = torch.gather(
                 logits, 2, cand.unsqueeze(0).expand(stop - start, -1, -1)
-            )  # (b, k, 10)
+            )  # (b, k, A)
             truth = torch.from_numpy(keys[start:stop])  # (b, k)
             correct[start:stop] = (digit_logits.argmax(-1) == truth).sum(-1).double().numpy()
             true_ids = cand[torch.arange(k), truth]  # (b, k)
@@ -236,6 +246,8 @@ def passkey_probe(
                 "model": m.name,
                 "distance": d,
                 "block_length": n,
+                "digits": sentence.digits.tolist(),
+                "chance": 1.0 / len(sentence.digits),
                 "train_length": m.train_length,
                 "evaluated": ready is not None,
                 "note": note,
@@ -292,7 +304,6 @@ def passkey_probe(
             "extend_positions": settings.extend,
             "bootstrap_resamples": settings.bootstrap,
             "ci_level": CI_LEVEL,
-            "chance": 0.1,
         },
         "by_distance": entries,
     }

@@ -145,17 +145,17 @@ def format_passkey_report(result: dict[str, Any]) -> str:
         f"passkey probe: filler from {result['text']['description']}; a key of {s['key_digits']} digits in "
         f"{s['template']!r}, then d filler tokens, then the same sentence with the key's digits masked; "
         f"{s['blocks']} blocks per distance, seed {s['seed']}",
-        f"accuracy: share of masked key digits recovered (the most likely of the ten digit tokens); guess: the same "
-        f"blocks with the first key's digits all changed; chance {s['chance']:.3f}; [{ci}: bootstrap over blocks, "
-        f"{s['bootstrap_resamples']} resamples]",
+        f"accuracy: share of masked key digits recovered (the most likely of the key's digit tokens); guess: the "
+        f"same blocks with the first key's digits all changed; chance: 1 / the digits the tokenizer writes as one "
+        f"token each; [{ci}: bootstrap over blocks, {s['bootstrap_resamples']} resamples]",
         "",
     ]
-    header = ["model", "distance", "block", "accuracy", "guess", "accuracy - guess", "note"]
+    header = ["model", "distance", "block", "accuracy", "guess", "accuracy - guess", "chance", "note"]
     rows = []
     for e in result["by_distance"]:
         if not e["evaluated"]:
             rows.append(
-                [e["model"], str(e["distance"]), str(e["block_length"]), "-", "-", "-", e["note"] or ""]
+                [e["model"], str(e["distance"]), str(e["block_length"]), "-", "-", "-", "-", e["note"] or ""]
             )
             continue
         rows.append(
@@ -166,6 +166,7 @@ def format_passkey_report(result: dict[str, Any]) -> str:
                 _fmt(e["accuracy"]),
                 _fmt(e["guess_accuracy"]),
                 _fmt(e["accuracy_minus_guess"], signed=True),
+                f"{e['chance']:.3f}",
                 e["note"] or "",
             ]
         )
