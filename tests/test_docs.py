@@ -1,4 +1,4 @@
-"""The Python examples in the README and docs/model.md run as written."""
+"""The Python examples in the README, docs/model.md and docs/evaluation.md run as written."""
 
 import re
 from pathlib import Path
@@ -20,6 +20,14 @@ def test_python_examples_run(doc, tmp_path, monkeypatch):
     for block in blocks:
         exec(compile(block, doc, "exec"), {"__name__": "__doc_example__"})
     assert any(tmp_path.iterdir())  # the examples' save_pretrained wrote a checkpoint
+
+
+def test_evaluation_examples_run():
+    """docs/evaluation.md's Python examples (rope's scaled frequencies against transformers') run as written."""
+    blocks = _python_blocks(ROOT / "docs" / "evaluation.md")
+    assert blocks, "docs/evaluation.md has no Python example"
+    for block in blocks:
+        exec(compile(block, "docs/evaluation.md", "exec"), {"__name__": "__doc_example__"})
 
 
 def test_architecture_recipes_for_adding_a_part_run():

@@ -277,3 +277,82 @@ def test_max_blocks_takes_evenly_spaced_blocks(tokenizer, tmp_path):
     blocks = make_blocks(resolve_corpus([str(text)]), tokenizer, 16, max_blocks=5, log=lambda _: None)
     n = blocks.full_blocks
     assert blocks.indices.tolist() == [k * n // 5 for k in range(5)]
+
+
+def test_per_block_losses_rebuild_every_loss_and_pair_across_separate_calls(tmp_path, tokenizer, text_file):
+    """The JSON's per-block sums give back each loss, and two calls on the same text and seed (one model each)
+    share blocks and masks, so their per-block differences are the paired difference of one call with both."""
+    a = save_tupe(tmp_path / "a", tokenizer, "tupe-a", seed=1)
+    b = save_tupe(tmp_path / "b", tokenizer, "rope", seed=2)
+    both = run([a, b], text_file, max_blocks=15, pppl_tokens=40)
+    g = both["tokenizer_groups"][0]
+    masked = np.array(g["per_block"]["masked_tokens"])
+    assert (
+        g["per_block"]["index"] == [k * g["full_blocks"] // 15 for k in range(15)]
+        and masked.sum() == g["masked_tokens"]
+    )
+    unigram = np.array(g["per_block"]["unigram_nll"]).sum() / masked.sum()
+    assert g["unigram"]["loss"]["value"] == pytest.approx(unigram, rel=1e-12)
+    for m in both["models"]:
+        pb = m["per_block"]
+        assert len(pb["nll"]) == 15
+        assert m["loss"]["value"] == pytest.approx(sum(pb["nll"]) / masked.sum(), rel=1e-12)
+        shuffled = sum(pb["shuffled_nll"]) / masked.sum()
+        assert m["word_order_delta"]["value"] == pytest.approx(shuffled - m["loss"]["value"], rel=1e-9)
+        pppl = sum(pb["pppl_nll"]) / sum(g["per_block"]["pppl_tokens"])
+        assert m["pseudo_loss"]["value"] == pytest.approx(pppl, rel=1e-12)
+    alone_a, alone_b = run([a], text_file, max_blocks=15), run([b], text_file, max_blocks=15)
+    nll_a = np.array(alone_a["models"][0]["per_block"]["nll"])
+    nll_b = np.array(alone_b["models"][0]["per_block"]["nll"])
+    assert alone_a["tokenizer_groups"][0]["per_block"] == alone_b["tokenizer_groups"][0]["per_block"]
+    assert (nll_a - nll_b).sum() / masked.sum() == pytest.approx(
+        g["differences"][0]["loss"]["value"], rel=1e-9
+    )
+
+
+def test_masked_tokens_budget_takes_the_fewest_evenly_spaced_blocks_that_reach_it(tmp_path, tokenizer):
+    text = resolve_corpus([str(write_text(tmp_path / "long.txt", n_docs=120))])
+    masker = Masker(tokenizer)
+    for length, budget in ((16, 50), (32, 50), (64, 200)):
+        blocks = make_blocks(text, tokenizer, length, log=lambda _: None)
+        indices = ev.budget_blocks(blocks, masker, budget)
+        n = blocks.full_blocks
+
+        def masked(idx, blocks=blocks):
+            return sum(int((masker.mask(blocks.packed.block(int(i)), int(i))[1] != -100).sum()) for i in idx)
+
+        b = len(indices)
+        assert indices.tolist() == [k * n // b for k in range(b)]
+        assert masked(indices) >= budget and b < n
+        fewer = (np.arange(b - 1) * n) // (b - 1) if b > 1 else np.zeros(0, dtype=np.int64)
+        assert masked(fewer) < budget  # one block fewer misses the budget
+    blocks = make_blocks(text, tokenizer, 64, log=lambda _: None)
+    assert (
+        len(ev.budget_blocks(blocks, masker, 10**9)) == blocks.full_blocks
+    )  # more than the text: every block
+    result = run(
+        [save_tupe(tmp_path / "m", tokenizer)], tmp_path / "long.txt", masked_tokens=120, max_length=16
+    )
+    assert (
+        result["settings"]["masked_tokens"] == 120 and result["tokenizer_groups"][0]["masked_tokens"] >= 120
+    )
+    with pytest.raises(ev.TupeError, match="--masked-tokens and --max-blocks exclude each other"):
+        run([tmp_path / "m"], tmp_path / "long.txt", masked_tokens=120, max_blocks=3)
+
+
+def test_tokens_per_word_is_the_texts_tokens_over_its_words(tmp_path, tokenizer):
+    """Counted by hand: the tokenizer's pieces of each document, over the whitespace words (no [SEP], no [CLS]);
+    words the tokenizer never saw are cut into several pieces, so the ratio is above 1."""
+    text = tmp_path / "small.txt"
+    text.write_text("cat dog cat zebrafish dog\nbread milk bread\n\nred blue quokka red\nblue red car\n")
+    result = run([save_tupe(tmp_path / "m", tokenizer)], text, max_length=4)
+    docs = [" ".join(doc.split("\n")) for doc in text.read_text().strip().split("\n\n")]
+    words = sum(len(doc.split()) for doc in docs)
+    pieces = sum(len(tokenizer(doc, add_special_tokens=False)["input_ids"]) for doc in docs)
+    g = result["tokenizer_groups"][0]
+    assert result["text"]["words"] == g["words"] == words == 15
+    assert g["tokens_per_word"] == pytest.approx(pieces / words) and pieces > words
+    assert result["models"][0]["tokens_per_word"] == g["tokens_per_word"]
+    from tupe.evaluation.report import format_report
+
+    assert f"{pieces / words:.2f} tokens per word" in format_report(result)

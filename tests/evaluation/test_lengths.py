@@ -177,7 +177,7 @@ def test_cli_lengths_option_errors(tmp_path, tokenizer, text_file, capsys):
     for extra, needle in (
         (["--lengths", "16,1"], "--lengths"),
         (["--lengths", "16", "--max-seq-len", "16"], "--max-seq-len and --lengths"),
-        (["--plot", str(tmp_path / "p.png")], "go with --lengths"),
+        (["--plot", str(tmp_path / "p.png")], "--plot goes with --lengths"),
         (["--lengths", "64"], "nothing to evaluate at --lengths 64: "),
     ):
         capsys.readouterr()

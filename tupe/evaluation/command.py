@@ -59,6 +59,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="evaluate at most N blocks, evenly spaced over the text (default: every full block)",
     )
+    p.add_argument(
+        "--masked-tokens",
+        type=V.positive_int,
+        metavar="N",
+        help="evaluate the fewest evenly spaced blocks whose masked targets reach N (all blocks if they hold "
+        "fewer), at each length of --lengths: every length rests on about N targets, where --max-blocks takes "
+        "the same number of blocks at every length; excludes --max-blocks",
+    )
     add_training_flags(
         p,
         ["max_seq_len"],
@@ -76,9 +84,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--extend-positions",
         choices=EXTEND_METHODS,
         default="none",
-        help="with --lengths, how a learned position table reaches lengths beyond its trained rows: none (default: "
-        "the model is reported as having no positions there), interpolate (trained rows resampled linearly), "
-        "repeat (trained rows copied end to end, as Longformer); schemes without a table run at any length",
+        help="with --lengths or --probe, how positions reach lengths beyond the trained ones: none (default: a learned table "
+        "is reported as having no positions there, other schemes run as trained); for learned tables "
+        "interpolate (trained rows resampled linearly) or repeat (trained rows copied end to end, as Longformer); "
+        "for rotary schemes (rope), at scale s = length / training length, pi (positions / s), ntk (base * "
+        "s^(d/(d-2))) or yarn (per-frequency ramp, attention factor 0.1 ln s + 1), as transformers' rope scaling; "
+        "a method is refused by name for the schemes it does not apply to",
+    )
+    p.add_argument(
+        "--probe",
+        choices=("passkey",),
+        help="after the loss, run a probe: passkey (a key of --probe-key-digits random digits in --probe-template, "
+        "--probe-distances filler tokens later the same sentence with the digits masked; accuracy of recovering "
+        "them against the same blocks with another first key; docs/evaluation.md)",
+    )
+    p.add_argument(
+        "--probe-text",
+        nargs="+",
+        type=V.nonempty_path,
+        metavar="PATH",
+        help="with --probe, the filler text (read as --text; default: --text)",
+    )
+    p.add_argument(
+        "--probe-template",
+        default="The pass key is {key}.",
+        metavar="TEXT",
+        help="with --probe passkey, the sentence holding the key, {key} where it goes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--probe-key-digits",
+        type=V.int_range(1, 100),
+        default=5,
+        metavar="K",
+        help="with --probe passkey, digits in the key, written with spaces between them (default 5)",
+    )
+    p.add_argument(
+        "--probe-distances",
+        type=V.int_list(0),
+        default=[16, 64, 128, 256, 512, 1024],
+        metavar="D,D,...",
+        help="with --probe passkey, filler tokens between the key and the masked key (default 16,64,128,256,512,1024)",
+    )
+    p.add_argument(
+        "--probe-blocks",
+        type=V.positive_int,
+        default=100,
+        metavar="N",
+        help="with --probe passkey, probe blocks per distance, each with its own key and filler (default 100)",
     )
     p.add_argument(
         "--plot",
@@ -141,6 +193,7 @@ def command_line(args: argparse.Namespace) -> str:
     for opt in (
         "tokenizer",
         "max_blocks",
+        "masked_tokens",
         "max_length",
         "lengths",
         "extend_positions",
@@ -157,10 +210,23 @@ def command_line(args: argparse.Namespace) -> str:
         value = getattr(args, opt, None)
         if opt == "lengths" and value is not None:
             value = ",".join(map(str, value))
-        if opt == "extend_positions" and (value == "none" or not getattr(args, "lengths", None)):
+        if opt == "extend_positions" and (
+            value == "none" or not (getattr(args, "lengths", None) or getattr(args, "probe", None))
+        ):
             continue
         if value is not None:
             parts += [FLAG_NAMES.get(opt, f"--{opt.replace('_', '-')}"), str(value)]
+    if getattr(args, "probe", None):
+        parts += ["--probe", args.probe]
+        if args.probe_text:
+            parts += ["--probe-text", *args.probe_text]
+        parts += ["--probe-template", args.probe_template, "--probe-key-digits", str(args.probe_key_digits)]
+        parts += [
+            "--probe-distances",
+            ",".join(map(str, args.probe_distances)),
+            "--probe-blocks",
+            str(args.probe_blocks),
+        ]
     if getattr(args, "text_column", "text") != "text":
         parts += ["--text-column", args.text_column]
     for flag in ("skip_bad_text", "quiet"):
@@ -220,6 +286,8 @@ def check_paths(args: argparse.Namespace) -> None:
         from tupe.io.outputs import check_file
 
         check_file(args.json, "tupe evaluate", "--json")  # a file tupe did not write is never replaced
+    if getattr(args, "masked_tokens", None) is not None and args.max_blocks is not None:
+        raise TupeError("--masked-tokens and --max-blocks exclude each other: give one budget")
     if getattr(args, "lengths", None):
         if args.max_length is not None:
             raise TupeError("--max-seq-len and --lengths exclude each other: give the lengths in --lengths")
@@ -228,8 +296,27 @@ def check_paths(args: argparse.Namespace) -> None:
             from tupe.io.outputs import check_file
 
             check_file(plot_path(args), "tupe evaluate", "--plot")
-    elif getattr(args, "plot", None) or getattr(args, "extend_positions", "none") != "none":
-        raise TupeError("--plot and --extend-positions go with --lengths")
+    elif getattr(args, "plot", None):
+        raise TupeError("--plot goes with --lengths")
+    elif getattr(args, "extend_positions", "none") != "none" and not getattr(args, "probe", None):
+        raise TupeError("--extend-positions goes with --lengths or --probe")
+    if not getattr(args, "probe", None):
+        given = [
+            f
+            for f, default in _PROBE_FLAGS.items()
+            if getattr(args, f.removeprefix("--").replace("-", "_"), default) != default
+        ]
+        if given:
+            raise TupeError(f"{given[0]} goes with --probe passkey")
+
+
+_PROBE_FLAGS = {  # the probe's options and their defaults (a changed one without --probe is refused)
+    "--probe-text": None,
+    "--probe-template": "The pass key is {key}.",
+    "--probe-key-digits": 5,
+    "--probe-distances": [16, 64, 128, 256, 512, 1024],
+    "--probe-blocks": 100,
+}
 
 
 def plot_path(args: argparse.Namespace) -> Path | None:
@@ -266,6 +353,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         mlm_probability=args.mlm_probability,
         max_blocks=args.max_blocks,
+        masked_tokens=getattr(args, "masked_tokens", None),
         max_length=args.max_length,
         batch_size=args.batch_size,
         pppl_tokens=pppl,
@@ -294,6 +382,34 @@ def _run(args: argparse.Namespace) -> int:
         result = evaluate(models, corpus, settings, log=log)
         result = {"command": command_line(args), "versions": versions(), **result}
         print(format_report(result))
+    if getattr(args, "probe", None) == "passkey":
+        from .passkey import PasskeySettings, passkey_probe
+        from .report import format_passkey_report
+
+        probe_corpus = (
+            resolve_text(list(args.probe_text), args.text_column, skip_bad_text=args.skip_bad_text)
+            if args.probe_text
+            else corpus
+        )
+        probe = passkey_probe(
+            models,
+            probe_corpus,
+            PasskeySettings(
+                template=args.probe_template,
+                key_digits=args.probe_key_digits,
+                distances=args.probe_distances,
+                blocks=args.probe_blocks,
+                seed=args.seed,
+                bootstrap=args.bootstrap,
+                batch_size=args.batch_size,
+                extend=args.extend_positions,
+                cache_dir=args.cache_dir,
+                progress=args.progress and not args.quiet,
+            ),
+            log=log,
+        )
+        result["passkey"] = probe
+        print("\n" + format_passkey_report(probe))
     if args.json:
         from tupe.io.outputs import claim_file
 

@@ -50,6 +50,18 @@ class EvalModel:
         Inputs go to the model's device and the sums come back to the CPU."""
         device = next(self.model.parameters()).device
         inputs, labels = inputs.to(device), labels.to(device)
+        selected = labels != -100
+        logits = self.logits_at(inputs, selected)
+        nll = torch.nn.functional.cross_entropy(logits, labels[selected], reduction="none").double()
+        rows = torch.arange(inputs.shape[0], device=device).unsqueeze(1).expand_as(inputs)[selected]
+        sums = torch.zeros(inputs.shape[0], dtype=torch.float64, device=device).index_add_(0, rows, nll)
+        return sums.cpu()
+
+    def logits_at(self, inputs: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+        """(selected positions, vocab) float32 masked-LM logits of (rows, n) `inputs` (no padding) at the True
+        positions of the (rows, n) `selected`, in row-major order, on the model's device."""
+        device = next(self.model.parameters()).device
+        inputs, selected = inputs.to(device), selected.to(device)
         attention = torch.ones_like(inputs)
         if self.kind == "tupe":
             hidden = self.model.tupe(inputs, attention_mask=attention, return_dict=True).last_hidden_state
@@ -59,12 +71,7 @@ class EvalModel:
                 input_ids=inputs, attention_mask=attention, token_type_ids=torch.zeros_like(inputs)
             ).last_hidden_state
             head = self.model.cls
-        selected = labels != -100
-        logits = head(hidden[selected]).float()
-        nll = torch.nn.functional.cross_entropy(logits, labels[selected], reduction="none").double()
-        rows = torch.arange(inputs.shape[0], device=device).unsqueeze(1).expand_as(inputs)[selected]
-        sums = torch.zeros(inputs.shape[0], dtype=torch.float64, device=device).index_add_(0, rows, nll)
-        return sums.cpu()
+        return head(hidden[selected]).float()
 
 
 _TIED = {"lm_head.decoder.weight", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
@@ -280,6 +287,47 @@ def make_blocks(
     return TextBlocks(packed, length, int(tokenizer.cls_token_id), indices, int(full))
 
 
+def budget_blocks(blocks: TextBlocks, masker: Masker, n_tokens: int) -> np.ndarray:
+    """`--masked-tokens N`: the fewest evenly spaced full blocks (block `floor(k * n / B)`, as `--max-blocks B`)
+    whose masked targets number at least N (every full block when they all hold fewer); the indices, increasing.
+
+    B starts at `ceil(N / (p (L - 1)))` (the expected masked targets per block) and grows until the count, taken
+    from the blocks' own seeded masks, reaches N; so at every length the loss rests on about N targets."""
+    full, length = blocks.full_blocks, blocks.length
+    per_block = max(masker.collator.p * (length - 1), 1e-9)
+    counts: dict[int, int] = {}
+
+    def masked(i: int) -> int:
+        if i not in counts:
+            ids = blocks.packed.block(i)
+            ids[0] = blocks.cls_id
+            counts[i] = int((masker.mask(ids, i)[1] != -100).sum())
+        return counts[i]
+
+    b = min(full, max(1, math.ceil(n_tokens / per_block)))
+    while True:
+        indices = (np.arange(b, dtype=np.int64) * full) // b
+        total = sum(masked(int(i)) for i in indices)
+        if total >= n_tokens or b == full:
+            return indices
+        b = min(full, b + max(1, math.ceil((n_tokens - total) / per_block)))
+
+
+_WORDS: dict[str, int] = {}  # corpus fingerprint -> words (one count per text and process)
+
+
+def count_words(corpus: Any) -> int:
+    """Whitespace-separated words of the text, read as the packer reads it (its lines, every document)."""
+    from tupe.data.corpus import iter_line_batches
+
+    key = corpus.fingerprint()
+    if key not in _WORDS:
+        _WORDS[key] = sum(
+            len(line.split()) for lines, _ends, _done in iter_line_batches(corpus) for line in lines
+        )
+    return _WORDS[key]
+
+
 def sample_pppl_positions(
     blocks: TextBlocks, masker: Masker, n_tokens: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -309,6 +357,7 @@ class Settings:
     mlm_probability: float = 0.15
     max_blocks: int | None = None
     max_length: int | None = None
+    masked_tokens: int | None = None  # a budget of masked targets (at each length), instead of max_blocks
     batch_size: int = 16
     pppl_tokens: int = 2000
     bootstrap: int = 1000
@@ -420,12 +469,18 @@ def evaluate(
         raise TupeError(f"--mlm-probability must be in (0, 1), got {settings.mlm_probability}")
     if settings.max_blocks is not None and settings.max_blocks <= 0:
         raise TupeError(f"--max-blocks must be positive, got {settings.max_blocks}")
+    if settings.masked_tokens is not None:
+        if settings.masked_tokens <= 0:
+            raise TupeError(f"--masked-tokens must be positive, got {settings.masked_tokens}")
+        if settings.max_blocks is not None:
+            raise TupeError("--masked-tokens and --max-blocks exclude each other: give one budget")
     if settings.batch_size <= 0:
         raise TupeError(f"--batch-size must be positive, got {settings.batch_size}")
     if settings.pppl_tokens < 0 or settings.bootstrap < 0:
         raise TupeError("--pppl-tokens and --bootstrap must be 0 or more")
     t0 = time.perf_counter()
     source = corpus.describe()
+    words = count_words(corpus)
     groups = _group_models(models)
     results_models: dict[str, dict[str, Any]] = {}
     results_groups = []
@@ -450,6 +505,8 @@ def evaluate(
             source=f"--text ({source}) under the tokenizer of {g.models[0].name}",
         )
         g.masker = Masker(tok, settings.seed, settings.mlm_probability)
+        if settings.masked_tokens is not None:
+            g.blocks.indices = budget_blocks(g.blocks, g.masker, settings.masked_tokens)
         blocks, masker = g.blocks, g.masker
         n = len(blocks)
         # the text's own unigram distribution (over the evaluated blocks' non-special tokens) and the targets
@@ -519,6 +576,10 @@ def evaluate(
         ci = bootstrap(stats, n, settings.bootstrap, settings.seed)
         has_pppl = len(ppl_ks) > 0
         gid = f"tokenizer-{gi}"
+        text_tokens = blocks.packed.num_tokens - int(
+            blocks.packed.meta.get("num_documents") or 0
+        )  # no [SEP]s
+        tokens_per_word = text_tokens / words if words else None
         for m in g.models:
             results_models[m.name] = {
                 "path": str(m.path),
@@ -528,6 +589,7 @@ def evaluate(
                 "max_length": m.max_length,
                 "train_length": m.train_length,
                 "tokenizer_group": gid,
+                "tokens_per_word": tokens_per_word,
                 "loss": _ci(ci[f"{m.name}/loss"]),
                 "perplexity": _ci(ci[f"{m.name}/loss"], _exp),
                 "pseudo_loss": _ci(ci[f"{m.name}/pseudo_loss"]) if has_pppl else None,
@@ -535,6 +597,13 @@ def evaluate(
                 "shuffled_loss": _ci(ci[f"{m.name}/shuffled_loss"]),
                 "word_order_delta": _ci(ci[f"{m.name}/word_order"]),
                 "minus_unigram": _ci(ci[f"{m.name}/minus_unigram"]),
+                # sums over each evaluated block (in `per_block.index` order) of -log p of its masked targets:
+                # loss = sum(nll) / sum(masked_tokens); with the same blocks and masks, pairs across calls
+                "per_block": {
+                    "nll": per_model[m.name]["nll"].tolist(),
+                    "shuffled_nll": per_model[m.name]["shuffled_nll"].tolist(),
+                    "pppl_nll": per_model[m.name]["pppl_nll"].tolist() if has_pppl else None,
+                },
             }
         results_groups.append(
             {
@@ -544,11 +613,19 @@ def evaluate(
                 "block_length": length,
                 "tokens": blocks.packed.num_tokens,
                 "documents": blocks.packed.meta.get("num_documents"),
+                "words": words,
+                "tokens_per_word": tokens_per_word,
                 "full_blocks": blocks.full_blocks,
                 "blocks": n,
                 "tokens_in_blocks": n * length,
                 "tokens_after_last_full_block": blocks.packed.num_tokens - blocks.full_blocks * (length - 1),
                 "masked_tokens": int(masked.sum()),
+                "per_block": {  # the evaluated blocks, in the order of every per_block list of this group
+                    "index": blocks.indices.tolist(),  # among the text's full blocks of this length
+                    "masked_tokens": masked.astype(np.int64).tolist(),
+                    "pppl_tokens": ppl_count.astype(np.int64).tolist() if has_pppl else None,
+                    "unigram_nll": uni_nll.tolist(),
+                },
                 "pppl_tokens": len(ppl_ks),
                 "unigram_tokens": n_unigram,
                 "unigram": {
@@ -574,12 +651,14 @@ def evaluate(
             "description": source,
             "files": [str(p) for p in corpus.files],
             "bytes": corpus.total_bytes,
+            "words": words,
         },
         "settings": {
             "seed": settings.seed,
             "mlm_probability": settings.mlm_probability,
             "mask_rule": "pre-training's: select each non-special token with p; 80% [MASK], 10% random, 10% kept",
             "max_blocks": settings.max_blocks,
+            "masked_tokens": settings.masked_tokens,
             "max_length": settings.max_length,
             "batch_size": settings.batch_size,
             "pppl_tokens": settings.pppl_tokens,

@@ -11,14 +11,17 @@ reported as "no positions beyond N" unless `--extend-positions` builds the longe
 - `repeat`: the trained stream rows `1..T-1` copied end to end (Longformer's initialisation of its 4,096-row table
   from RoBERTa's 512 rows); row 0 kept.
 
-Only the table changes (the rest of the state dict is loaded unchanged). What this does to each scheme is in
-docs/evaluation.md.
+Only the table changes (the rest of the state dict is loaded unchanged). Rotary schemes (`rope`) have no table
+and run at any length as they are; `--extend-positions pi|ntk|yarn` instead rescales their rotation speeds by
+`s = L / T` (target length over training length), as transformers' `ROPE_INIT_FUNCTIONS` linear, dynamic and yarn
+do (`rope_frequencies`). What this does to each scheme is in docs/evaluation.md.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,10 +30,14 @@ import torch
 
 from tupe.errors import TupeError
 
-from . import EXTEND_METHODS
+from . import EXTEND_METHODS, ROTARY_METHODS, TABLE_METHODS
 from .evaluate import EvalModel, Settings, evaluate
 
 _PAST = {"interpolate": "interpolated", "repeat": "repeated"}  # for the table's notes
+YARN_BETA_FAST, YARN_BETA_SLOW = (
+    32.0,
+    1.0,
+)  # YaRN's ramp ends (rotations over the training length), its defaults
 
 
 def table_key(m: EvalModel) -> str | None:
@@ -46,7 +53,7 @@ def table_key(m: EvalModel) -> str | None:
 def extend_table(table: torch.Tensor, rows: int, method: str) -> torch.Tensor:
     """A (rows, hidden) table from a trained (T, hidden) one: row 0 ([CLS]'s) kept, the stream rows 1..T-1 resampled
     (`interpolate`: linear, first and last stream rows kept) or copied end to end (`repeat`)."""
-    if method not in EXTEND_METHODS[1:]:
+    if method not in TABLE_METHODS:
         raise TupeError(f"--extend-positions must be one of {', '.join(EXTEND_METHODS)}, got {method!r}")
     if table.shape[0] < 2 or rows < 2:
         raise TupeError("a position table needs a [CLS] row and at least one stream row to be extended")
@@ -63,6 +70,60 @@ def extend_table(table: torch.Tensor, rows: int, method: str) -> torch.Tensor:
     return torch.cat([table[:1], new.to(table.dtype)]).contiguous()
 
 
+def rotary(m: EvalModel) -> bool:
+    """Whether the model's scheme rotates queries and keys by position (`PositionalScheme.rotary`: `rope`)."""
+    if m.kind != "tupe":
+        return False
+    from tupe.modeling.positional import scheme_class
+
+    return bool(scheme_class(m.model.config.position_scheme).rotary)
+
+
+def rope_frequencies(
+    method: str, head_dim: int, base: float, scale: float, train_length: int
+) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies (head_dim/2,) float32, attention factor) of rotary positions stretched `scale` times
+    beyond `train_length`; `scale <= 1` gives the trained ones, `base^(-2k/d)`, and factor 1.
+
+    - `pi` (position interpolation, Chen et al. 2023): every frequency / s, i.e. positions scaled by 1/s.
+    - `ntk` (NTK-aware, bloc97 2023): the base raised to `base * s^(d/(d-2))`, frequencies from it.
+    - `yarn` (Peng et al., ICLR 2024): per frequency a ramp between interpolation (`/ s`) and extrapolation (as
+      trained): dimension pairs whose wavelength turns more than beta_fast = 32 times over `train_length` keep
+      their frequency, those turning less than beta_slow = 1 time are interpolated, linearly in the pair index
+      between (floor/ceil of the bounds, as the reference code and transformers); attention factor
+      `0.1 ln s + 1`, applied to cos and sin (so `(0.1 ln s + 1)^2` on the logits).
+
+    These are transformers' `ROPE_INIT_FUNCTIONS["linear"]`, `["dynamic"]` (at length s T, factor 1) and
+    `["yarn"]` (factor s, original length T): tests/evaluation/test_rope_extension.py checks them against it."""
+    if method not in ROTARY_METHODS:
+        raise TupeError(
+            f"--extend-positions for rotary positions must be one of {', '.join(ROTARY_METHODS)}, got {method!r}"
+        )
+    d = head_dim
+    pair = torch.arange(0, d, 2, dtype=torch.float32) / d  # (d/2,): 2k/d
+    trained = 1.0 / (base**pair)
+    if scale <= 1.0:
+        return trained, 1.0
+    if method == "pi":
+        return trained / scale, 1.0
+    if method == "ntk":
+        return 1.0 / ((base * scale ** (d / (d - 2))) ** pair), 1.0
+
+    def pair_index(
+        rotations: float,
+    ) -> float:  # the (fractional) pair k whose wavelength turns `rotations` times
+        return d * math.log(train_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(pair_index(YARN_BETA_FAST)), 0)
+    high = min(math.ceil(pair_index(YARN_BETA_SLOW)), d - 1)
+    if low == high:
+        high += 0.001  # as the reference: no division by zero
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # 0: keep, 1: / s
+    wavelength = base**pair  # 1 / inverse frequency
+    inv_freq = (1.0 / (scale * wavelength)) * ramp + (1.0 / wavelength) * (1 - ramp)
+    return inv_freq, 0.1 * math.log(scale) + 1.0
+
+
 def trained_rows(m: EvalModel) -> int:
     """Rows of the table that training reached: the training length when the run recorded it, else all rows."""
     return min(m.max_length, m.train_length) if m.train_length else m.max_length
@@ -76,15 +137,28 @@ def at_length(m: EvalModel, length: int, method: str) -> tuple[EvalModel | None,
     beyond = train is not None and length > train
     if key is None:
         note = f"{length / train:g}x its training length {train}" if beyond else None
+        if _extends(m, length, method):
+            rows = trained_rows(m)
+            config = m.model.config
+            scale = length / rows
+            freqs = rope_frequencies(method, config.head_dim, config.rope_theta, scale, rows)
+            return _rebuilt(m, length, None, freqs), f"rotary {method}, scale {scale:g} over {rows} positions"
+        if method in ROTARY_METHODS and length > trained_rows(m):
+            why = f"--extend-positions {method} applies to rotary schemes only: run unextended"
+            note = why if note is None else f"{note}; {why}"
         if length <= m.max_length:
             return m, note
         return _rebuilt(m, length, None), note
     rows = trained_rows(m)
-    if method == "none" or length <= rows:
+    if method not in TABLE_METHODS or length <= rows:
+        # a rotary method on a table: refused by name, the table used as it is
+        why = (
+            f": {method} applies to rotary schemes only" if method in ROTARY_METHODS and length > rows else ""
+        )
         if length > m.max_length:
-            return None, f"no positions beyond {m.max_length} (--extend-positions extends the table)"
+            return None, f"no positions beyond {m.max_length} (--extend-positions extends the table{why})"
         if length > rows:
-            return m, f"table rows {rows}-{length - 1} never trained (training length {rows})"
+            return m, f"table rows {rows}-{length - 1} never trained (training length {rows}){why}"
         return m, None
     table = m.model.state_dict()[key][:rows]
     return _rebuilt(
@@ -93,12 +167,24 @@ def at_length(m: EvalModel, length: int, method: str) -> tuple[EvalModel | None,
 
 
 def _extends(m: EvalModel, length: int, method: str) -> bool:
-    return method != "none" and table_key(m) is not None and length > trained_rows(m)
+    """Whether `method` changes the model's positions at `length` (a table method on a table, a rotary one on rope,
+    beyond the trained length)."""
+    if length <= trained_rows(m):
+        return False
+    if method in TABLE_METHODS:
+        return table_key(m) is not None
+    return method in ROTARY_METHODS and rotary(m)
 
 
-def _rebuilt(m: EvalModel, length: int, table: tuple[str, torch.Tensor] | None) -> EvalModel:
-    """The same model with `max_position_embeddings = length` and, where it has one, the extended table: a fresh
-    instance of its class loads the original state dict (strict), so nothing else can change."""
+def _rebuilt(
+    m: EvalModel,
+    length: int,
+    table: tuple[str, torch.Tensor] | None,
+    frequencies: tuple[torch.Tensor, float] | None = None,
+) -> EvalModel:
+    """The same model with `max_position_embeddings = length` and, where it has one, the extended table or the
+    rescaled rotary frequencies: a fresh instance of its class loads the original state dict (strict), so nothing
+    else can change."""
     config = copy.deepcopy(m.model.config)
     config.max_position_embeddings = length
     state = dict(m.model.state_dict())
@@ -106,6 +192,8 @@ def _rebuilt(m: EvalModel, length: int, table: tuple[str, torch.Tensor] | None) 
         state[table[0]] = table[1]
     model = type(m.model)(config)
     model.load_state_dict(state, strict=True)
+    if frequencies is not None:
+        model.tupe.positional.scaled_frequencies = frequencies
     model.eval().to(next(m.model.parameters()).device)
     return dataclasses.replace(m, model=model, max_length=length)
 
@@ -125,6 +213,11 @@ def evaluate_lengths(
     lengths = sorted(dict.fromkeys(int(n) for n in lengths))
     if not lengths or lengths[0] < 2:
         raise TupeError(f"--lengths must be integers >= 2, got {lengths}")
+    if extend in ROTARY_METHODS and not any(rotary(m) for m in models):
+        raise TupeError(
+            f"--extend-positions {extend} applies to rotary schemes (rope) only, and no --model is one: "
+            + ", ".join(f"{m.name} ({m.description})" for m in models)
+        )
     first = models[0].name
     runs, entries = [], []
     text: dict[str, Any] | None = None
@@ -174,6 +267,7 @@ def evaluate_lengths(
                 entry |= {
                     "blocks": g["blocks"],
                     "masked_tokens": g["masked_tokens"],
+                    "tokens_per_word": g["tokens_per_word"],
                     "loss": r["loss"],
                     "word_order_delta": r["word_order_delta"],
                     "minus_unigram": r["minus_unigram"],

@@ -25,6 +25,11 @@ def _fmt_ppl(d: dict[str, Any] | None) -> str:
     return f"{v:,.2f}" if v < 1e6 else f"{v:.3g}"
 
 
+def _fmt_tpw(value: float | None) -> str:
+    """Tokens per word of the text under a tokenizer (how finely it cuts the text)."""
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
@@ -49,10 +54,12 @@ def format_report(result: dict[str, Any]) -> str:
             "",
             f"{g['id']}: {g['tokens']:,} tokens -> {g['blocks']:,} of {g['full_blocks']:,} blocks of "
             f"{g['block_length']}, {g['masked_tokens']:,} masked targets; pseudo-perplexity on a sample of "
-            f"{g['pppl_tokens']:,} tokens",
+            f"{g['pppl_tokens']:,} tokens; {_fmt_tpw(g.get('tokens_per_word'))} tokens per word (the text's "
+            f"{g.get('words') or 0:,} whitespace-separated words)",
         ]
-        header = ["model", "loss", "ppl", "pppl", "word order (shuffled - loss)"]
+        header = ["model", "loss", "ppl", "pppl", "word order (shuffled - loss)", "tokens/word"]
         rows = []
+        tpw = _fmt_tpw(g.get("tokens_per_word"))
         for name in g["models"]:
             m = models[name]
             rows.append(
@@ -62,6 +69,7 @@ def format_report(result: dict[str, Any]) -> str:
                     _fmt_ppl(m["perplexity"]),
                     _fmt_ppl(m["pseudo_perplexity"]),
                     _fmt(m["word_order_delta"], signed=True),
+                    tpw,
                 ]
             )
         u = g["unigram"]
@@ -72,6 +80,7 @@ def format_report(result: dict[str, Any]) -> str:
                 _fmt_ppl(u["perplexity"]),
                 _fmt_ppl(u["pseudo_perplexity"]),
                 "0",
+                tpw,
             ]
         )
         out += _table(header, rows)
@@ -99,11 +108,11 @@ def format_lengths_report(result: dict[str, Any]) -> str:
         f"position tables beyond their trained rows: {ext if ext != 'none' else 'not extended (--extend-positions)'}",
         "",
     ]
-    header = ["model", "length", "blocks", "loss", "word order", f"{ref} - model", "note"]
+    header = ["model", "length", "blocks", "loss", "word order", f"{ref} - model", "tokens/word", "note"]
     rows = []
     for e in result["by_length"]:
         if not e["evaluated"]:
-            rows.append([e["model"], str(e["length"]), "-", "-", "-", "-", e["note"] or ""])
+            rows.append([e["model"], str(e["length"]), "-", "-", "-", "-", "-", e["note"] or ""])
             continue
         diff = "-" if e["model"] == ref else _fmt(e["first_minus_model"], signed=True)
         rows.append(
@@ -114,6 +123,7 @@ def format_lengths_report(result: dict[str, Any]) -> str:
                 _fmt(e["loss"]),
                 _fmt(e["word_order_delta"], signed=True),
                 diff,
+                _fmt_tpw(e.get("tokens_per_word")),
                 e["note"] or "",
             ]
         )
@@ -123,4 +133,42 @@ def format_lengths_report(result: dict[str, Any]) -> str:
         f"paired differences ({ref} - model) use the same blocks and masks at each length; lengths differ in "
         "their blocks, so compare a model across lengths by its loss, not by pairs",
     ]
+    return "\n".join(out)
+
+
+def format_passkey_report(result: dict[str, Any]) -> str:
+    """`tupe evaluate --probe passkey`: one row per model and distance (accuracy with the key, with a decoy key,
+    their paired difference; a note where a model runs beyond its training length or cannot run)."""
+    s = result["settings"]
+    ci = f"{int(s['ci_level'] * 100)}% CI" if s["bootstrap_resamples"] else "no CI"
+    out = [
+        f"passkey probe: filler from {result['text']['description']}; a key of {s['key_digits']} digits in "
+        f"{s['template']!r}, then d filler tokens, then the same sentence with the key's digits masked; "
+        f"{s['blocks']} blocks per distance, seed {s['seed']}",
+        f"accuracy: share of masked key digits recovered (the most likely of the key's digit tokens); guess: the "
+        f"same blocks with the first key's digits all changed; chance: 1 / the digits the tokenizer writes as one "
+        f"token each; [{ci}: bootstrap over blocks, {s['bootstrap_resamples']} resamples]",
+        "",
+    ]
+    header = ["model", "distance", "block", "accuracy", "guess", "accuracy - guess", "chance", "note"]
+    rows = []
+    for e in result["by_distance"]:
+        if not e["evaluated"]:
+            rows.append(
+                [e["model"], str(e["distance"]), str(e["block_length"]), "-", "-", "-", "-", e["note"] or ""]
+            )
+            continue
+        rows.append(
+            [
+                e["model"],
+                str(e["distance"]),
+                str(e["block_length"]),
+                _fmt(e["accuracy"]),
+                _fmt(e["guess_accuracy"]),
+                _fmt(e["accuracy_minus_guess"], signed=True),
+                f"{e['chance']:.3f}",
+                e["note"] or "",
+            ]
+        )
+    out += _table(header, rows)
     return "\n".join(out)

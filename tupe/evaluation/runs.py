@@ -74,7 +74,8 @@ def verdict_lines(result: dict[str, Any], reference: str) -> list[str]:
     paired difference from the reference with whether its interval excludes 0."""
     text = result["text"]["description"]
     models = {m["name"]: m for m in result["models"]}
-    lines = [f"On {text}:"]
+    cuts = [f"{g['tokens_per_word']:.2f}" for g in result["tokenizer_groups"] if g.get("tokens_per_word")]
+    lines = [f"On {text}" + (f" ({'/'.join(cuts)} tokens per word):" if cuts else ":")]
     for name, m in models.items():
         w = m["word_order_delta"]
         lines.append(

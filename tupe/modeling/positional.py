@@ -431,14 +431,24 @@ class Rope(PositionalScheme):
         super().__init__(config)
         self.head_dim = config.head_dim
         self.base = config.rope_theta
+        # (inverse frequencies (d/2,), attention factor) in place of the trained ones, set on an evaluated copy by
+        # `tupe evaluate --extend-positions pi|ntk|yarn` (tupe/evaluation/lengths.py); None: as trained.
+        self.scaled_frequencies: tuple[torch.Tensor, float] | None = None
+
+    def inverse_frequencies(self) -> torch.Tensor:
+        """(d/2,) float32 `base^(-2k/d)`, k = 0 .. d/2 - 1: the trained rotation speeds (transformers' default)."""
+        d = self.head_dim
+        return 1.0 / (self.base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
 
     def forward(self, n: int) -> PositionalContext:
         # Recomputed every pass (d/2 values) rather than kept in a buffer that a checkpoint load could leave stale.
-        d = self.head_dim
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        inv_freq, factor = self.scaled_frequencies or (self.inverse_frequencies(), 1.0)
         angles = torch.outer(torch.arange(n, dtype=torch.float32), inv_freq)
         angles = torch.cat([angles, angles], dim=-1)  # (n, d), GPT-NeoX "rotate half" layout
-        return PositionalContext(self.logit_scale, rotary=(angles.cos(), angles.sin()))
+        cos, sin = angles.cos(), angles.sin()
+        if factor != 1.0:  # YaRN's temperature: cos and sin scaled, as transformers' `attention_scaling`
+            cos, sin = cos * factor, sin * factor
+        return PositionalContext(self.logit_scale, rotary=(cos, sin))
 
 
 class Nope(PositionalScheme):
