@@ -110,11 +110,11 @@ def convert_fairseq_checkpoint(
         raise TupeError(f"--out {out} already exists and is not an empty folder; choose a new folder")
     state = load_fairseq_checkpoint(checkpoint)
     ckpt = str(checkpoint)
-    model = masked_lm_from_fairseq(state, None)
+    model = masked_lm_from_fairseq(state, None, source=ckpt)
     config = model.config
     dictionary = build_dictionary(dict_txt, config.vocab_size)
     tokenizer = build_tokenizer(dictionary, bpe_codes, lowercase, config.max_position_embeddings)
-    heads = classifiers_from_fairseq(state)
+    heads = classifiers_from_fairseq(state, source=ckpt)
     steps = None
     history = state.get("optimizer_history")
     if isinstance(history, list) and history and isinstance(history[-1], dict):
