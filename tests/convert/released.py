@@ -113,12 +113,12 @@ def released_state_dict(
     def r(*shape: int, s: float = scale) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * s
 
-    def linear(
-        name: str, n_in: int, n_out: int
-    ) -> None:  # nn.Linear(n_in, n_out): weight (out, in), bias (out)
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        """nn.Linear(n_in, n_out): weight (out, in), bias (out)."""
         sd[name + ".weight"], sd[name + ".bias"] = r(n_out, n_in), r(n_out)
 
-    def layer_norm(name: str) -> None:  # fairseq LayerNorm(H): weight, bias (H)
+    def layer_norm(name: str) -> None:
+        """fairseq's LayerNorm(H): weight, bias (H)."""
         sd[name + ".weight"], sd[name + ".bias"] = 1 + r(H), r(H)
 
     sd: OrderedDict = OrderedDict()
