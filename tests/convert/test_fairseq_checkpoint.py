@@ -384,3 +384,53 @@ def test_convert_errors_start_with_the_checkpoint_path(tmp_path, bpe, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"tupe convert: error: {message}"), err
         assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_write_names_out_and_leaves_nothing(tmp_path, bpe, monkeypatch, capsys):
+    """A read-only parent of --out (the staging folder cannot be made) and a disk that fills while writing: one
+    line naming --out, not the hidden staging folder beside it; nothing left behind."""
+    import errno
+    import types
+    from pathlib import Path
+
+    from transformers import PreTrainedModel
+
+    import tupe.convert
+    from tupe.cli import main
+
+    path, *_ = _checkpoint(tmp_path, bpe)
+    codes, dict_txt, _ = bpe
+    out = tmp_path / "parent" / "converted"
+    argv = [
+        "convert",
+        "fairseq",
+        str(path),
+        "--dict",
+        str(dict_txt),
+        "--bpe-codes",
+        str(codes),
+        "--out",
+        str(out),
+    ]
+
+    def read_only(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(out.parent / ".converted-x1y2"))
+
+    def disk_full(self, folder, *a, **k):
+        (Path(folder) / "model.safetensors").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(folder) / "model.safetensors"))
+
+    patches = [
+        (tupe.convert, "tempfile", types.SimpleNamespace(mkdtemp=read_only), "Permission denied"),
+        (PreTrainedModel, "save_pretrained", disk_full, "No space left on device"),
+    ]
+    for owner, name, replacement, reason in patches:
+        with monkeypatch.context() as m:
+            m.setattr(owner, name, replacement)
+            assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(
+            f"tupe convert: error: cannot write --out {out}: {reason}"
+        ), err
+        assert ".converted-" not in err[0]
+        assert not out.exists() and [p.name for p in out.parent.iterdir()] == []
