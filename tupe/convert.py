@@ -96,6 +96,7 @@ def convert_fairseq_checkpoint(
 
     Written into a staging folder next to `out_dir` and renamed at the end, so a refusal leaves nothing behind and
     an existing folder is never touched."""
+    from tupe.io.files import is_write_failure, write_error
     from tupe.io.model_card import model_card
     from tupe.modeling.fairseq import (
         build_dictionary,
@@ -110,11 +111,11 @@ def convert_fairseq_checkpoint(
         raise TupeError(f"--out {out} already exists and is not an empty folder; choose a new folder")
     state = load_fairseq_checkpoint(checkpoint)
     ckpt = str(checkpoint)
-    model = masked_lm_from_fairseq(state, None)
+    model = masked_lm_from_fairseq(state, None, source=ckpt)
     config = model.config
     dictionary = build_dictionary(dict_txt, config.vocab_size)
     tokenizer = build_tokenizer(dictionary, bpe_codes, lowercase, config.max_position_embeddings)
-    heads = classifiers_from_fairseq(state)
+    heads = classifiers_from_fairseq(state, source=ckpt)
     steps = None
     history = state.get("optimizer_history")
     if isinstance(history, list) and history and isinstance(history[-1], dict):
@@ -165,8 +166,12 @@ def convert_fairseq_checkpoint(
 
     from transformers.utils import logging as hf_logging
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    # a failed write (read-only, disk full) names --out, not the hidden staging folder next to it
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    except OSError as err:
+        raise write_error(f"--out {out}", err, "nothing was written") from None
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a "writing shards" bar per small file is noise
     try:
@@ -177,8 +182,10 @@ def convert_fairseq_checkpoint(
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(staging, out)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, Exception) and not isinstance(err, TupeError) and is_write_failure(err):
+            raise write_error(f"--out {out}", err, "nothing was written (partial files removed)") from None
         raise
     finally:
         if bars:

@@ -22,6 +22,7 @@ from transformers.pipelines.base import ChunkPipeline
 
 from tupe.errors import TupeError
 from tupe.finetuning.qa import encode_windows, rank_answers
+from tupe.io.checkpoints import exact_word_spans
 
 TASK = "question-answering"
 
@@ -55,6 +56,9 @@ class QuestionAnsweringPipeline(ChunkPipeline):
                 "the question-answering pipeline needs a fast tokenizer (its offsets map answers back to the "
                 f"context); got {type(self.tokenizer).__name__}"
             )
+        # answers are the context between the offsets of their first and last tokens: a tupe tokenizer saved
+        # before its offsets left out the space before a word is given the trimming step (ids unchanged)
+        exact_word_spans(self.tokenizer)
         from transformers import MODEL_FOR_QUESTION_ANSWERING_MAPPING
 
         head = MODEL_FOR_QUESTION_ANSWERING_MAPPING.get(type(self.model.config), None)

@@ -2,6 +2,14 @@
 equations (guolinke/TUPE: `transformer_sentence_encoder.py`, `transformer_sentence_encoder_layer.py`,
 `multihead_attention.py`, `models/bert/model.py`), sharing no code with `tupe`.
 
+Two layouts of the positional projections (`random_state_dict(layout=...)`):
+- "released": the repository's default branch, `master` at 4c64ff7 (2021-06-28), which the authors' checkpoint
+  was trained and saved with. The state dict is built from that code's module definitions, cited by file and line
+  below (`fairseq/modules/transformer_sentence_encoder.py` is `TSE.py` in the citations): two projections
+  `pos_q_linear`, `pos_k_linear`, and `rp_bucket` a plain tensor attribute, so not in the state dict.
+- "fused": an unmerged pull request to that repository (commits 000ded0, b5b1e0b of 2021-11-08): one
+  `pos_proj` (H -> 2H) and `rp_bucket` registered, so saved.
+
 The checkpoint is what fairseq's `save_state` writes: `args` (an `argparse.Namespace`), `model` (the state dict of
 the released `BertModel`, with its key names), the optimizer history and `extra_state` (with the training meters,
 pickled as `fairseq.meters.*` objects).
@@ -81,60 +89,113 @@ def fairseq_args(**overrides) -> argparse.Namespace:
     return argparse.Namespace(**args)
 
 
+def released_state_dict(
+    args: argparse.Namespace,
+    vocab: int,
+    heads: dict[str, int] | None = None,
+    seed: int = 0,
+    scale: float = 0.3,
+) -> OrderedDict:
+    """The state dict `BertModel.state_dict()` gives on guolinke/TUPE `master` (4c64ff7), random weights: every
+    module the released `__init__`s register, with their names and shapes, in registration order.
+
+    `BertModel` (models/bert/model.py): `decoder` = `BertEncoder` (l.81, via FairseqLanguageModel) holding
+    `sentence_encoder` (l.220-236: `TransformerSentenceEncoder(padding_idx=dictionary.pad(), vocab_size=
+    len(dictionary), num_encoder_layers=args.encoder_layers, embedding_dim=args.encoder_embed_dim,
+    ffn_embedding_dim=args.encoder_ffn_embed_dim, num_attention_heads=args.encoder_attention_heads,
+    max_seq_len=args.max_positions, embedding_normalize=args.embedding_normalize, rel_pos=args.rel_pos, ...)`, so
+    `rel_pos_bins` and `max_rel_pos` keep their defaults 32 and 128, TSE.py l.110-111) and `lm_head` (l.237-242,
+    its `weight` the embedding's own Parameter); `classification_heads` (l.34, l.106-112)."""
+    g = torch.Generator().manual_seed(seed)
+    H, F, L = args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_layers
+    heads_n = args.encoder_attention_heads
+
+    def r(*shape: int, s: float = scale) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * s
+
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        """nn.Linear(n_in, n_out): weight (out, in), bias (out)."""
+        sd[name + ".weight"], sd[name + ".bias"] = r(n_out, n_in), r(n_out)
+
+    def layer_norm(name: str) -> None:
+        """fairseq's LayerNorm(H): weight, bias (H)."""
+        sd[name + ".weight"], sd[name + ".bias"] = 1 + r(H), r(H)
+
+    sd: OrderedDict = OrderedDict()
+    emb = r(vocab, H)
+    emb[1] = 0  # nn.Embedding(vocab, H, padding_idx) (TSE.py l.122-124): the <pad> row stays 0 (l.38-39)
+    sd[ENC + "embed_tokens.weight"] = emb
+    sd[ENC + "pos.weight"] = r(args.max_positions + 1, H)  # nn.Embedding(max_seq_len + 1, H), TSE.py l.129
+    linear(ENC + "pos_q_linear", H, H)  # nn.Linear(H, H), TSE.py l.130
+    linear(ENC + "pos_k_linear", H, H)  # nn.Linear(H, H), TSE.py l.131
+    layer_norm(ENC + "pos_ln")  # TSE.py l.133
+    for i in range(L):  # nn.ModuleList of TransformerSentenceEncoderLayer, TSE.py l.134-150
+        p = f"{ENC}layers.{i}."
+        # MultiheadAttention (multihead_attention.py l.155-162): in_proj_weight (3H, H), in_proj_bias (3H),
+        # out_proj = nn.Linear(H, H); no bias_k / bias_v (add_bias_kv False)
+        sd[p + "self_attn.in_proj_weight"], sd[p + "self_attn.in_proj_bias"] = r(3 * H, H), r(3 * H)
+        linear(p + "self_attn.out_proj", H, H)
+        layer_norm(p + "self_attn_layer_norm")  # transformer_sentence_encoder_layer.py l.56
+        linear(p + "fc1", H, F)  # l.57
+        linear(p + "fc2", F, H)  # l.58
+        layer_norm(p + "final_layer_norm")  # l.61
+    if args.embedding_normalize:
+        layer_norm(ENC + "emb_layer_norm")  # TSE.py l.152-153
+    if args.encoder_normalize_before:
+        layer_norm(ENC + "emb_out_layer_norm")  # TSE.py l.157-158
+    if args.rel_pos:
+        # nn.Embedding(rel_pos_bins + 1, heads), TSE.py l.171; rp_bucket (l.176-184) is a plain attribute: not saved
+        sd[ENC + "relative_attention_bias.weight"] = r(32 + 1, heads_n, s=1.0)
+    # BertLMHead (models/bert/model.py l.166-175): its own Parameters (weight: the embedding's, l.241; bias) come
+    # before its submodules dense (l.168) and layer_norm (l.170) in state_dict order
+    sd["decoder.lm_head.weight"] = emb
+    sd["decoder.lm_head.bias"] = r(vocab)
+    linear("decoder.lm_head.dense", H, H)
+    layer_norm("decoder.lm_head.layer_norm")
+    for name, classes in (heads or {}).items():  # BertClassificationHead, models/bert/model.py l.194-199
+        linear(f"classification_heads.{name}.dense", H, H)
+        linear(f"classification_heads.{name}.out_proj", H, classes)
+    return sd
+
+
+def fused_state_dict(
+    args: argparse.Namespace,
+    vocab: int,
+    heads: dict[str, int] | None = None,
+    seed: int = 0,
+    scale: float = 0.3,
+) -> OrderedDict:
+    """The pull request's layout of the same model: `pos_proj` (H -> 2H: U^Q rows, then U^K rows) in place of the
+    two projections, and `rp_bucket` saved."""
+    sd = released_state_dict(args, vocab, heads, seed, scale)
+    out: OrderedDict = OrderedDict()
+    for key, value in sd.items():
+        if key.startswith(ENC + "pos_k_linear."):
+            continue
+        if key.startswith(ENC + "pos_q_linear."):
+            p = key.rsplit(".", 1)[1]
+            out[f"{ENC}pos_proj.{p}"] = torch.cat(
+                [sd[f"{ENC}pos_q_linear.{p}"], sd[f"{ENC}pos_k_linear.{p}"]]
+            )
+            continue
+        out[key] = value
+        if key == ENC + "relative_attention_bias.weight":
+            out[ENC + "rp_bucket"] = released_rp_bucket(args.max_positions)
+    return out
+
+
 def random_state_dict(
     args: argparse.Namespace,
     vocab: int,
     heads: dict[str, int] | None = None,
     seed: int = 0,
     scale: float = 0.3,
-):
-    """The released `BertModel`'s state dict with random weights (LayerNorms included, so none is trivial)."""
-    g = torch.Generator().manual_seed(seed)
-    H, F, L = args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_layers
-
-    def r(*shape, scale=scale):
-        return torch.randn(*shape, generator=g) * scale
-
-    sd = OrderedDict()
-    emb = r(vocab, H)
-    sd[ENC + "embed_tokens.weight"] = emb
-    sd[ENC + "pos.weight"] = r(args.max_positions + 1, H)
-    sd[ENC + "pos_proj.weight"] = r(2 * H, H)
-    sd[ENC + "pos_proj.bias"] = r(2 * H)
-    sd[ENC + "pos_ln.weight"] = 1 + r(H)
-    sd[ENC + "pos_ln.bias"] = r(H)
-    for i in range(L):
-        p = f"{ENC}layers.{i}."
-        sd[p + "self_attn.in_proj_weight"] = r(3 * H, H)
-        sd[p + "self_attn.in_proj_bias"] = r(3 * H)
-        sd[p + "self_attn.out_proj.weight"] = r(H, H)
-        sd[p + "self_attn.out_proj.bias"] = r(H)
-        sd[p + "self_attn_layer_norm.weight"] = 1 + r(H)
-        sd[p + "self_attn_layer_norm.bias"] = r(H)
-        sd[p + "fc1.weight"] = r(F, H)
-        sd[p + "fc1.bias"] = r(F)
-        sd[p + "fc2.weight"] = r(H, F)
-        sd[p + "fc2.bias"] = r(H)
-        sd[p + "final_layer_norm.weight"] = 1 + r(H)
-        sd[p + "final_layer_norm.bias"] = r(H)
-    if args.embedding_normalize:
-        sd[ENC + "emb_layer_norm.weight"] = 1 + r(H)
-        sd[ENC + "emb_layer_norm.bias"] = r(H)
-    if args.rel_pos:
-        sd[ENC + "relative_attention_bias.weight"] = r(33, args.encoder_attention_heads, scale=1.0)
-        sd[ENC + "rp_bucket"] = released_rp_bucket(args.max_positions)
-    sd["decoder.lm_head.weight"] = emb  # tied: the same tensor under both names
-    sd["decoder.lm_head.bias"] = r(vocab)
-    sd["decoder.lm_head.dense.weight"] = r(H, H)
-    sd["decoder.lm_head.dense.bias"] = r(H)
-    sd["decoder.lm_head.layer_norm.weight"] = 1 + r(H)
-    sd["decoder.lm_head.layer_norm.bias"] = r(H)
-    for name, classes in (heads or {}).items():
-        sd[f"classification_heads.{name}.dense.weight"] = r(H, H)
-        sd[f"classification_heads.{name}.dense.bias"] = r(H)
-        sd[f"classification_heads.{name}.out_proj.weight"] = r(classes, H)
-        sd[f"classification_heads.{name}.out_proj.bias"] = r(classes)
-    return sd
+    layout: str = "released",
+) -> OrderedDict:
+    """A state dict of the `layout` ("released" or "fused") with random weights (LayerNorms included, so none
+    is trivial)."""
+    build = {"released": released_state_dict, "fused": fused_state_dict}[layout]
+    return build(args, vocab, heads, seed, scale)
 
 
 def _fake_fairseq_meters() -> types.ModuleType:
@@ -221,8 +282,15 @@ def released_forward(
 
     # positional term: pos_ln(pos[:T+1]) projected, token t on row t+1, rows 0/1 give the [CLS] values
     w = _ln(g[ENC + "pos.weight"][: T + 1], g[ENC + "pos_ln.weight"], g[ENC + "pos_ln.bias"])
-    proj = (w @ g[ENC + "pos_proj.weight"].T + g[ENC + "pos_proj.bias"]).reshape(T + 1, 2, h, d)
-    pos_q, pos_k = proj[:, 0].permute(1, 0, 2) * scaling, proj[:, 1].permute(1, 0, 2)  # (h, T+1, d)
+    if (
+        ENC + "pos_q_linear.weight" in sd
+    ):  # released (TSE.py l.229-231): each projection viewed as (T+1, h, d)
+        pos_q = (w @ g[ENC + "pos_q_linear.weight"].T + g[ENC + "pos_q_linear.bias"]).reshape(T + 1, h, d)
+        pos_k = (w @ g[ENC + "pos_k_linear.weight"].T + g[ENC + "pos_k_linear.bias"]).reshape(T + 1, h, d)
+        pos_q, pos_k = pos_q.transpose(0, 1) * scaling, pos_k.transpose(0, 1)  # (h, T+1, d)
+    else:  # fused: one projection, its first H outputs U^Q, the rest U^K
+        proj = (w @ g[ENC + "pos_proj.weight"].T + g[ENC + "pos_proj.bias"]).reshape(T + 1, 2, h, d)
+        pos_q, pos_k = proj[:, 0].permute(1, 0, 2) * scaling, proj[:, 1].permute(1, 0, 2)  # (h, T+1, d)
     full = pos_q @ pos_k.transpose(1, 2)
     cls_2_other, other_2_cls = full[:, 0, 0].clone(), full[:, 1, 1].clone()
     bias = full[:, 1:, 1:].clone()

@@ -1,5 +1,6 @@
 """`tupe convert fairseq` / `TupeForMaskedLM.from_fairseq` on checkpoints of the released format (built in
-tests/convert/released.py), against the released forward written there: float64, 1e-10."""
+tests/convert/released.py from the released modules' definitions: the "released" layout of guolinke/TUPE master,
+and the "fused" layout of its unmerged pull request), against the released forward written there: float64, 1e-10."""
 
 from __future__ import annotations
 
@@ -28,10 +29,13 @@ def bpe(tmp_path_factory):
     return write_codes_and_dict(tmp_path_factory.mktemp("bpe"))
 
 
-def _checkpoint(tmp_path, bpe, heads=None, **arg_overrides):
+LAYOUTS = ["released", "fused"]
+
+
+def _checkpoint(tmp_path, bpe, heads=None, layout="released", **arg_overrides):
     args = fairseq_args(**arg_overrides)
     vocab = 7 + len(read_dict_txt(bpe[1])) + 1
-    sd = random_state_dict(args, vocab, heads=heads)
+    sd = random_state_dict(args, vocab, heads=heads, layout=layout)
     path = tmp_path / "checkpoint_best.pt"
     save_checkpoint(path, args, sd)
     return path, args, sd, vocab
@@ -47,12 +51,14 @@ def _tokens(vocab, lengths, total):
     return ids
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kernel", ["auto", "eager"])
 @pytest.mark.parametrize("rel_pos", [True, False], ids=["tupe-r", "tupe-a"])
-def test_masked_lm_logits_equal_the_released_forward(tmp_path, bpe, rel_pos, kernel):
+def test_masked_lm_logits_equal_the_released_forward(tmp_path, bpe, rel_pos, kernel, layout):
     from tupe import TupeForMaskedLM
 
-    path, args, sd, vocab = _checkpoint(tmp_path, bpe, rel_pos=rel_pos)
+    path, args, sd, vocab = _checkpoint(tmp_path, bpe, rel_pos=rel_pos, layout=layout)
+    assert (ENC + "rp_bucket" in sd) == (rel_pos and layout == "fused")  # the released code never saves it
     model = TupeForMaskedLM.from_fairseq(path, bpe[1], dtype=torch.float64)
     model.config.attention_kernel = kernel  # "eager": the reference path (also what output_attentions uses)
     assert model.config.position_scheme == ("tupe-r" if rel_pos else "tupe-a")
@@ -81,10 +87,13 @@ def test_config_carries_the_fairseq_ids_and_shape(tmp_path, bpe):
     assert config.relative_attention_num_buckets == 32 and config.embedding_layer_norm
 
 
-def test_classification_head_equals_the_released_head(tmp_path, bpe):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_classification_head_equals_the_released_head(tmp_path, bpe, layout):
     from tupe.modeling.fairseq import classifiers_from_fairseq
 
-    path, args, sd, vocab = _checkpoint(tmp_path, bpe, heads={"sentence_classification_head": 3})
+    path, args, sd, vocab = _checkpoint(
+        tmp_path, bpe, heads={"sentence_classification_head": 3}, layout=layout
+    )
     heads = classifiers_from_fairseq(path, dtype=torch.float64)
     model = heads["sentence_classification_head"]
     assert model.config.num_labels == 3
@@ -293,3 +302,135 @@ def test_bert_base_shape_equals_the_released_forward(tmp_path, bpe, rel_pos):
     print(f"\n{model.config.position_scheme} BERT-Base shape, 160 tokens: max |logit diff| {full:.2e} unpadded, "
           f"{padded:.2e} padded")  # fmt: skip
     assert full < TOL and padded < TOL
+
+
+def test_the_two_layouts_are_told_apart_and_a_mix_or_neither_is_refused(tmp_path, bpe):
+    from tupe import TupeForMaskedLM
+    from tupe.modeling.fairseq import positional_layout
+
+    args = fairseq_args()
+    vocab = 7 + len(read_dict_txt(bpe[1])) + 1
+    released, fused = (random_state_dict(args, vocab, layout=layout) for layout in LAYOUTS)
+    assert positional_layout(released) == "released" and positional_layout(fused) == "fused"
+    both = {**released, ENC + "pos_proj.weight": fused[ENC + "pos_proj.weight"]}
+    neither = {k: v for k, v in released.items() if ".pos_q_linear." not in k and ".pos_k_linear." not in k}
+    half = {k: v for k, v in released.items() if ".pos_k_linear." not in k}
+    cases = [
+        (both, "holds both decoder.sentence_encoder.pos_q_linear/pos_k_linear"),
+        (neither, r"missing tensor decoder\.sentence_encoder\.pos_q_linear\.weight \(the released layout"),
+        (half, r"missing tensor decoder\.sentence_encoder\.pos_k_linear\.(weight|bias)"),
+    ]
+    for i, (sd, message) in enumerate(cases):
+        save_checkpoint(tmp_path / f"{i}.pt", args, sd)
+        with pytest.raises(TupeError, match=rf"^{tmp_path / f'{i}.pt'}: {message}"):
+            TupeForMaskedLM.from_fairseq(tmp_path / f"{i}.pt", bpe[1])
+
+
+def test_a_saved_rp_bucket_that_is_not_the_released_rule_is_refused(tmp_path, bpe):
+    from tupe import TupeForMaskedLM
+
+    args = fairseq_args()
+    sd = random_state_dict(args, 7 + len(read_dict_txt(bpe[1])) + 1, layout="fused")
+    sd[ENC + "rp_bucket"] = sd[ENC + "rp_bucket"].clone()
+    sd[ENC + "rp_bucket"][0, :] = 32  # [CLS] -> others on row 32: not the released rule (row 16)
+    save_checkpoint(tmp_path / "b.pt", args, sd)
+    with pytest.raises(TupeError, match=r"b\.pt: decoder\.sentence_encoder\.rp_bucket is not T5's bucketing"):
+        TupeForMaskedLM.from_fairseq(tmp_path / "b.pt", bpe[1])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_non_finite_weights_are_named_as_such_not_as_an_untied_head(tmp_path, bpe, layout):
+    from tupe import TupeForMaskedLM
+
+    args = fairseq_args()
+    sd = random_state_dict(args, 7 + len(read_dict_txt(bpe[1])) + 1, layout=layout)
+    sd = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in sd.items()}
+    save_checkpoint(tmp_path / "nan.pt", args, sd)
+    with pytest.raises(TupeError) as err:
+        TupeForMaskedLM.from_fairseq(tmp_path / "nan.pt", bpe[1])
+    assert "non-finite weights" in str(err.value) and "untied" not in str(err.value)
+    assert str(err.value).startswith(
+        f"{tmp_path / 'nan.pt'}: tensor decoder.sentence_encoder.embed_tokens.weight"
+    )
+    # the LM head's copy alone: NaN != NaN must not read as "untied"
+    sd = random_state_dict(args, 7 + len(read_dict_txt(bpe[1])) + 1, layout=layout)
+    sd["decoder.lm_head.weight"] = torch.full_like(sd["decoder.lm_head.weight"], float("inf"))
+    save_checkpoint(tmp_path / "inf.pt", args, sd)
+    with pytest.raises(TupeError, match=r"tensor decoder\.lm_head\.weight holds non-finite weights"):
+        TupeForMaskedLM.from_fairseq(tmp_path / "inf.pt", bpe[1])
+
+
+def test_convert_errors_start_with_the_checkpoint_path(tmp_path, bpe, capsys):
+    from tupe.cli import main
+
+    codes, dict_txt, _ = bpe
+    text = tmp_path / "notes.txt"
+    text.write_text("hello world\nthis is a text file, not a checkpoint\n")
+    missing_path, args, sd, _ = _checkpoint(tmp_path, bpe)
+    del sd[ENC + "layers.0.fc1.bias"]
+    save_checkpoint(missing_path, args, sd)
+    folder = tmp_path / "ft"
+    folder.mkdir()
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, args, random_state_dict(args, 7 + len(read_dict_txt(dict_txt)) + 1))
+    cases = [
+        (text, dict_txt, f"{text}: not a torch checkpoint (a text file"),
+        (missing_path, dict_txt, f"{missing_path}: missing tensor {ENC}layers.0.fc1.bias"),
+        (good, folder, f"--dict {folder}: a folder, not a file"),
+    ]
+    for ckpt, dictionary, message in cases:
+        argv = ["convert", "fairseq", str(ckpt), "--dict", str(dictionary), "--bpe-codes", str(codes)]
+        assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"tupe convert: error: {message}"), err
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_write_names_out_and_leaves_nothing(tmp_path, bpe, monkeypatch, capsys):
+    """A read-only parent of --out (the staging folder cannot be made) and a disk that fills while writing: one
+    line naming --out, not the hidden staging folder beside it; nothing left behind."""
+    import errno
+    import types
+    from pathlib import Path
+
+    from transformers import PreTrainedModel
+
+    import tupe.convert
+    from tupe.cli import main
+
+    path, *_ = _checkpoint(tmp_path, bpe)
+    codes, dict_txt, _ = bpe
+    out = tmp_path / "parent" / "converted"
+    argv = [
+        "convert",
+        "fairseq",
+        str(path),
+        "--dict",
+        str(dict_txt),
+        "--bpe-codes",
+        str(codes),
+        "--out",
+        str(out),
+    ]
+
+    def read_only(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(out.parent / ".converted-x1y2"))
+
+    def disk_full(self, folder, *a, **k):
+        (Path(folder) / "model.safetensors").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(folder) / "model.safetensors"))
+
+    patches = [
+        (tupe.convert, "tempfile", types.SimpleNamespace(mkdtemp=read_only), "Permission denied"),
+        (PreTrainedModel, "save_pretrained", disk_full, "No space left on device"),
+    ]
+    for owner, name, replacement, reason in patches:
+        with monkeypatch.context() as m:
+            m.setattr(owner, name, replacement)
+            assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(
+            f"tupe convert: error: cannot write --out {out}: {reason}"
+        ), err
+        assert ".converted-" not in err[0]
+        assert not out.exists() and [p.name for p in out.parent.iterdir()] == []

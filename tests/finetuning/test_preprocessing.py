@@ -114,8 +114,9 @@ def test_rank_answers_spans_across_windows_offsets_and_probabilities():
     from tupe.finetuning.qa import rank_answers
 
     context = "aa bb cc"
-    # byte-level BPE offsets keep the space before a word: " bb" is (2, 5); the answer is stripped, start moved
-    offs = [None, (0, 2), (2, 5), (5, 8)]
+    # offsets are words' exact spans (tupe's tokenizers trim the space before a word): "bb" is (3, 5); the answer
+    # is the context between its tokens' offsets, nothing stripped
+    offs = [None, (0, 2), (3, 5), (6, 8)]
     w1 = (np.array([0.0, 1.0, 4.0, 0.0]), np.array([0.0, 0.0, 3.0, 1.0]), offs)
     w2 = (np.array([0.0, 0.0, 2.0, 0.0]), np.array([0.0, 0.0, 3.5, 0.0]), offs)  # " bb" again, lower
     ranked = rank_answers([w1, w2], context, n_best=3, max_answer_length=5, with_null=False)
@@ -126,6 +127,10 @@ def test_rank_answers_spans_across_windows_offsets_and_probabilities():
     assert [a.logit for a in ranked] == sorted((a.logit for a in ranked), reverse=True)
     assert sum(a.probability for a in ranked) == pytest.approx(1.0)
     with_null = rank_answers([w1, w2], context, n_best=1, max_answer_length=5, with_null=True)
-    assert [(a.text, a.start, a.end) for a in with_null] == [("bb", 2 + 1, 5), ("", 0, 0)]
+    assert [(a.text, a.start, a.end) for a in with_null] == [("bb", 3, 5), ("", 0, 0)]
     assert with_null[1].logit == 0.0  # the lowest [CLS] score over the windows
     assert rank_answers([w1], context, n_best=3, max_answer_length=0, with_null=False) == []
+    # a token of white space only covers no text once trimmed ((3, 3)): it neither starts nor ends an answer
+    spaced = "aa  bb"
+    w3 = (np.array([0.0, 0.0, 9.0, 1.0]), np.array([0.0, 0.0, 9.0, 1.0]), [None, (0, 2), (3, 3), (4, 6)])
+    assert [(a.text, a.start) for a in rank_answers([w3], spaced, 3, 5, False)][0] == ("bb", 4)

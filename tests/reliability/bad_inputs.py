@@ -984,6 +984,56 @@ CASES += [
 ]  # fmt: skip
 
 
+def _convert(
+    ctx: Ctx, checkpoint: Path | None = None, dict_txt: Path | None = None, drop: str = "", nan: bool = False
+) -> list:
+    """`tupe convert fairseq` of a small checkpoint of the released layout (tests/convert/released.py) with its
+    dictionary and BPE codes; `checkpoint` / `dict_txt` replace the good ones; `drop`: a tensor left out of the
+    good checkpoint; `nan`: every weight of it NaN."""
+    import torch
+
+    from tests.convert.bpe import write_codes_and_dict
+    from tests.convert.released import fairseq_args, random_state_dict, save_checkpoint
+    from tupe.modeling.fairseq import read_dict_txt
+
+    folder = ctx.tmp / "fs"
+    folder.mkdir(parents=True, exist_ok=True)
+    codes, good_dict, _ = write_codes_and_dict(folder)
+    if checkpoint is None:
+        args = fairseq_args()
+        sd = random_state_dict(args, 7 + len(read_dict_txt(good_dict)) + 1)
+        sd.pop(drop, None)
+        if nan:
+            sd = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in sd.items()}
+        checkpoint = folder / "checkpoint_best.pt"
+        save_checkpoint(checkpoint, args, sd)
+    return [
+        "convert", "fairseq", checkpoint, "--dict", dict_txt or good_dict, "--bpe-codes", codes,
+        "--out", ctx.tmp / "converted",
+    ]  # fmt: skip
+
+
+def _folder(ctx: Ctx, name: str) -> Path:
+    (ctx.tmp / name).mkdir(parents=True, exist_ok=True)
+    return ctx.tmp / name
+
+
+CASES += [
+    Case("convert-text-file", "`tupe convert fairseq` of a plain text file",
+         lambda c: _convert(c, checkpoint=_write(c.tmp / "notes.txt", "hello world\nthis is text\n")),
+         ("notes.txt: not a torch checkpoint (a text file",)),
+    Case("convert-missing-tensor", "a fairseq checkpoint missing a tensor (the error starts with its path)",
+         lambda c: _convert(c, drop="decoder.sentence_encoder.layers.1.fc2.bias"),
+         ("fs/checkpoint_best.pt: missing tensor decoder.sentence_encoder.layers.1.fc2.bias",)),
+    Case("convert-nan-weights", "a fairseq checkpoint whose weights are all NaN",
+         lambda c: _convert(c, nan=True),
+         ("checkpoint_best.pt: tensor decoder.sentence_encoder.embed_tokens.weight holds non-finite weights",)),
+    Case("convert-dict-folder", "`tupe convert fairseq --dict` a folder",
+         lambda c: _convert(c, dict_txt=_folder(c, "ft")),
+         ("--dict", "ft: a folder, not a file")),
+]  # fmt: skip
+
+
 def _fifo_config(ctx: Ctx) -> Path:
     m = ctx.copy_model()
     (m / "config.json").unlink()

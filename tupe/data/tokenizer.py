@@ -4,6 +4,14 @@ Contract relied on by every other part of `tupe` (see docs/pretraining.md): spec
 "[SEP]"=2, "[MASK]"=3, "[UNK]"=4; a post-processor producing `[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]`;
 `model_input_names=["input_ids", "attention_mask"]` (no token types). Saved next to the model, so
 `AutoTokenizer.from_pretrained(DIR)` works.
+
+Word spans are exact: offsets cover a word without the space before it (the post-processor is
+`ByteLevel(trim_offsets=True)` then the template; whole-word masking, NER entities and QA answers read them), and
+decoding drops the space `add_prefix_space` put before the first word (the decoder is `ByteLevel` then a `Strip` of
+one leading space; NER entities' `word`). Tokenizers tupe trained before had the template and the `ByteLevel`
+decoder alone; `exact_word_spans` (tupe/io/checkpoints.py) adds both steps whenever tupe loads one. Ids are the
+same either way, so `tokenizer_fingerprint`, which keys the packed-data and evaluation caches and a run's identity
+for `--resume`, leaves the two steps out: those keys do not change, and what was cached before stays valid.
 """
 
 from __future__ import annotations
@@ -53,12 +61,16 @@ def _new_backend(vocab_size: int):  # noqa: ANN202
 
     backend = Tokenizer(models.BPE(unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    backend.decoder = decoders.ByteLevel()
-    backend.post_processor = processors.TemplateProcessing(
+    # decoded text without the space add_prefix_space put before the first word (" hello" -> "hello")
+    backend.decoder = decoders.Sequence([decoders.ByteLevel(), decoders.Strip(" ", 1, 0)])
+    template = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", CLS_ID), ("[SEP]", SEP_ID)],
     )
+    # offsets without the space before a word (" world" -> "world"); ids are the template's alone
+    trim = processors.ByteLevel(add_prefix_space=True, trim_offsets=True)
+    backend.post_processor = processors.Sequence([trim, template])
     return backend
 
 
@@ -130,6 +142,7 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """Load an existing tokenizer directory (or a `tokenizer.json` file) and check the special-token contract."""
     from tokenizers import Tokenizer
 
+    from tupe.io.checkpoints import exact_word_spans
     from tupe.io.checkpoints import load_tokenizer as load_saved_tokenizer
 
     path = Path(path)
@@ -142,6 +155,7 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
             tok = wrap_backend(Tokenizer.from_file(str(path)))
         except Exception as err:  # noqa: BLE001
             raise TupeError(f"{path}: not a tokenizers JSON file ({err})") from err
+        exact_word_spans(tok)  # a folder's tokenizer gets it in load_saved_tokenizer
     elif path.is_dir():
         tok = load_saved_tokenizer(path)
     elif path.exists():
@@ -157,13 +171,40 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     return tok
 
 
+def _definition_without_span_steps(backend) -> str:  # noqa: ANN001 - a tokenizers.Tokenizer
+    """The backend's JSON definition without the steps that make word spans exact (a `ByteLevel` step of the
+    post-processor, a `Strip` step of the decoder, see `exact_word_spans`): they change offsets and decoded text,
+    never ids, so a tokenizer with them is hashed as the same tokenizer without them (byte for byte the definition
+    tupe's tokenizers had before they had the steps)."""
+    from tokenizers import Tokenizer
+
+    text = backend.to_str()
+    definition = json.loads(text)
+    changed = False
+    for key, list_key, step in (
+        ("post_processor", "processors", "ByteLevel"),
+        ("decoder", "decoders", "Strip"),
+    ):
+        part = definition.get(key) or {}
+        if part.get("type") != "Sequence":
+            continue
+        kept = [p for p in part.get(list_key, []) if p.get("type") != step]
+        if len(kept) == len(part.get(list_key, [])):
+            continue
+        definition[key] = kept[0] if len(kept) == 1 else ({**part, list_key: kept} if kept else None)
+        changed = True
+    return Tokenizer.from_str(json.dumps(definition)).to_str() if changed else text
+
+
 def tokenizer_fingerprint(tok) -> str:  # noqa: ANN001
     """Hash of the tokenizer's full definition (vocab, merges, normalisation); keys the packed-data cache.
 
-    A slow (Python) tokenizer, such as the released TUPE pipeline's Moses + BPE, is hashed by its class, vocabulary,
-    BPE merges and scalar options."""
+    What changes offsets and decoded text only (`_definition_without_span_steps`) is left out: the ids, and so
+    every cache this keys, are the same with it and without it. A slow (Python) tokenizer, such as the released TUPE
+    pipeline's Moses + BPE, is hashed by its class, vocabulary, BPE merges and scalar options."""
     if getattr(tok, "is_fast", False):
-        return hashlib.sha256(tok.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+        definition = _definition_without_span_steps(tok.backend_tokenizer)
+        return hashlib.sha256(definition.encode()).hexdigest()[:20]
     ranks = getattr(tok, "bpe_ranks", {}) or {}
     options = {
         k: v
@@ -212,6 +253,7 @@ def get_or_train_tokenizer(
     from transformers import AutoTokenizer
 
     from tupe.data.corpus import text_rule
+    from tupe.io.checkpoints import exact_word_spans
 
     # the line rule too: BPE trained on text cut another way is another tokenizer
     key_src = json.dumps(
@@ -224,6 +266,7 @@ def get_or_train_tokenizer(
         if problem is None:
             log(f"tokenizer: reusing cached BPE ({vocab_size} entries) from {target}")
             tok = AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
+            exact_word_spans(tok)  # cached before spans were exact: the same ids, so the same cache key
             check_tokenizer(tok, str(target))
             return tok
         print(

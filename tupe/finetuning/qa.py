@@ -179,13 +179,14 @@ def rank_answers(
             for b in np.argsort(-en, kind="stable")[:n_best]:
                 if offs[a] is None or offs[b] is None or b < a or b - a + 1 > max_answer_length:
                     continue
-                raw = context[offs[a][0] : offs[b][1]]
-                text = raw.strip()
-                begin = offs[a][0] + len(raw) - len(raw.lstrip())
+                if offs[a][0] >= offs[a][1] or offs[b][0] >= offs[b][1]:
+                    continue  # a token that covers no text (white space, its offsets trimmed) bounds no answer
+                # the tokenizer's offsets are the words' exact spans (no space before a word: tupe's tokenizers
+                # trim them, tupe.io.checkpoints.exact_word_spans): the answer is the context between them
+                key = (offs[a][0], offs[b][1])
                 score = float(st[a] + en[b])
-                key = (begin, begin + len(text))
                 if key not in spans or score > spans[key].logit:
-                    spans[key] = Answer(text, key[0], key[1], score, 0.0)
+                    spans[key] = Answer(context[key[0] : key[1]], key[0], key[1], score, 0.0)
     ranked = sorted(spans.values(), key=lambda x: -x.logit)[:n_best]
     if with_null and null is not None:
         ranked = sorted([*ranked, Answer("", 0, 0, null, 0.0)], key=lambda x: -x.logit)

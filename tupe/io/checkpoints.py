@@ -245,6 +245,47 @@ def read_config(model_dir: str | os.PathLike) -> dict:
     return check_model_folder(path)  # regular files, no custom code, every config field typed and in range
 
 
+def _part(component: Any, name: str) -> dict | None:
+    """The settings of a `tokenizers` component (pre-tokenizer, post-processor) of type `name`, itself or in its
+    Sequence; None if it has none."""
+    if component is None or not hasattr(component, "__getstate__"):
+        return None
+    import json
+
+    state = json.loads(component.__getstate__())
+    parts = state.get("pretokenizers") or state.get("processors") or [state]
+    return next((part for part in parts if isinstance(part, dict) and part.get("type") == name), None)
+
+
+def exact_word_spans(tok: Any) -> bool:
+    """Give a byte-level BPE tokenizer word spans without the space before each word, in place; True if it changed.
+
+    A byte-level pre-tokenizer keeps the space in front of a word inside its token ("Ġworld"). Its offsets cover
+    that space unless the post-processor has a trimming `ByteLevel(trim_offsets=True)` step, and with
+    `add_prefix_space` (a space put before the first word, not in the text) its decoder gives every text, and every
+    entity's `word`, a leading space unless a `Strip` of one leading space follows it. tupe's tokenizers trained
+    before they had both lacked them (a bare `TemplateProcessing`, a bare `ByteLevel` decoder); the steps are added
+    as tupe now trains them. Offsets and decoded text change, never ids. Any other tokenizer (WordPiece, one whose
+    post-processor is not a bare template or whose decoder is not a bare ByteLevel) is left as it is."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    byte_level = _part(backend.pre_tokenizer, "ByteLevel") if backend is not None else None
+    if byte_level is None:
+        return False
+    from tokenizers import decoders, processors
+
+    prefix_space = bool(byte_level.get("add_prefix_space"))
+    changed = False
+    if type(backend.post_processor).__name__ == "TemplateProcessing":
+        # add_prefix_space as the pre-tokenizer's: it tells the trimming whether the first word's space is in the text
+        trim = processors.ByteLevel(add_prefix_space=prefix_space, trim_offsets=True)
+        backend.post_processor = processors.Sequence([trim, backend.post_processor])
+        changed = True
+    if prefix_space and type(backend.decoder).__name__ == "ByteLevel":
+        backend.decoder = decoders.Sequence([backend.decoder, decoders.Strip(" ", 1, 0)])
+        changed = True
+    return changed
+
+
 def load_tokenizer(source: str | os.PathLike, config: Any = None, explicit: bool = True) -> Any:
     """The tokenizer saved in a folder (a model's, or one given with --tokenizer), with one-line errors.
 
@@ -265,6 +306,7 @@ def load_tokenizer(source: str | os.PathLike, config: Any = None, explicit: bool
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - unreadable tokenizer files: the first line of the reason is enough
         raise TupeError(f"{path}: cannot load a tokenizer ({type(err).__name__}: {one_line(err)})") from None
+    exact_word_spans(tok)  # a tupe tokenizer saved before its spans were exact: the same ids
     if config is None:
         return tok
     if tok.pad_token_id is None:

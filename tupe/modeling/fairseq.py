@@ -10,7 +10,15 @@ How the released positional side maps onto tupe's (`positional.py`), for `T` tok
   and takes the [CLS] reset values from rows 0 (`theta_1`, [CLS] -> others) and 1 (`theta_2`, others -> [CLS]).
   So `UntiedPositions.theta_positions = pos[0:2]` and `UntiedPositions.embeddings = pos[1:]` (token t on row t; row
   0 is token 0's, which the reset always overrides), `LayerNorm = pos_ln`.
-- `pos_proj` (H -> 2H) is `U^Q` (output rows `:H`) and `U^K` (rows `H:`), each split into heads like `W^Q`/`W^K`.
+- `U^Q` and `U^K` come in one of two layouts, told apart by their key names (`positional_layout`):
+  - **released** (`guolinke/TUPE` `master`, 4c64ff7, what the authors' 2020 checkpoint was saved with):
+    `pos_q_linear` and `pos_k_linear`, H -> H each, are `U^Q` and `U^K`;
+  - **fused** (an unmerged pull request to that repository, 2021-11-08): `pos_proj`, H -> 2H, is `U^Q` (output
+    rows `:H`) and `U^K` (rows `H:`).
+  Either is split into heads like `W^Q`/`W^K`.
+- `rp_bucket` (tupe-r): the released code keeps it as a plain attribute, so a released checkpoint does not hold it;
+  tupe builds the same table (T5's buckets of `j - i`, column 0 -> bucket 32, row 0 -> bucket 16). The fused
+  layout saves it; then it is checked equal to that rule.
 - `relative_attention_bias` (33 rows for 32 buckets) is `RelativeBias(cls_bucket=True).bias` row for row: row 32
   holds others -> [CLS] (column 0) in both. The released code gives [CLS] -> others (row 0) row 16, which T5's
   bucketing never produces; tupe gives row 0 row 32 too. Row 0 of the logits is one constant per head across
@@ -82,6 +90,26 @@ def _numpy_scalar_globals() -> list[Any]:
     return allowed
 
 
+def _check_torch_format(path: Path) -> None:
+    """Refuse, in one line, a file that is neither of `torch.save`'s formats: a zip archive (`PK`, torch >= 1.6)
+    or the legacy pickle stream (a pickle `PROTO` opcode, 0x80, first). Without this a text file reaches the
+    unpickler, which reads its letters as opcodes (`KeyError: 101`)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError as err:
+        raise TupeError(f"{path}: cannot be read ({one_line(err)})") from None
+    if not head:
+        raise TupeError(f"{path}: empty file, not a torch checkpoint")
+    if head.startswith(b"PK") or head[0] == 0x80:
+        return
+    printable = sum(32 <= b < 127 or b in (9, 10, 13) for b in head) / len(head)
+    what = "a text file" if printable > 0.95 else f"starts with bytes {head[:4].hex(' ')}"
+    raise TupeError(
+        f"{path}: not a torch checkpoint ({what}; a fairseq checkpoint is a .pt file written by torch.save)"
+    )
+
+
 def load_fairseq_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Unpickle a released checkpoint without running code: `weights_only=True` plus the format's allow-list.
 
@@ -93,6 +121,7 @@ def load_fairseq_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise TupeError(
             f"fairseq checkpoint {str(path)!r} does not exist" if not path.exists() else f"{path}: not a file"
         )
+    _check_torch_format(path)
     try:
         with torch.serialization.safe_globals(_SAFE_GLOBALS + _numpy_scalar_globals()):
             state = torch.load(str(path), map_location="cpu", weights_only=True)
@@ -121,8 +150,11 @@ def load_fairseq_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
             f"{path}: refused to load: the pickle needs more than a fairseq checkpoint holds ({what}); "
             "loading it could run code, so nothing in it was run"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as err:
-        raise TupeError(f"{path}: not a readable torch checkpoint ({one_line(err)})") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError, TypeError) as err:
+        # a damaged legacy pickle trips the unpickler anywhere (a memo key, an empty stack): all are "unreadable"
+        raise TupeError(
+            f"{path}: not a readable torch checkpoint ({type(err).__name__}: {one_line(err)})"
+        ) from None
     if not isinstance(state, dict) or "model" not in state or "args" not in state:
         keys = sorted(state)[:5] if isinstance(state, dict) else type(state).__name__
         raise TupeError(
@@ -155,12 +187,16 @@ class FairseqDictionary:
 
 def _read_lines(path: Path, option: str) -> list[str]:
     """The lines of a UTF-8 text file given by `option`; a one-line error naming the option or the file."""
+    if path.is_dir():
+        raise TupeError(f"{option} {path}: a folder, not a file")
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise TupeError(f"{option} {str(path)!r} does not exist") from None
     except UnicodeDecodeError as err:
-        raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise TupeError(f"{option} {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise TupeError(f"{option} {path}: cannot be read ({err.strerror or one_line(err)})") from None
 
 
 def _read_entries(
@@ -233,6 +269,8 @@ def _arg(args: argparse.Namespace, name: str, default: Any = None) -> Any:
 def _shape(sd: dict[str, torch.Tensor], key: str, ckpt: str) -> tuple[int, ...]:
     if key not in sd:
         raise TupeError(f"{ckpt}: missing tensor {key}")
+    if not isinstance(sd[key], torch.Tensor):
+        raise TupeError(f"{ckpt}: {key} is a {type(sd[key]).__name__}, not a tensor")
     return tuple(sd[key].shape)
 
 
@@ -344,6 +382,45 @@ def _released_buckets(n: int, buckets: int, max_distance: int) -> torch.Tensor:
     return table
 
 
+POSITIONAL_LAYOUTS = {
+    "released": ("pos_q_linear", "pos_k_linear"),  # guolinke/TUPE master (4c64ff7): the authors' checkpoint
+    "fused": ("pos_proj",),  # the unmerged pull request of 2021-11-08
+}
+
+
+def positional_layout(sd: dict[str, torch.Tensor], ckpt: str = "checkpoint") -> str:
+    """Which layout holds the positional projections `U^Q`, `U^K`: "released" (`pos_q_linear`, `pos_k_linear`)
+    or "fused" (`pos_proj`), told apart by the key names; a state dict with both or neither is refused."""
+    found = [
+        name for name, modules in POSITIONAL_LAYOUTS.items() if any(f"{ENC}{m}.weight" in sd for m in modules)
+    ]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise TupeError(
+            f"{ckpt}: holds both {ENC}pos_q_linear/pos_k_linear (the released layout) and {ENC}pos_proj (the fused "
+            "one): not a checkpoint of either code"
+        )
+    raise TupeError(
+        f"{ckpt}: missing tensor {ENC}pos_q_linear.weight (the released layout; {ENC}pos_proj.weight in the fused "
+        "one): the positional projections U^Q, U^K"
+    )
+
+
+def _finite(t: Any, key: str, ckpt: str) -> torch.Tensor:
+    """`t`, checked to be a tensor of finite values: a NaN or inf weight is named as such, before any comparison
+    (NaN != NaN) could blame something else."""
+    if not isinstance(t, torch.Tensor):
+        raise TupeError(f"{ckpt}: {key} is a {type(t).__name__}, not a tensor")
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise TupeError(
+            f"{ckpt}: tensor {key} holds non-finite weights ({bad} of {t.numel()} values NaN or inf): a diverged "
+            "or damaged checkpoint; refusing to convert it"
+        )
+    return t
+
+
 def encoder_tensors(
     sd: dict[str, torch.Tensor], config: Any, ckpt: str = "checkpoint"
 ) -> tuple[dict[str, torch.Tensor], set[str]]:
@@ -354,7 +431,7 @@ def encoder_tensors(
         if key not in sd:
             raise TupeError(f"{ckpt}: missing tensor {key}")
         used.add(key)
-        return sd[key]
+        return _finite(sd[key], key, ckpt)
 
     H = config.hidden_size
     out: dict[str, torch.Tensor] = {}
@@ -366,14 +443,25 @@ def encoder_tensors(
     pos = take(ENC + "pos.weight")
     out["tupe.positional.untied.theta_positions"] = pos[0:2]  # rows 0, 1: theta_1, theta_2
     out["tupe.positional.untied.embeddings.weight"] = pos[1:]  # token t: released row t + 1
+    layout = positional_layout(sd, ckpt)
     for p in ("weight", "bias"):
         out[f"tupe.positional.untied.LayerNorm.{p}"] = take(ENC + f"pos_ln.{p}")
-        proj = take(ENC + f"pos_proj.{p}")
-        out[f"tupe.positional.untied.pos_query.{p}"] = proj[:H]  # U^Q
-        out[f"tupe.positional.untied.pos_key.{p}"] = proj[H:]  # U^K
+        if layout == "released":
+            query, key = take(ENC + f"pos_q_linear.{p}"), take(ENC + f"pos_k_linear.{p}")
+        else:
+            proj = take(ENC + f"pos_proj.{p}")
+            if proj.shape[0] != 2 * H:
+                raise TupeError(
+                    f"{ckpt}: {ENC}pos_proj.{p} has {proj.shape[0]} rows, expected 2 x hidden = {2 * H} (U^Q, U^K)"
+                )
+            query, key = proj[:H], proj[H:]
+        out[f"tupe.positional.untied.pos_query.{p}"] = query  # U^Q
+        out[f"tupe.positional.untied.pos_key.{p}"] = key  # U^K
     if config.position_scheme == "tupe-r":
         out["tupe.positional.relative.bias.weight"] = take(ENC + "relative_attention_bias.weight")
-        if ENC + "rp_bucket" in sd:  # a parameter in the released code, so saved; rebuilt here, checked equal
+        # the released code keeps rp_bucket as a plain attribute (not saved); the fused layout's pull request
+        # registers it, so it is saved: tupe rebuilds the table either way and checks a saved one equal
+        if ENC + "rp_bucket" in sd:
             saved = take(ENC + "rp_bucket")
             expected = _released_buckets(
                 saved.shape[0], config.relative_attention_num_buckets, config.relative_attention_max_distance
@@ -424,7 +512,7 @@ def _head_tensors(sd: dict[str, torch.Tensor], name: str, ckpt: str) -> tuple[di
         for s, d in ((f"dense.{p}", f"classifier.dense.{p}"), (f"out_proj.{p}", f"classifier.out_proj.{p}")):
             if src + s not in sd:
                 raise TupeError(f"{ckpt}: missing tensor {src}{s}")
-            out[d] = sd[src + s]
+            out[d] = _finite(sd[src + s], src + s, ckpt)
             used.add(src + s)
     return out, used
 
@@ -460,9 +548,12 @@ def weights_dtype(sd: dict[str, torch.Tensor]) -> torch.dtype:
     return torch.float64 if torch.float64 in floats else torch.float32
 
 
-def _state(checkpoint: str | os.PathLike | dict) -> tuple[dict[str, Any], str]:
+def _state(
+    checkpoint: str | os.PathLike | dict, source: str | os.PathLike | None
+) -> tuple[dict[str, Any], str]:
+    """The loaded checkpoint and the name its errors start with: its path (`source` for a loaded dict)."""
     if isinstance(checkpoint, dict):
-        return checkpoint, "checkpoint"
+        return checkpoint, str(source) if source is not None else "checkpoint"
     return load_fairseq_checkpoint(checkpoint), str(checkpoint)
 
 
@@ -470,15 +561,17 @@ def masked_lm_from_fairseq(
     checkpoint: str | os.PathLike | dict,
     dictionary: str | os.PathLike | None = None,
     dtype: torch.dtype | None = None,
+    source: str | os.PathLike | None = None,
 ) -> TupeForMaskedLM:
     """`TupeForMaskedLM` with the weights of a released checkpoint (a path, or the loaded dict), in `dtype`
     (default: `weights_dtype`, so a float64 checkpoint is not rounded).
 
     `dictionary`: the checkpoint's `dict.txt`, checked against the embedding rows (and recorded in the config as
-    `fairseq_dictionary`); the ids are fairseq's either way (`<pad>` 1, `<s>` 0, `</s>` 2, `<mask>` last)."""
+    `fairseq_dictionary`); the ids are fairseq's either way (`<pad>` 1, `<s>` 0, `</s>` 2, `<mask>` last).
+    `source`: the file a loaded dict came from, which errors name."""
     from transformers import AutoModelForMaskedLM  # TupeForMaskedLM: modeling_tupe imports this module
 
-    state, ckpt = _state(checkpoint)
+    state, ckpt = _state(checkpoint, source)
     sd = state["model"]
     config = config_from_fairseq(state["args"], sd, ckpt)
     if dictionary is not None:
@@ -494,12 +587,15 @@ def masked_lm_from_fairseq(
 
 
 def classifiers_from_fairseq(
-    checkpoint: str | os.PathLike | dict, dtype: torch.dtype | None = None
+    checkpoint: str | os.PathLike | dict,
+    dtype: torch.dtype | None = None,
+    source: str | os.PathLike | None = None,
 ) -> dict[str, TupeForSequenceClassification]:
-    """One `TupeForSequenceClassification` per classification head of a released (fine-tuned) checkpoint."""
+    """One `TupeForSequenceClassification` per classification head of a released (fine-tuned) checkpoint
+    (`source`: as for `masked_lm_from_fairseq`)."""
     from transformers import AutoModelForSequenceClassification  # as above: no import of modeling_tupe
 
-    state, ckpt = _state(checkpoint)
+    state, ckpt = _state(checkpoint, source)
     sd, args = state["model"], state["args"]
     names = classification_head_names(sd)
     if names and _arg(args, "pooler_activation_fn", "tanh") != "tanh":
