@@ -303,6 +303,29 @@ def sample_pppl_positions(
 
 
 # ----------------------------------------------------------------------------------------------- evaluate
+def check_eval_memory(m: EvalModel, length: int, batch_size: int, what: str) -> None:
+    """Refuse, before building or running anything, an evaluation of `m` at `length` whose weights and one forward
+    pass of `batch_size` blocks cannot fit in this machine's memory; the error names `what` (the options)."""
+    from tupe.validators import activation_bytes, check_memory
+
+    c = m.model.config
+    heads = int(getattr(c, "num_attention_heads", 1))
+    check_memory(
+        f"{what} ({m.name})",
+        4 * m.num_parameters
+        + activation_bytes(
+            max(1, int(batch_size)),
+            length,
+            int(c.hidden_size),
+            int(c.num_hidden_layers),
+            heads,
+            int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
+            int(c.vocab_size),
+            training=False,
+        ),  # fmt: skip
+    )
+
+
 @dataclass
 class Settings:
     seed: int = 0
@@ -424,6 +447,11 @@ def evaluate(
         raise TupeError(f"--batch-size must be positive, got {settings.batch_size}")
     if settings.pppl_tokens < 0 or settings.bootstrap < 0:
         raise TupeError("--pppl-tokens and --bootstrap must be 0 or more")
+    for m in models:
+        length = settings.max_length or m.max_length
+        check_eval_memory(
+            m, length, settings.batch_size, f"--batch-size {settings.batch_size} at length {length}"
+        )
     t0 = time.perf_counter()
     source = corpus.describe()
     groups = _group_models(models)
