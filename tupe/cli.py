@@ -16,6 +16,7 @@ import argparse
 import ast
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from typing import NoReturn
@@ -153,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     from tupe.runtime import tune_cpu_allocator
 
     tune_cpu_allocator()  # before the command allocates anything: see tupe/runtime.py
+    if not getattr(
+        args, "debug", False
+    ):  # a Rust panic's own report: its message, no stack (--debug keeps it)
+        os.environ["RUST_BACKTRACE"] = "0"
     previous_hook = threading.excepthook
     if not getattr(args, "debug", False):
         threading.excepthook = _thread_failed(args.command)
@@ -167,6 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tupe {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BaseException as err:
+        # a Rust panic in the tokenizers library (pyo3's PanicException, a BaseException): one line, not a trace
+        if type(err).__name__ != "PanicException" or getattr(args, "debug", False):
+            raise
+        _say(
+            f"tupe {args.command}: error: the tokenizers library failed on this input (a panic in its Rust code: "
+            f"{_one_line(err)[:300]}); check the tokenizer's tokenizer.json"
+        )
+        return 2
     finally:
         threading.excepthook = previous_hook
         _end_process_group()

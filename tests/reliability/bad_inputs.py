@@ -997,6 +997,19 @@ def _squad(ctx: Ctx, answers: object, context: str = "Paris is in France.") -> l
     return _finetune(ctx, "qa", _write(ctx.tmp / "squad.json", json.dumps(data)))
 
 
+def _catastrophic_regex(ctx: Ctx) -> Path:
+    m = ctx.copy_model()
+    data = json.loads((m / "tokenizer.json").read_text())
+    data["pre_tokenizer"] = {
+        "type": "Split",
+        "pattern": {"Regex": "(a+)+$"},
+        "behavior": "Isolated",
+        "invert": False,
+    }
+    (m / "tokenizer.json").write_text(json.dumps(data))
+    return m
+
+
 # issue 38: inputs an outside audit found ending in a traceback, a memory blow-up or a silently wrong score
 CASES += [
     Case("squad-answer-start-negative", "SQuAD answer with a negative `answer_start` (`tupe finetune --task qa`)",
@@ -1016,6 +1029,10 @@ CASES += [
          lambda c: _finetune(c, "classification", _write(c.tmp / "cls.jsonl", '{"text": "good", "label": ["pos"]}\n'
                                                          '{"text": "bad", "label": "neg"}\n')),
          ('cls.jsonl:1: label ["pos"] is a list; expected one label',)),
+    Case("tokenizer-catastrophic-regex", "a model folder's tokenizer.json with the regex `(a+)+$` (`tupe evaluate`)",
+         lambda c: ["evaluate", "--model", _catastrophic_regex(c),
+                    "--text", _write(c.tmp / "a.txt", "a" * 50_000 + "b\n")],
+         ("tokenizer.json: regex '(a+)+$' repeats a group that repeats",)),
     Case("pretrain-batch-beyond-memory", "`tupe pretrain --batch-size 100000` (activations beyond memory)",
          lambda c: c.pretrain(batch_size=100_000),
          ("--batch-size 100000", "GiB of memory, more than this machine's")),

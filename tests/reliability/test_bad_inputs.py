@@ -115,3 +115,30 @@ def test_a_failing_library_thread_is_one_warning_line_not_glued_to_the_error(mon
         "tupe report: warning: a background thread (Thread-prefetch) failed: division by zero",
         "tupe report: error: results.json: the error the user must see",
     ]
+
+
+def test_a_rust_panic_is_one_error_line(monkeypatch, capfd) -> None:  # noqa: ANN001
+    """A panic inside the tokenizers library (pyo3's PanicException, a BaseException that no `except Exception`
+    catches) on a pattern the static check cannot see: one error line, no Python traceback, no Rust stack."""
+    import importlib
+
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    from tupe.cli import COMMANDS, main
+
+    tok = Tokenizer(WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(
+        Regex("(a|aa)+$"), "isolated"
+    )  # no nested repetition, still a panic
+    module = importlib.import_module(COMMANDS["report"][0])
+    monkeypatch.setattr(module, "run", lambda args: tok.encode("a" * 50_000 + "b"))
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
+    assert main(["report", "somewhere"]) == 2
+    err = capfd.readouterr().err
+    errors = [ln for ln in err.splitlines() if ": error: " in ln]
+    assert errors == [
+        "tupe report: error: the tokenizers library failed on this input (a panic in its Rust code: Onig: Regex "
+        "search error: retry-limit-in-match over); check the tokenizer's tokenizer.json"
+    ], err
+    assert "Traceback" not in err and "stack backtrace" not in err, err
