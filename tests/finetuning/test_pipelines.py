@@ -119,8 +119,11 @@ def test_qa_pipeline_refusals(tiny_model, tmp_path):
     context = "The museum in Paris opened in 1931."
     with pytest.raises(ValueError, match="max_seq_len 128 exceeds the model's max_position_embeddings 64"):
         qa(question="When?", context=context, max_seq_len=128)
-    with pytest.raises(ValueError, match="doc_stride 20 must be below half of max_seq_len 32"):
-        qa(question="When?", context=context, max_seq_len=32, doc_stride=20)
+    with pytest.raises(ValueError, match="doc_stride 40 is larger than max_seq_len 32"):
+        qa(question="When?", context=context, max_seq_len=32, doc_stride=40)
+    # a stride above half the window, as transformers' pipeline allowed: answered (issue 38)
+    answer = qa(question="When?", context=context * 4, max_seq_len=32, doc_stride=20)
+    assert answer["answer"] and (context * 4)[answer["start"] : answer["end"]] == answer["answer"]
     with pytest.raises(ValueError, match="leaving .* to the context; that must be more than doc_stride 8"):
         qa(question="When " * 40 + "?", context=context, max_seq_len=48, doc_stride=8)
     with pytest.raises(ValueError, match="empty context"):

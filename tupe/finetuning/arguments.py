@@ -37,10 +37,11 @@ class FinetuneSettings(GridSettings):
         out = self.with_defaults(lrs, 384 if self.task == "qa" else 512, max_positions)
         if self.task == "qa":
             stride = self.doc_stride if self.doc_stride is not None else min(128, out.max_seq_len // 4)
-            if not 0 < stride < out.max_seq_len // 2:
-                raise TupeError(
-                    f"--doc-stride {stride} must be below half of --max-seq-len {out.max_seq_len}"
-                )
+            if (
+                stride > out.max_seq_len
+            ):  # transformers' QA pipeline's rule; a question leaving the context no
+                # more than `stride` tokens of its window is refused by name where it is encoded (encode_windows)
+                raise TupeError(f"--doc-stride {stride} is larger than --max-seq-len {out.max_seq_len}")
             out.doc_stride = stride
         if not out.lrs or not out.seeds:
             raise TupeError("the grid is empty: give at least one learning rate and one seed")
