@@ -337,6 +337,7 @@ class Settings:
     bootstrap: int = 1000
     cache_dir: str | None = None
     progress: bool = True
+    text_flag: str = "--text"  # the option that named the text, as errors name it
 
 
 @dataclass
@@ -475,7 +476,7 @@ def evaluate(
             settings.cache_dir,
             progress=settings.progress,
             log=log,
-            source=f"--text ({source}) under the tokenizer of {g.models[0].name}",
+            source=f"{settings.text_flag} ({source}) under the tokenizer of {g.models[0].name}",
         )
         g.masker = Masker(tok, settings.seed, settings.mlm_probability)
         blocks, masker = g.blocks, g.masker
