@@ -24,6 +24,13 @@ def test_bad_input(case: Case, ctx: Ctx, capsys) -> None:  # noqa: ANN001
     assert_user_error(code, err, *case.needles)
 
 
+def test_every_case_is_a_row_of_the_docs_table() -> None:
+    """docs/reliability.md lists every case (regenerate its rows with `python -m tests.reliability.bad_inputs`)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text(encoding="utf-8")
+    missing = [c.id for c in CASES if f"test_bad_input[{c.id}]" not in doc]
+    assert missing == []
+
+
 def test_debug_flag_shows_the_traceback(ctx: Ctx) -> None:
     from tupe.cli import main
     from tupe.errors import TupeError
