@@ -248,6 +248,8 @@ def _run(
         model = load_head(
             family.model_class(), str(model_dir), seed, settings.dropout, **family.model_kwargs()
         )
+        for key, value in family.config_extras().items():
+            setattr(model.config, key, value)
         args = training_arguments(
             settings, lr, seed, run_dir / "trainer", len(train_ds), [], early_stopping=settings.early_stopping
         )

@@ -69,6 +69,11 @@ class Family:
             "label2id": {n: i for i, n in enumerate(names)},
         }
 
+    def config_extras(self) -> dict[str, Any]:
+        """Values set on the fine-tuned model's config (saved in its config.json), e.g. NER's pipeline
+        aggregation strategy."""
+        return {}
+
     def collator(self, tokenizer: Any) -> Any:
         from transformers import DataCollatorWithPadding
 
