@@ -135,8 +135,8 @@ def finetune(
     raw = read_config(model_dir)
     settings = settings.resolved(int(raw.get("max_position_embeddings", 512)), raw.get("hidden_size"))
     family = family_for(settings)
-    train = _subset(family.read(train_path), settings.max_train_samples)
-    dev = _subset(family.read(dev_path), settings.max_eval_samples)
+    train = _subset(_read(family, train_path, "--train"), settings.max_train_samples)
+    dev = _subset(_read(family, dev_path, "--validation"), settings.max_eval_samples)
     family.check(train, dev, train_path, dev_path)
 
     from tupe.glue.finetune import converted_if_bert
@@ -183,6 +183,14 @@ def finetune(
             with contextlib.suppress(OSError):
                 out_dir.rmdir()
         raise
+
+
+def _read(family: Family, path: Path, flag: str) -> list[Any]:
+    """The examples of the file `flag` names; an error reading it names the flag before the file, line or value."""
+    try:
+        return family.read(path)
+    except TupeError as err:
+        raise TupeError(f"{flag} {err}") from None
 
 
 def _forget_new_folder(out_dir: Path, created: bool) -> None:
