@@ -338,6 +338,9 @@ class Settings:
     cache_dir: str | None = None
     progress: bool = True
     text_flag: str = "--text"  # the option that named the text, as errors name it
+    length_note: str | None = (
+        None  # how the options chose this length (`--lengths N with --extend-positions M`)
+    )
 
 
 @dataclass
@@ -448,11 +451,6 @@ def evaluate(
         raise TupeError(f"--batch-size must be positive, got {settings.batch_size}")
     if settings.pppl_tokens < 0 or settings.bootstrap < 0:
         raise TupeError("--pppl-tokens and --bootstrap must be 0 or more")
-    for m in models:
-        length = settings.max_length or m.max_length
-        check_eval_memory(
-            m, length, settings.batch_size, f"--batch-size {settings.batch_size} at length {length}"
-        )
     t0 = time.perf_counter()
     source = corpus.describe()
     groups = _group_models(models)
@@ -481,6 +479,16 @@ def evaluate(
         g.masker = Masker(tok, settings.seed, settings.mlm_probability)
         blocks, masker = g.blocks, g.masker
         n = len(blocks)
+        # before any forward pass: a pass of this batch at this length beyond memory is one line naming them
+        bs = min(max(1, int(settings.batch_size)), n)
+        for m in g.models:
+            where = settings.length_note or f"length {length}"
+            what = (
+                f"{where} and --batch-size {settings.batch_size}"
+                if settings.length_note
+                else (f"--batch-size {settings.batch_size} at {where}")
+            )
+            check_eval_memory(m, length, bs, what)
         # the text's own unigram distribution (over the evaluated blocks' non-special tokens) and the targets
         counts = np.zeros(len(tok), dtype=np.int64)
         masked = np.zeros(n)

@@ -28,7 +28,7 @@ import torch
 from tupe.errors import TupeError
 
 from . import EXTEND_METHODS
-from .evaluate import EvalModel, Settings, check_eval_memory, evaluate
+from .evaluate import EvalModel, Settings, evaluate
 
 _PAST = {"interpolate": "interpolated", "repeat": "repeated"}  # for the table's notes
 
@@ -92,11 +92,6 @@ def at_length(m: EvalModel, length: int, method: str) -> tuple[EvalModel | None,
     ), f"table {_PAST[method]} from {rows} rows"
 
 
-def _runs_at(m: EvalModel, length: int, method: str) -> bool:
-    """Whether `at_length` gives a model to run at `length` (not a 'no positions beyond' note)."""
-    return table_key(m) is None or length <= m.max_length or (method != "none" and length > trained_rows(m))
-
-
 def _extends(m: EvalModel, length: int, method: str) -> bool:
     return method != "none" and table_key(m) is not None and length > trained_rows(m)
 
@@ -130,16 +125,6 @@ def evaluate_lengths(
     lengths = sorted(dict.fromkeys(int(n) for n in lengths))
     if not lengths or lengths[0] < 2:
         raise TupeError(f"--lengths must be integers >= 2, got {lengths}")
-    for length in lengths:  # before any table is extended or model rebuilt: sizes beyond memory are one line
-        for m in models:
-            if _runs_at(m, length, extend):
-                how = f" with --extend-positions {extend}" if _extends(m, length, extend) else ""
-                check_eval_memory(
-                    m,
-                    length,
-                    settings.batch_size,
-                    f"--lengths {length}{how} and --batch-size {settings.batch_size}",
-                )
     first = models[0].name
     runs, entries = [], []
     text: dict[str, Any] | None = None
@@ -158,7 +143,13 @@ def evaluate_lengths(
         result = None
         if chosen:
             try:
-                result = evaluate(chosen, corpus, dataclasses.replace(settings, max_length=length), log=log)
+                how = (
+                    f" with --extend-positions {extend}"
+                    if any(_extends(m, length, extend) for m in models)
+                    else ""
+                )
+                at = dataclasses.replace(settings, max_length=length, length_note=f"--lengths {length}{how}")
+                result = evaluate(chosen, corpus, at, log=log)
             except TupeError as err:
                 if "make no block of" not in str(err):
                     raise
