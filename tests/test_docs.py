@@ -54,33 +54,3 @@ def test_docs_and_code_point_to_no_missing_spec_file():
     undocumented = [scheme for scheme in POSITION_SCHEMES if f"`{scheme}`" not in model_md]
     assert undocumented == []  # every scheme the model accepts, today's and any added later
     assert "reset_theta" in model_md and "rope_theta^(-2k/d)" in model_md
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 38 item 2 (another branch: the trimming ByteLevel offsets in tupe/data/tokenizer.py): a lone 'Ġ' "
-    "token's offsets cover the next word's first character, so an entity reads word ' ' over the text 'A'; "
-    "strict: once that fix is merged this must pass, and the mark goes",
-)
-def test_finetuning_pipeline_example_runs_on_fine_tuned_models(tmp_path, monkeypatch):
-    """docs/finetuning.md's pipeline block, on tiny models fine-tuned by the two `--save-models` commands above it:
-    its printed output and its checks are the pipelines' real answers, not a comment (issue 38)."""
-    from tests.glue.fixtures import make_checkpoint
-    from tupe.cli import main
-
-    data = ROOT / "tests" / "data" / "finetune"
-    model = make_checkpoint(tmp_path / "model")
-    monkeypatch.chdir(tmp_path)
-    common = ["--model", str(model), "--lrs", "1e-3", "--seeds", "1", "--max-steps", "4", "--batch-size", "8"]
-    common += ["--save-models", "--no-progress", "--quiet", "--threads", "1", "--report-to", "none"]
-    for task, train, valid, out in (
-        ("qa", "squad_train.json", "squad_dev.json", "out/squad"),
-        ("ner", "ner_train.conll", "ner_valid.txt", "out/ner"),
-    ):
-        argv = ["finetune", "--task", task, "--train", str(data / train), "--validation", str(data / valid)]
-        assert main([*argv, "--out", out, *common]) == 0
-    (block,) = [
-        b for b in _python_blocks(ROOT / "docs" / "finetuning.md") if 'pipeline("token-classification"' in b
-    ]
-    exec(compile(block, "docs/finetuning.md", "exec"), {"__name__": "__doc_example__"})

