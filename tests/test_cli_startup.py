@@ -67,3 +67,25 @@ def test_sub_command_help_keeps_its_description():
     )
     assert out.returncode == 0
     assert "Pre-train one positional scheme" in out.stdout and "--prepare-only" in out.stdout
+
+
+def test_every_command_suggests_the_flag_an_underscore_or_run_script_spelling_means(capsys) -> None:  # noqa: ANN001
+    """Issue 38: `--learning_rate` (run_mlm.py's habit) got "unrecognized arguments" with no suggestion."""
+    from tupe.cli import COMMANDS, build_parser, main, suggest_flag
+
+    checked = 0
+    for name in COMMANDS:
+        options = build_parser(name).command_options
+        assert options, name
+        dashed = sorted(o for o in options if o.startswith("--") and "-" in o[2:])
+        checked += bool(dashed)
+        for flag in dashed:
+            assert suggest_flag(flag.replace("-", "_").replace("__", "--", 1), options) == flag, (name, flag)
+    assert checked >= len(COMMANDS) - 2  # all but the commands whose flags are one word (`tupe report`)
+    assert main(["pretrain", "--out", "x", "--learning_rate", "1e-4", "--num_train_epochs", "2"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tupe pretrain: error: unrecognized arguments: --learning_rate 1e-4 --num_train_epochs 2; did you mean "
+        "--lr / --epochs? (see `tupe pretrain --help`)"
+    )
+    assert main(["glue", "--model", "m", "--task", "SST-2", "--out", "g", "--learning_rate", "1e-4"]) == 2
+    assert "did you mean --lrs?" in capsys.readouterr().err

@@ -79,3 +79,35 @@ def test_failed_writes_reported_names_the_file_and_what_was_kept(tmp_path) -> No
                 raise err
         assert info.value is err
     assert cleaned == [1]
+
+
+def test_atomic_write_files_is_all_or_nothing(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Issue 38: `tupe analyze` on a full disk left some figures and said "nothing was written". Several files of
+    one result are written all or nothing: the third one failing leaves the previous versions and no temp file."""
+    import errno
+    import os
+
+    from tupe.io import files
+
+    (tmp_path / "b.json").write_text("old b\n")
+    real_fsync, calls = os.fsync, []
+
+    def fsync_fails_third(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", fsync_fails_third)
+    with pytest.raises(TupeError) as err:
+        files.atomic_write_files(tmp_path, {"a.png": b"a", "b.json": b"new b", "c.html": b"c"})
+    assert str(err.value) == (
+        f"cannot write {tmp_path / 'c.html'}: No space left on device; none of its 3 files was written; the "
+        "previous b.json kept as they were"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+    assert (tmp_path / "b.json").read_text() == "old b\n"
+    monkeypatch.setattr(files.os, "fsync", real_fsync)
+    files.atomic_write_files(tmp_path, {"a.png": b"a", "b.json": b"new b"})
+    assert (tmp_path / "a.png").read_bytes() == b"a" and (tmp_path / "b.json").read_bytes() == b"new b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.json"]

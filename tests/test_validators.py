@@ -47,3 +47,33 @@ def test_seed_lists_are_checked_while_parsing() -> None:
             argparse.ArgumentTypeError, match="comma-separated seeds, each from 0 to 4294967295"
         ):
             V.seed_list(bad)
+
+
+def test_memory_limit_is_the_smallest_of_machine_cgroup_and_ulimit(monkeypatch) -> None:  # noqa: ANN001
+    """Issue 38: under a memory limit, `tupe pretrain --batch-size 100000` ended in a torch allocation traceback;
+    the pre-check compares with the limit the process really has."""
+    import resource
+
+    from tupe import validators as V
+
+    machine = V.physical_memory()
+    assert machine is not None and machine > 0
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 30, resource.RLIM_INFINITY))
+    assert V.physical_memory() == min(machine, 1 << 30)
+    with pytest.raises(
+        TupeError, match=r"--batch-size 4096 needs about .* GiB of memory, more than this machine's 1.0"
+    ):
+        V.check_memory(
+            "--batch-size 4096", V.activation_bytes(4096, 128, 256, 4, 4, 1024, 8192, training=True)
+        )
+
+
+def test_activation_estimate_grows_with_batch_length_and_vocabulary() -> None:
+    from tupe.validators import activation_bytes
+
+    base = activation_bytes(8, 32, 32, 2, 2, 64, 300, training=True)
+    assert 1.95 * base < activation_bytes(16, 32, 32, 2, 2, 64, 300, training=True) < 2 * base  # x batch
+    assert activation_bytes(8, 32, 32, 2, 2, 64, 3000, training=True) > 2 * base  # logits over the vocabulary
+    assert activation_bytes(8, 32, 32, 2, 2, 64, 300, training=False) < base  # inference keeps one layer
+    # the case of the audit: a 2 x 32 model, blocks of 32, --batch-size 100000: about 31 GB
+    assert 25e9 < activation_bytes(100_000, 32, 32, 2, 2, 64, 300, training=True) < 40e9

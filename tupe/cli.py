@@ -16,6 +16,7 @@ import argparse
 import ast
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from typing import NoReturn
@@ -80,13 +81,75 @@ class _UsageError(Exception):
     """A command-line mistake found by argparse; `main` prints it as one line and returns 2."""
 
 
+# the spellings of transformers' example scripts (run_mlm.py, run_glue.py, run_ner.py, run_qa.py) and their
+# TrainingArguments, after "_" -> "-", to tupe's flag of the same meaning (the first one the command has)
+RUN_SCRIPT_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "--learning-rate": ("--lr", "--lrs"),
+    "--num-train-epochs": ("--epochs",),
+    "--per-device-train-batch-size": ("--batch-size",),
+    "--per-device-eval-batch-size": ("--eval-batch-size", "--batch-size"),
+    "--gradient-accumulation-steps": ("--grad-accum",),
+    "--max-seq-length": ("--max-seq-len",),
+    "--output-dir": ("--out",),
+    "--model-name-or-path": ("--model", "--init-from"),
+    "--tokenizer-name": ("--tokenizer",),
+    "--train-file": ("--train", "--corpus"),
+    "--validation-file": ("--validation",),
+    "--seed": ("--seeds", "--seed"),
+    "--warmup-ratio": ("--warmup-ratio",),
+    "--save-steps": ("--save-steps",),
+    "--mlm-probability": ("--mlm-probability",),
+    "--label-all-tokens": ("--label-all-tokens",),
+}
+
+
+def suggest_flag(word: str, options: set[str]) -> str | None:
+    """The flag of `options` that an unrecognized `word` most likely means: its `-` spelling (`--learning_rate` ->
+    `--learning-rate`), the tupe name of a run_*.py / TrainingArguments flag (`--learning_rate` -> `--lr`), or
+    a close spelling."""
+    import difflib
+
+    if not word.startswith("--"):
+        return None
+    dashed = word.split("=", 1)[0].replace("_", "-").lower()
+    if dashed in options:
+        return dashed
+    for candidate in RUN_SCRIPT_SPELLINGS.get(dashed, ()):
+        if candidate in options:
+            return candidate
+    close = difflib.get_close_matches(
+        dashed, sorted(o for o in options if o.startswith("--")), n=1, cutoff=0.8
+    )
+    return close[0] if close else None
+
+
+def _option_strings(p: argparse.ArgumentParser) -> set[str]:
+    """Every flag of `p` and of its own sub-commands (`tupe convert fairseq`)."""
+    found = set(p._option_string_actions)
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are one line naming the option (no usage dump), so every user error looks alike."""
 
     help_prog: str | None = None  # whose --help the hint names: the sub-command's, once it is known
+    command_options: set[str] | None = None  # the sub-command's flags, for "did you mean"
 
     def error(self, message: str) -> NoReturn:
         prog = self.help_prog or self.prog
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix) and self.command_options:
+            hints = []
+            for word in message[len(prefix) :].split():
+                flag = suggest_flag(word, self.command_options)
+                if flag is not None and flag not in hints:
+                    hints.append(flag)
+            if hints:
+                message += f"; did you mean {' / '.join(hints)}?"
         raise _UsageError(f"{prog}: error: {message} (see `{prog} --help`)")
 
 
@@ -137,6 +200,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
         _add_arguments_function(name)(p)
         p.set_defaults(_module_name=module_name)
+        parser.command_options = _option_strings(p)
     return parser
 
 
@@ -153,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     from tupe.runtime import tune_cpu_allocator
 
     tune_cpu_allocator()  # before the command allocates anything: see tupe/runtime.py
+    if not getattr(
+        args, "debug", False
+    ):  # a Rust panic's own report: its message, no stack (--debug keeps it)
+        os.environ["RUST_BACKTRACE"] = "0"
     previous_hook = threading.excepthook
     if not getattr(args, "debug", False):
         threading.excepthook = _thread_failed(args.command)
@@ -167,6 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tupe {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BaseException as err:
+        # a Rust panic in the tokenizers library (pyo3's PanicException, a BaseException): one line, not a trace
+        if type(err).__name__ != "PanicException" or getattr(args, "debug", False):
+            raise
+        _say(
+            f"tupe {args.command}: error: the tokenizers library failed on this input (a panic in its Rust code: "
+            f"{_one_line(err)[:300]}); check the tokenizer's tokenizer.json"
+        )
+        return 2
     finally:
         threading.excepthook = previous_hook
         _end_process_group()

@@ -251,11 +251,54 @@ def model_bytes(vocab: int, hidden: int, layers: int, intermediate: int) -> int:
     return 16 * params
 
 
+def activation_bytes(
+    batch: int,
+    length: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    intermediate: int,
+    vocab: int,
+    training: bool,
+) -> int:
+    """Bytes of float32 activations of one forward pass over `batch` sequences of `length` tokens. Training keeps
+    every layer's for the backward pass: per token and layer about 16 hidden-size vectors (queries, keys, values,
+    context, outputs, norms, dropout masks), 2 intermediate-size ones (the feed-forward's input and output of its
+    activation) and 3 attention rows per head (scores, probabilities, dropout mask), then 3 vocabulary-size rows
+    (logits, softmax, gradient). Inference holds one layer at a time and the logits. Plus the (heads, length,
+    length) position term a content-free scheme builds once per pass. Measured on CPU (tupe-a, 2 x 32 model,
+    blocks of 32): 10.5 KB a token, estimated 10.3 KB."""
+    per_layer = 16 * hidden + 2 * intermediate + 3 * heads * length
+    per_token = (layers * per_layer if training else per_layer // 2 + per_layer % 2) + (
+        3 if training else 1
+    ) * vocab
+    return 4 * batch * length * per_token + 4 * 2 * heads * length * length
+
+
 def physical_memory() -> int | None:
+    """The memory this process may use: the machine's physical memory, or less where a control group
+    (`memory.max`, cgroup v1 `memory.limit_in_bytes`) or an address-space limit (`ulimit -v`) caps it."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
         return None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path, encoding="ascii") as fh:
+                value = fh.read(64).strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if value.isdigit() and 0 < int(value) < total:
+            total = int(value)
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY and 0 < soft < total:
+            total = soft
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        pass
+    return total
 
 
 def check_memory(what: str, nbytes: int) -> None:

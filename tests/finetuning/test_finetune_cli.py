@@ -332,3 +332,31 @@ def test_more_refusals_name_the_file_line_and_value(tiny_model, data_dir, tmp_pa
         ),
     ]
     _assert_refused(tiny_model, cases, out, capsys)
+
+
+def test_ner_with_the_habits_of_glue_and_pretrain(tiny_model, data_dir, tmp_path, capsys):
+    """Issue 38: --label-all-tokens, --grad-accum, --max-steps, --logging-steps, --eval-steps, --report-to; a model
+    card in the saved model naming the aggregation strategy its config.json holds; one seed reported as n/a."""
+    out = tmp_path / "ner"
+    code = _finetune(
+        tiny_model, "ner", data_dir / "ner_train.conll", data_dir / "ner_valid.txt", out,
+        "--label-all-tokens", "--save-models", "--grad-accum", "2", "--max-steps", "3", "--logging-steps", "1",
+        "--eval-steps", "2", "--report-to", "tensorboard",
+    )  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    r = json.loads((out / "results.json").read_text())
+    run = r["runs"][0]
+    assert run["steps"] == 3 and run["trainer"]["gradient_accumulation_steps"] == 2
+    assert run["trainer"]["train_batch_size"] == 8  # --batch-size stays the batch of one optimizer step
+    assert r["settings"]["label_all_tokens"] is True and r["best"]["std"]["f1"] is None
+    model = out / "runs" / "lr0.001_seed1" / "model"
+    assert json.loads((model / "config.json").read_text())["aggregation_strategy"] == "average"
+    card = (model / "README.md").read_text()
+    assert "pipeline_tag: token-classification" in card and 'aggregation_strategy="average"' in card
+    assert "AutoModelForTokenClassification" in card and "every sub-token (--label-all-tokens)" in card
+    events = list((out / "tensorboard" / "lr0.001_seed1").rglob("events.out.tfevents*"))
+    assert events, sorted(p.relative_to(out) for p in out.rglob("*"))
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "1 seed: f1" in printed and "sd n/a" in printed and "± 0.00" not in printed, printed

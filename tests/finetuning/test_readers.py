@@ -38,6 +38,28 @@ def test_conll_tag_in_second_column_and_tabs(tmp_path):
     assert read_conll(g)[0].tags == ["B-ORG", "O"]
 
 
+@pytest.mark.parametrize("end", ["\r\n", "\r"])
+def test_every_line_ending_reads_the_same(tmp_path, data_dir, end):
+    """CR-only (old Mac) and CRLF files read as the "\n" file: same sentences, same line numbers, same records
+    (issue 38: a CR-only CoNLL file was one sentence of one token, scored f1 100)."""
+    text = (data_dir / "ner_train.conll").read_text()
+    f = tmp_path / "ends.conll"
+    f.write_bytes(text.replace("\n", end).encode())
+    ours, reference = read_conll(f), read_conll(data_dir / "ner_train.conll")
+    assert len(ours) == len(reference) == 48
+    assert [(s.tokens, s.tags, s.line) for s in ours] == [(s.tokens, s.tags, s.line) for s in reference]
+    records = tmp_path / "ends.jsonl"
+    records.write_bytes(
+        end.join(json.dumps({"tokens": ["a", "b"], "tags": ["O", "B-X"]}) for _ in range(3)).encode()
+    )
+    got = NerFamily(FinetuneSettings(task="ner")).read(records)
+    assert [s.where.rsplit(":", 1)[1] for s in got] == ["1", "2", "3"]
+    tsv = tmp_path / "ends.tsv"
+    tsv.write_bytes(end.join(["text\tlabel", "good film\tpos", "bad film\tneg"]).encode())
+    fam = ClassificationFamily(FinetuneSettings(task="classification"))
+    assert [ex["text_a"] for ex in fam.read(tsv)] == ["good film", "bad film"]
+
+
 def test_conll_errors(tmp_path):
     f = tmp_path / "bad.txt"
     f.write_text("EU B-ORG\nrejects\n")

@@ -360,3 +360,27 @@ def test_disk_full_while_saving_a_fine_tuned_model_is_one_line(
     assert f"cannot write {out / 'runs' / 'lr0.0001_seed1' / 'model'}: No space left on device" in lines[0]
     assert "has no result.json and is redone next time" in lines[0]
     assert not (out / "runs" / "lr0.0001_seed1" / "result.json").exists()
+
+
+def test_step_flags_shared_with_finetune(tiny_model, glue_dir, tmp_path, capsys):
+    """--grad-accum, --max-steps, --logging-steps, --eval-steps (one definition for glue and finetune, issue 38):
+    the global batch stays --batch-size, the run stops at --max-steps, the validation loss is logged every
+    --eval-steps; --grad-accum is not part of the fingerprint, --max-steps is."""
+    out = tmp_path / "sst"
+    argv = ("--task", "SST-2", "--lrs", "1e-4", "--seeds", "1", "--report-to", "none", "--max-steps", "2")
+    assert (
+        _glue(
+            tiny_model, glue_dir, out, *argv, "--grad-accum", "4", "--logging-steps", "1", "--eval-steps", "1"
+        )
+        == 0
+    )
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["trainer"]["total_steps"] == 2 and run["trainer"]["gradient_accumulation_steps"] == 4
+    assert run["trainer"]["train_batch_size"] == 16
+    capsys.readouterr()
+    assert _glue(tiny_model, glue_dir, out, *argv) == 0  # another --grad-accum: the finished run is reused
+    assert "1 already done" in capsys.readouterr().out
+    assert _glue(tiny_model, glue_dir, out, *argv[:-1], "3") == 2  # another --max-steps: another recipe
+    assert "--overwrite" in capsys.readouterr().err
+    assert _glue(tiny_model, glue_dir, tmp_path / "x", *argv, "--grad-accum", "3") == 2
+    assert "--batch-size 16 is not divisible by --grad-accum 3" in capsys.readouterr().err

@@ -101,3 +101,27 @@ def test_compile_dynamic_does_not_recompile_per_length(scheme):
                 first = len(graphs)
     assert first >= 1
     assert len(graphs) == first, f"recompiled for new lengths: {len(graphs)} graphs after {first}"
+
+
+@pytest.mark.slow
+def test_export_doc_runs(tmp_path, monkeypatch):
+    """docs/export.md's blocks as written, on a tiny checkpoint named as the page names it: torch.export, the ONNX
+    file, and that file run in onnxruntime on tokenized text, equal to PyTorch within 1e-4."""
+    import re
+    from pathlib import Path
+
+    pytest.importorskip("onnxruntime")
+    from tests.glue.fixtures import make_checkpoint
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "export.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    make_checkpoint(tmp_path / "my-tupe")
+    namespace = {"__name__": "__doc_example__"}
+    for block in blocks:
+        exec(compile(block, str(doc), "exec"), namespace)
+    assert (tmp_path / "tupe.onnx").is_file()
+    assert (
+        namespace["logits"].shape[:2] == namespace["enc"]["input_ids"].shape
+    )  # any length: not the traced 9

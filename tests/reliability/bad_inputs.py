@@ -1034,6 +1034,65 @@ CASES += [
 ]  # fmt: skip
 
 
+def _finetune(ctx: Ctx, task: str, train: Path, valid: Path | None = None) -> list:
+    return [
+        "finetune", "--task", task, "--model", ctx.glue_model, "--train", train, "--validation", valid or train,
+        "--out", ctx.tmp / "ft", "--lrs", "1e-4", "--seeds", "1", "--epochs", "1",
+    ]  # fmt: skip
+
+
+def _squad(ctx: Ctx, answers: object, context: str = "Paris is in France.") -> list:
+    qa = {"id": "q1", "question": "Where is Paris?", "answers": answers}
+    data = {"data": [{"title": "t", "paragraphs": [{"context": context, "qas": [qa]}]}]}
+    return _finetune(ctx, "qa", _write(ctx.tmp / "squad.json", json.dumps(data)))
+
+
+def _catastrophic_regex(ctx: Ctx) -> Path:
+    m = ctx.copy_model()
+    data = json.loads((m / "tokenizer.json").read_text())
+    data["pre_tokenizer"] = {
+        "type": "Split",
+        "pattern": {"Regex": "(a+)+$"},
+        "behavior": "Isolated",
+        "invert": False,
+    }
+    (m / "tokenizer.json").write_text(json.dumps(data))
+    return m
+
+
+# issue 38: inputs an outside audit found ending in a traceback, a memory blow-up or a silently wrong score
+CASES += [
+    Case("squad-answer-start-negative", "SQuAD answer with a negative `answer_start` (`tupe finetune --task qa`)",
+         lambda c: _squad(c, [{"text": "France.", "answer_start": -7}]),
+         ("--train ", "squad.json: question 'q1'", "answer_start -7, outside its context of 19 characters")),
+    Case("squad-answers-object", "SQuAD `answers` an object instead of a list",
+         lambda c: _squad(c, {"text": "France", "answer_start": 12}),
+         ("--train ", "squad.json: question 'q1': 'answers' is an object, expected a list",)),
+    Case("squad-deeply-nested", "SQuAD JSON nested 100,000 levels deep",
+         lambda c: _finetune(c, "qa", _write(c.tmp / "deep.json", '{"data": ' + "[" * 100_000 + "]" * 100_000 + "}")),
+         ("--train ", "deep.json: JSON nested too deeply to be read",)),
+    Case("classification-text-null", 'classification JSONL with `"text": null`',
+         lambda c: _finetune(c, "classification", _write(c.tmp / "cls.jsonl", '{"text": "good", "label": "pos"}\n'
+                                                         '{"text": null, "label": "neg"}\n')),
+         ("--train ", "cls.jsonl:2: 'text' is null; expected a sentence",)),
+    Case("classification-label-list", 'classification JSONL with a list label `["pos"]`',
+         lambda c: _finetune(c, "classification", _write(c.tmp / "cls.jsonl", '{"text": "good", "label": ["pos"]}\n'
+                                                         '{"text": "bad", "label": "neg"}\n')),
+         ("--train ", 'cls.jsonl:1: label ["pos"] is a list; expected one label',)),
+    Case("tokenizer-catastrophic-regex", "a model folder's tokenizer.json with the regex `(a+)+$` (`tupe evaluate`)",
+         lambda c: ["evaluate", "--model", _catastrophic_regex(c),
+                    "--text", _write(c.tmp / "a.txt", "a" * 50_000 + "b\n")],
+         ("tokenizer.json: regex '(a+)+$' repeats a group that repeats",)),
+    Case("pretrain-batch-beyond-memory", "`tupe pretrain --batch-size 100000` (activations beyond memory)",
+         lambda c: c.pretrain(batch_size=100_000),
+         ("--batch-size 100000", "GiB of memory, more than this machine's")),
+    Case("evaluate-length-beyond-memory", "`tupe evaluate --lengths 65536 --extend-positions interpolate`",
+         lambda c: ["evaluate", "--model", c.glue_model, "--extend-positions", "interpolate", "--lengths", "65536",
+                    "--text", _write(c.tmp / "long.txt", "the cat sat on the mat and looked at the door.\n" * 8000)],
+         ("--lengths 65536 with --extend-positions interpolate", "GiB of memory, more than this machine's")),
+]  # fmt: skip
+
+
 def _fifo_config(ctx: Ctx) -> Path:
     m = ctx.copy_model()
     (m / "config.json").unlink()

@@ -24,6 +24,13 @@ def test_bad_input(case: Case, ctx: Ctx, capsys) -> None:  # noqa: ANN001
     assert_user_error(code, err, *case.needles)
 
 
+def test_every_case_is_a_row_of_the_docs_table() -> None:
+    """docs/reliability.md lists every case (regenerate its rows with `python -m tests.reliability.bad_inputs`)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text(encoding="utf-8")
+    missing = [c.id for c in CASES if f"test_bad_input[{c.id}]" not in doc]
+    assert missing == []
+
+
 def test_debug_flag_shows_the_traceback(ctx: Ctx) -> None:
     from tupe.cli import main
     from tupe.errors import TupeError
@@ -115,3 +122,30 @@ def test_a_failing_library_thread_is_one_warning_line_not_glued_to_the_error(mon
         "tupe report: warning: a background thread (Thread-prefetch) failed: division by zero",
         "tupe report: error: results.json: the error the user must see",
     ]
+
+
+def test_a_rust_panic_is_one_error_line(monkeypatch, capfd) -> None:  # noqa: ANN001
+    """A panic inside the tokenizers library (pyo3's PanicException, a BaseException that no `except Exception`
+    catches) on a pattern the static check cannot see: one error line, no Python traceback, no Rust stack."""
+    import importlib
+
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+
+    from tupe.cli import COMMANDS, main
+
+    tok = Tokenizer(WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(
+        Regex("(a|aa)+$"), "isolated"
+    )  # no nested repetition, still a panic
+    module = importlib.import_module(COMMANDS["report"][0])
+    monkeypatch.setattr(module, "run", lambda args: tok.encode("a" * 50_000 + "b"))
+    monkeypatch.setenv("RUST_BACKTRACE", "1")
+    assert main(["report", "somewhere"]) == 2
+    err = capfd.readouterr().err
+    errors = [ln for ln in err.splitlines() if ": error: " in ln]
+    assert errors == [
+        "tupe report: error: the tokenizers library failed on this input (a panic in its Rust code: Onig: Regex "
+        "search error: retry-limit-in-match over); check the tokenizer's tokenizer.json"
+    ], err
+    assert "Traceback" not in err and "stack backtrace" not in err, err

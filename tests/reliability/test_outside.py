@@ -327,6 +327,21 @@ def test_a_real_full_disk_while_checkpointing_is_one_line_and_leaves_no_staging_
         assert verify_checkpoint(ckpt) is None, ckpt
 
 
+@pytest.mark.slow
+def test_a_real_full_disk_under_analyze_leaves_no_file_and_says_so(
+    ctx: Ctx, small_fs: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 38: `tupe analyze --out` on a full disk left figures and tupe_files.json while saying "nothing was
+    written". The figures fill the 1 MB file system: none of the files stays, and the message says so."""
+    _write(small_fs / "filler", os.urandom(900_000))
+    out = small_fs / "a"
+    code, _, err = run_cli(["analyze", "--model", ctx.glue_model, "--out", out, "--no-progress"], capsys)
+    assert_user_error(
+        code, err, f"cannot write {out}/", "No space left on device", "none of its 5 files was written"
+    )
+    assert not out.exists() or sorted(p.name for p in out.iterdir()) == [], sorted(out.iterdir())
+
+
 # ------------------------------------------------------------------------------------------------ caches
 @pytest.mark.slow
 def test_damaged_caches_are_rebuilt_not_trusted(

@@ -37,3 +37,26 @@ def test_a_wrong_eval_text_stops_compare_and_demo_before_any_training(tmp_path: 
         err = capsys.readouterr().err.strip()
         assert "--eval-text: " in err and str(missing) in err and len(err.splitlines()) == 1, err
         assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "name, data, needle",
+    [
+        ("text.zip", b"PK\x03\x04" + bytes(range(256)) * 4, "is a zip archive, not text"),
+        ("one.txt", b"x", "2 bytes of text (with line ends), fewer than the 127 tokens"),
+    ],
+    ids=["zip", "one-character"],
+)
+def test_eval_text_that_cannot_be_evaluated_stops_before_any_training(
+    tmp_path: Path, capsys, name: str, data: bytes, needle: str
+):
+    """Issue 38: a zip or a one-character --eval-text trained every scheme, then failed naming --text."""
+    bad = tmp_path / name
+    bad.write_bytes(data)
+    for cmd in (["compare", "--schemes", "bert-a,tupe-a"], ["demo"]):
+        out = tmp_path / cmd[0]
+        assert main([*cmd, "--out", str(out), "--eval-text", str(bad), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"tupe {cmd[0]}: error: --eval-text: ") and len(err.splitlines()) == 1, err
+        assert needle in err and str(bad) in err, err
+        assert not out.exists()

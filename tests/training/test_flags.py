@@ -158,3 +158,18 @@ def test_compare_in_epochs_trains_every_run_the_steps_pretrain_would(tiny_run, t
         assert json.loads((tmp_path / "c" / scheme / "pretrain_summary.json").read_text())["steps"] == steps
     assert json.loads((tmp_path / "c" / "compare_run.json").read_text())["max_steps"] == steps
     assert f"--epochs 0.3: {steps} steps per run ({blocks} training blocks)" in lines
+
+
+def test_valid_every_help_gives_each_presets_default() -> None:
+    """Issue 38: the help said "default 200" where the mini preset holds out 1 block in 50."""
+    import argparse
+
+    from tupe.training.arguments import add_pretrain_arguments
+    from tupe.training.presets import PRESETS, get_preset
+
+    p = argparse.ArgumentParser()
+    add_pretrain_arguments(p)
+    (action,) = [a for a in p._actions if "--valid-every" in a.option_strings]
+    assert get_preset("mini")["valid_every"] == 50
+    for name in PRESETS:
+        assert f"{name} {get_preset(name)['valid_every']}" in action.help, action.help

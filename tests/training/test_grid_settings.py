@@ -52,6 +52,13 @@ def test_fingerprints_of_finished_runs_are_unchanged() -> None:
     # a warm-up in steps is another recipe: another fingerprint
     steps = _glue("--warmup-steps", "7").fingerprint_fields()
     assert (steps["warmup_steps"], steps["warmup_ratio"]) == (7, None)
+    # issue 38's step flags: accumulation and logging change how, not what (same fingerprint, finetune too)
+    how = ("--grad-accum", "2", "--logging-steps", "3", "--eval-steps", "5", "--report-to", "none")
+    assert json.dumps(_glue(*how).fingerprint_fields()) == GLUE_RTE
+    assert json.dumps(_finetune(*how).fingerprint_fields()) == FINETUNE_QA
+    # ... while --max-steps and --label-all-tokens change what a run learns
+    assert _glue("--max-steps", "9").fingerprint_fields()["max_steps"] == 9
+    assert _finetune("--label-all-tokens").fingerprint_fields()["label_all_tokens"] is True
 
 
 def test_a_finished_run_of_the_old_layout_is_reused(tmp_path: Path) -> None:

@@ -65,6 +65,28 @@ def test_report_to_tensorboard_and_real_epochs(finished_run: Path) -> None:
     assert [r["epoch"] for r in train] == [round(s * per_step, 4) for s in (1, 2, 3)]
 
 
+def test_one_tensorboard_value_per_quantity_and_step(finished_run: Path) -> None:
+    """Issue 38: `train/train_runtime` came twice at the last step with two values (the Trainer's running
+    throughput log and its end-of-training total shared the key); the running one has its own key now."""
+    import collections
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (finished_run / "tensorboard").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    clashes = {}
+    for tag in tags:
+        values = collections.defaultdict(set)
+        for e in acc.Scalars(tag):
+            values[e.step].add(round(e.value, 6))
+        clashes.update({(tag, step): v for step, v in values.items() if len(v) > 1})
+    assert clashes == {}
+    assert len(acc.Scalars("train/train_runtime")) == 1  # the end-of-training total only
+    assert len(acc.Scalars("train/tokens_per_second_since_start")) == 3  # one a logged step
+
+
 def test_report_to_and_hub_flags_reach_the_trainer(tmp_path: Path) -> None:
     from tupe.cli import build_parser
     from tupe.training.arguments import config_from_args, training_arguments

@@ -266,3 +266,37 @@ def test_from_a_deberta_folder_the_first_loss_is_debertas(
         expected = DebertaV2ForMaskedLM.from_pretrained(source).eval()(**inputs).loss.item()
     assert loss == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert summary["init_from"]["kind"] == "transformers DeBERTa-v2" and summary["init_from"]["new"] == []
+
+
+def test_init_from_a_file_or_a_converted_fairseq_folder_is_named(tmp_path: Path) -> None:
+    """Issue 38: `--init-from` a file said "no such folder"; a converted fairseq folder (vocab.json + merges.txt)
+    said it had no tokenizer."""
+    from tests.convert.bpe import write_codes_and_dict
+    from tests.glue.fixtures import make_checkpoint
+    from tupe.modeling.fairseq import build_dictionary, build_tokenizer, read_dict_txt
+    from tupe.training.init_from import model_folder, read_source
+
+    model = make_checkpoint(tmp_path / "model")
+    with pytest.raises(
+        TupeError, match=r"model.safetensors: a file, not a folder; give the folder that holds it: "
+    ):
+        model_folder(str(model / "model.safetensors"))
+    loose = tmp_path / "loose.bin"
+    loose.write_bytes(b"x")
+    with pytest.raises(TupeError, match=r"loose.bin: a file, not a folder; --init-from takes a tupe run"):
+        model_folder(str(loose))
+
+    (tmp_path / "bpe").mkdir()
+    codes, dict_txt, _ = write_codes_and_dict(tmp_path / "bpe")
+    tok = build_tokenizer(build_dictionary(dict_txt, 7 + len(read_dict_txt(dict_txt)) + 1), codes)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model / name).unlink(missing_ok=True)
+    tok.save_pretrained(model)
+    assert (model / "vocab.json").is_file() and (model / "merges.txt").is_file()
+    folder, _, _ = read_source(str(model))  # the tokenizer is found, not "no tokenizer"
+    from tupe.training.init_from import _check_tokenizer
+
+    with pytest.raises(
+        TupeError, match=r"its tokenizer \(FairseqMosesBPETokenizer, vocab.json \+ merges.txt\) is a "
+    ):
+        _check_tokenizer(folder, str(model), None)

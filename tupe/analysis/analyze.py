@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from tupe import validators as V
 from tupe.errors import TupeError
-from tupe.io.outputs import OutputFolder
+from tupe.io.outputs import RECORD_NAME, OutputFolder, read_record, update_record
 from tupe.training.flags import add_training_flags
 
 if TYPE_CHECKING:  # torch and the analysis modules are imported where used: `tupe analyze --help` stays fast
@@ -103,7 +104,7 @@ def analyze(
     import torch
 
     from tupe.io.checkpoints import load_tokenizer
-    from tupe.io.files import atomic_write_bytes, atomic_write_text
+    from tupe.io.files import atomic_write_files
     from tupe.modeling.positional import scheme_class
 
     from .decomposition import TERMS, decompose
@@ -190,13 +191,21 @@ def analyze(
         figures["offset_profile"] = offset_profile_figure(offsets, profile, pats, title)
 
     out = Path(out_dir)
+    had_record = os.path.lexists(out / RECORD_NAME)
     OutputFolder(out, "tupe analyze").claim(
         *(f"{name}.png" for name in figures), "analysis.json", "analysis.html"
     )
-    for name, png in figures.items():  # atomic: a kill or a full disk never leaves half a figure
-        atomic_write_bytes(out / f"{name}.png", png)
-    atomic_write_text(out / "analysis.json", json.dumps(result, indent=1))
-    atomic_write_text(out / "analysis.html", render_html(result, figures))
+    files = {f"{name}.png": png for name, png in figures.items()}
+    files["analysis.json"] = json.dumps(result, indent=1).encode()
+    files["analysis.html"] = render_html(result, figures).encode()
+    new = [n for n in files if not os.path.lexists(out / n)]
+    try:  # all or nothing: a kill or a full disk leaves the previous analysis (or none), never a mix
+        atomic_write_files(out, files)
+    except TupeError:
+        update_record(out, drop=new)  # the files that were claimed but never written are no longer tupe's
+        if not had_record and not (read_record(out) or {}):
+            (out / RECORD_NAME).unlink(missing_ok=True)  # a record of nothing, made by this call
+        raise
     result["files"] = sorted([f"{name}.png" for name in figures] + ["analysis.json", "analysis.html"])
     return result
 

@@ -456,14 +456,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_eval_text(args: argparse.Namespace) -> None:
-    """--eval-text resolved before any training, so that a wrong path stops the command at once, not after it."""
-    if getattr(args, "eval_text", None):
-        from tupe.evaluation.runs import resolve_text
+    """--eval-text resolved and read before any training, so that a wrong path, a file that is not text (a zip)
+    or too little text for one block stops the command at once, not after every run has trained. Each byte
+    makes at most one token of a byte-level BPE (and one separator a line), so fewer than the block needs can
+    make no block under any tokenizer the runs may train."""
+    if not getattr(args, "eval_text", None):
+        return
+    from tupe.data.corpus import iter_line_batches
+    from tupe.evaluation.runs import resolve_text
+    from tupe.training.presets import get_preset
 
-        try:
-            resolve_text(args.eval_text, getattr(args, "text_column", "text"))
-        except TupeError as err:
-            raise TupeError(f"--eval-text: {err}") from None
+    length = getattr(args, "max_length", None)
+    if length is None:
+        length = get_preset(getattr(args, "preset", None) or "mini").get("max_length", 2)
+    need = int(length) - 1  # tokens after [CLS]
+    try:
+        corpus = resolve_text(args.eval_text, getattr(args, "text_column", "text"))
+        have = 0
+        for lines, _, _ in iter_line_batches(corpus):
+            have += sum(len(line.encode()) + 1 for line in lines)
+            if have >= need:
+                break
+        if have < need:
+            raise TupeError(
+                f"{' '.join(args.eval_text)}: {have} bytes of text (with line ends), fewer than the {need} tokens "
+                f"after [CLS] that one block of --max-length {length} needs; give more text"
+            )
+    except TupeError as err:
+        raise TupeError(f"--eval-text: {err}") from None
 
 
 def evaluate_on_text(

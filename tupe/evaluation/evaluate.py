@@ -351,6 +351,29 @@ def sample_pppl_positions(
 
 
 # ----------------------------------------------------------------------------------------------- evaluate
+def check_eval_memory(m: EvalModel, length: int, batch_size: int, what: str) -> None:
+    """Refuse, before building or running anything, an evaluation of `m` at `length` whose weights and one forward
+    pass of `batch_size` blocks cannot fit in this machine's memory; the error names `what` (the options)."""
+    from tupe.validators import activation_bytes, check_memory
+
+    c = m.model.config
+    heads = int(getattr(c, "num_attention_heads", 1))
+    check_memory(
+        f"{what} ({m.name})",
+        4 * m.num_parameters
+        + activation_bytes(
+            max(1, int(batch_size)),
+            length,
+            int(c.hidden_size),
+            int(c.num_hidden_layers),
+            heads,
+            int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
+            int(c.vocab_size),
+            training=False,
+        ),  # fmt: skip
+    )
+
+
 @dataclass
 class Settings:
     seed: int = 0
@@ -363,6 +386,10 @@ class Settings:
     bootstrap: int = 1000
     cache_dir: str | None = None
     progress: bool = True
+    text_flag: str = "--text"  # the option that named the text, as errors name it
+    length_note: str | None = (
+        None  # how the options chose this length (`--lengths N with --extend-positions M`)
+    )
 
 
 @dataclass
@@ -502,13 +529,23 @@ def evaluate(
             settings.cache_dir,
             progress=settings.progress,
             log=log,
-            source=f"--text ({source}) under the tokenizer of {g.models[0].name}",
+            source=f"{settings.text_flag} ({source}) under the tokenizer of {g.models[0].name}",
         )
         g.masker = Masker(tok, settings.seed, settings.mlm_probability)
         if settings.masked_tokens is not None:
             g.blocks.indices = budget_blocks(g.blocks, g.masker, settings.masked_tokens)
         blocks, masker = g.blocks, g.masker
         n = len(blocks)
+        # before any forward pass: a pass of this batch at this length beyond memory is one line naming them
+        bs = min(max(1, int(settings.batch_size)), n)
+        for m in g.models:
+            where = settings.length_note or f"length {length}"
+            what = (
+                f"{where} and --batch-size {settings.batch_size}"
+                if settings.length_note
+                else (f"--batch-size {settings.batch_size} at {where}")
+            )
+            check_eval_memory(m, length, bs, what)
         # the text's own unigram distribution (over the evaluated blocks' non-special tokens) and the targets
         counts = np.zeros(len(tok), dtype=np.int64)
         masked = np.zeros(n)

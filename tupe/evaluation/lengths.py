@@ -236,7 +236,13 @@ def evaluate_lengths(
         result = None
         if chosen:
             try:
-                result = evaluate(chosen, corpus, dataclasses.replace(settings, max_length=length), log=log)
+                how = (
+                    f" with --extend-positions {extend}"
+                    if any(_extends(m, length, extend) for m in models)
+                    else ""
+                )
+                at = dataclasses.replace(settings, max_length=length, length_note=f"--lengths {length}{how}")
+                result = evaluate(chosen, corpus, at, log=log)
             except TupeError as err:
                 if "make no block of" not in str(err):
                     raise

@@ -49,7 +49,12 @@ def evaluate_runs(
         m.name = name
         models.append(m)
     settings = Settings(
-        seed=seed, pppl_tokens=0, cache_dir=cache_dir, progress=progress, max_blocks=max_blocks
+        seed=seed,
+        pppl_tokens=0,
+        cache_dir=cache_dir,
+        progress=progress,
+        max_blocks=max_blocks,
+        text_flag="--eval-text",
     )
     return evaluate(models, corpus, settings, log=log)
 

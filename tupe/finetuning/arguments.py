@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
@@ -27,6 +28,14 @@ class FinetuneSettings(GridSettings):
     max_answer_length: int = 30
     n_best: int = 20
     version_2_with_negative: bool = False
+    label_all_tokens: bool = False  # ner: every sub-token labelled (run_ner's label_all_tokens)
+
+    def fingerprint_fields(self) -> dict[str, Any]:
+        """As `GridSettings`; `label_all_tokens` only where set, so runs finished before it existed are reused."""
+        d = super().fingerprint_fields()
+        if not d.get("label_all_tokens"):
+            d.pop("label_all_tokens", None)
+        return d
 
     def resolved(self, max_positions: int, hidden_size: int | None) -> FinetuneSettings:
         """Defaults filled in for this model (GLUE's grid; 384 tokens for qa, like run_qa); a `--max-seq-len`
@@ -37,10 +46,11 @@ class FinetuneSettings(GridSettings):
         out = self.with_defaults(lrs, 384 if self.task == "qa" else 512, max_positions)
         if self.task == "qa":
             stride = self.doc_stride if self.doc_stride is not None else min(128, out.max_seq_len // 4)
-            if not 0 < stride < out.max_seq_len // 2:
-                raise TupeError(
-                    f"--doc-stride {stride} must be below half of --max-seq-len {out.max_seq_len}"
-                )
+            if (
+                stride > out.max_seq_len
+            ):  # transformers' QA pipeline's rule; a question leaving the context no
+                # more than `stride` tokens of its window is refused by name where it is encoded (encode_windows)
+                raise TupeError(f"--doc-stride {stride} is larger than --max-seq-len {out.max_seq_len}")
             out.doc_stride = stride
         if not out.lrs or not out.seeds:
             raise TupeError("the grid is empty: give at least one learning rate and one seed")
@@ -85,6 +95,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="evaluate the validation loss every epoch, stop after PATIENCE epochs without improvement and keep "
         "the best epoch's weights (default: off, the last epoch is scored)",
     )
+    ner = p.add_argument_group("named entities")
+    ner.add_argument(
+        "--label-all-tokens",
+        action="store_true",
+        help="label every sub-token of a word with the word's tag (B-X as I-X after the first), as run_ner's "
+        "--label_all_tokens; default: the first sub-token only. The saved model's config.json and card name the "
+        'pipeline aggregation_strategy that matches ("average" with this flag, else "first")',
+    )
     qa = p.add_argument_group("question answering")
     qa.add_argument(
         "--doc-stride",
@@ -112,5 +130,6 @@ def settings_from(args: argparse.Namespace) -> FinetuneSettings:
         max_answer_length=args.max_answer_length,
         n_best=args.n_best,
         version_2_with_negative=args.version_2_with_negative,
+        label_all_tokens=args.label_all_tokens,
         **grid_settings(args),
     )

@@ -63,7 +63,7 @@ def summarize(family: Family, runs: list[dict], lrs: list[float], seeds: list[in
             "complete": all(any(r["seed"] == s for r in mine) for s in seeds),
             "mean": {m: statistics.fmean(r["scores"][m] for r in mine) for m in names},
             "std": {
-                m: statistics.stdev(r["scores"][m] for r in mine) if len(mine) > 1 else 0.0 for m in names
+                m: statistics.stdev(r["scores"][m] for r in mine) if len(mine) > 1 else None for m in names
             },
             "per_seed": {str(r["seed"]): r["scores"] for r in mine},
         }
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     quiet = args.quiet
     from tupe.glue.finetune import stop_on_sigterm
     from tupe.runtime import console_log, hushed_libraries
+    from tupe.training.reporting import parse_report_to
 
     log = console_log(quiet)
 
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=args.progress and not quiet,
             log=log,
+            report_to=parse_report_to(args.report_to),
         )
     return 0
 
@@ -122,6 +124,7 @@ def finetune(
     overwrite: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
+    report_to: list[str] | None = None,
 ) -> dict[str, Any]:
     """Read, check and encode everything (refusing bad input before anything is written), then run the grid in
     `out_dir` under its lock. Returns the results."""
@@ -132,8 +135,8 @@ def finetune(
     raw = read_config(model_dir)
     settings = settings.resolved(int(raw.get("max_position_embeddings", 512)), raw.get("hidden_size"))
     family = family_for(settings)
-    train = _subset(family.read(train_path), settings.max_train_samples)
-    dev = _subset(family.read(dev_path), settings.max_eval_samples)
+    train = _subset(_read(family, train_path, "--train"), settings.max_train_samples)
+    dev = _subset(_read(family, dev_path, "--validation"), settings.max_eval_samples)
     family.check(train, dev, train_path, dev_path)
 
     from tupe.glue.finetune import converted_if_bert
@@ -146,7 +149,12 @@ def finetune(
             try:
                 # what the command writes at the top of --out; anything there that it did not write stops it here
                 outputs = OutputFolder(out_dir, "tupe finetune")
-                outputs.claim("results.json", "predictions.jsonl", "runs")
+                outputs.claim(
+                    "results.json",
+                    "predictions.jsonl",
+                    "runs",
+                    *(["tensorboard"] if "tensorboard" in (report_to or []) else []),
+                )
                 model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log, outputs)
                 return _run(
                     model_dir,
@@ -163,6 +171,7 @@ def finetune(
                     progress,
                     log,
                     outputs,
+                    report_to or [],
                 )
             except TupeError:
                 _forget_new_folder(out_dir, created)
@@ -174,6 +183,14 @@ def finetune(
             with contextlib.suppress(OSError):
                 out_dir.rmdir()
         raise
+
+
+def _read(family: Family, path: Path, flag: str) -> list[Any]:
+    """The examples of the file `flag` names; an error reading it names the flag before the file, line or value."""
+    try:
+        return family.read(path)
+    except TupeError as err:
+        raise TupeError(f"{flag} {err}") from None
 
 
 def _forget_new_folder(out_dir: Path, created: bool) -> None:
@@ -210,6 +227,7 @@ def _run(
     progress: bool,
     log: Callable[[str], None],
     outputs: Any,
+    report_to: list[str],
 ) -> dict[str, Any]:
     from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
     from tupe.io.files import atomic_write_json, atomic_write_text
@@ -248,8 +266,16 @@ def _run(
         model = load_head(
             family.model_class(), str(model_dir), seed, settings.dropout, **family.model_kwargs()
         )
+        for key, value in family.config_extras().items():
+            setattr(model.config, key, value)
         args = training_arguments(
-            settings, lr, seed, run_dir / "trainer", len(train_ds), [], early_stopping=settings.early_stopping
+            settings,
+            lr,
+            seed,
+            run_dir / "trainer",
+            len(train_ds),
+            report_to,
+            early_stopping=settings.early_stopping,
         )
         trainer = make_trainer(
             model,
@@ -260,6 +286,11 @@ def _run(
             callbacks,
             eval_ds=eval_ds,
             early_stopping=settings.early_stopping,
+            logging_dir=out_dir / "tensorboard" / run_name(lr, seed) if "tensorboard" in report_to else None,
+            stopped_message=lambda: (
+                f"run lr={lr:g} seed={seed} stopped; the finished runs (their result.json) are kept: free space "
+                "and rerun the same command"
+            ),
         )
         t0 = time.time()
         out = trainer.train()
@@ -267,6 +298,10 @@ def _run(
         scores, rows = family.score(trainer.predict(eval_ds), aux, dev)
         atomic_write_text(run_dir / "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
         used = finish_run(trainer, run_dir, save_models, f"run lr={lr:g} seed={seed} is redone next time")
+        if save_models:
+            _write_card(
+                run_dir / "model", family, settings, info, paths, lr, seed, scores, len(train), len(dev)
+            )
         return {
             "lr": lr,
             "seed": seed,
@@ -343,3 +378,61 @@ def _run(
             f"{b['n_seeds']} seeds -> {out_dir / 'results.json'}"
         )
     return results
+
+
+# a task family -> the pipeline tag of its fine-tuned models (their model card's kind)
+CARD_KINDS = {
+    "ner": "token-classification",
+    "qa": "question-answering",
+    "multiple-choice": "multiple-choice",
+    "classification": "text-classification",
+}
+
+
+def _write_card(
+    folder: Path,
+    family: Family,
+    settings: FinetuneSettings,
+    info: Any,
+    paths: tuple[Path, Path],
+    lr: float,
+    seed: int,
+    scores: dict[str, float],
+    n_train: int,
+    n_dev: int,
+) -> None:
+    """README.md of one run's saved model: scheme, recipe, data, validation scores, how to load it (for NER with
+    the pipeline aggregation strategy that matches its training labels)."""
+    from tupe.io.model_card import write_model_card
+
+    recipe = {
+        "task": family.name,
+        "pre-trained model": f"{info.path} ({info.pretrain_steps or 'unknown'} pre-training steps)",
+        "learning rate": f"{lr:g}",
+        "seed": seed,
+        "epochs": settings.epochs if settings.max_steps is None else None,
+        "max steps": settings.max_steps,
+        "batch size": settings.batch_size,
+        "gradient accumulation": settings.grad_accum if settings.grad_accum > 1 else None,
+        "max sequence length": settings.max_seq_len,
+        "dropout": settings.dropout,
+        "labels": "every sub-token (--label-all-tokens)"
+        if settings.label_all_tokens
+        else ("a word's first sub-token" if family.name == "ner" else None),
+    }
+    extras = family.config_extras()
+    write_model_card(
+        folder,
+        kind=CARD_KINDS.get(family.name, "text-classification"),
+        scheme=info.scheme,
+        recipe=recipe,
+        data=f"Training file {paths[0]} ({n_train:,} examples); validation file {paths[1]} ({n_dev:,}).",
+        metrics={f"validation {m}": v for m, v in scores.items()},
+        aggregation_strategy=extras.get("aggregation_strategy", "first"),
+        notes=(
+            f"The labels were trained on {recipe['labels']}: read words with the pipeline's "
+            f'`aggregation_strategy="{extras["aggregation_strategy"]}"` (also in config.json).'
+            if "aggregation_strategy" in extras
+            else ""
+        ),
+    )

@@ -69,6 +69,11 @@ class Family:
             "label2id": {n: i for i, n in enumerate(names)},
         }
 
+    def config_extras(self) -> dict[str, Any]:
+        """Values set on the fine-tuned model's config (saved in its config.json), e.g. NER's pipeline
+        aggregation strategy."""
+        return {}
+
     def collator(self, tokenizer: Any) -> Any:
         from transformers import DataCollatorWithPadding
 
@@ -120,10 +125,12 @@ DATA_LIMIT = 4 * 1024**3  # a training file larger than this is not a text file 
 
 
 def read_text(path: Path) -> str:
-    """A data file's text (a regular file, UTF-8, byte-order mark dropped); empty or unreadable is one line."""
+    """A data file's text (a regular file, UTF-8, byte-order mark dropped, every line ending as "\n": `\n`,
+    `\r\n` and CR-only `\r` files read the same); empty or unreadable is one line."""
+    from tupe.io.reading import line_ends
     from tupe.io.reading import read_text as read_bounded
 
-    text = read_bounded(path, DATA_LIMIT, "data file")
+    text = line_ends(read_bounded(path, DATA_LIMIT, "data file"))
     if not text.strip():
         raise TupeError(f"{path}: empty file")
     return text

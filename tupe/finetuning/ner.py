@@ -1,5 +1,6 @@
 """Named-entity recognition (token classification) as transformers' run_ner does it: a word's label on its first
-sub-token and -100 (ignored by the loss) on the others, the prediction of a word read from its first sub-token, and
+sub-token and -100 (ignored by the loss) on the others (with --label-all-tokens, as run_ner's label_all_tokens,
+on every sub-token: B-X as I-X after the first), the prediction of a word read from its first sub-token, and
 entity-level precision, recall and F1 of seqeval.
 
 Files: CoNLL (token first, tag in the last column, whatever is between; a blank line between sentences;
@@ -168,6 +169,16 @@ class NerFamily(Family):
     def label_names(self) -> list[str]:
         return self.labels
 
+    def aggregation_strategy(self) -> str:
+        """The `pipeline("token-classification", aggregation_strategy=...)` that reads words as training labelled
+        them: "first" (a word is its first sub-token's label, the others were never trained) by default;
+        "average" with --label-all-tokens (every sub-token was trained on the word's label)."""
+        return "average" if getattr(self.settings, "label_all_tokens", False) else "first"
+
+    def config_extras(self) -> dict[str, Any]:
+        """The aggregation strategy that matches how the labels were trained, in the saved config.json."""
+        return {"aggregation_strategy": self.aggregation_strategy()}
+
     def collator(self, tokenizer: Any) -> Any:
         from transformers import DataCollatorForTokenClassification
 
@@ -186,12 +197,21 @@ class NerFamily(Family):
             return_token_type_ids=False,
         )
         ids = {t: i for i, t in enumerate(self.labels)}
+        # --label-all-tokens (run_ner's label_all_tokens): a word's later sub-tokens get its label too, B-X as I-X
+        # where the training tags have I-X; otherwise only its first sub-token is labelled (-100: no loss)
+        inside = {t: ids.get("I-" + t[2:], ids[t]) if t.startswith("B-") else ids[t] for t in self.labels}
+        all_tokens = bool(getattr(self.settings, "label_all_tokens", False))
         labels, word_ids = [], []
         for i, s in enumerate(examples):
             words = enc.word_ids(i)
             row, previous = [], None
             for w in words:
-                row.append(-100 if w is None or w == previous else ids[s.tags[w]])
+                if w is None:
+                    row.append(-100)
+                elif w != previous:
+                    row.append(ids[s.tags[w]])
+                else:
+                    row.append(inside[s.tags[w]] if all_tokens else -100)
                 previous = w
             labels.append(row)
             word_ids.append(words)

@@ -26,6 +26,7 @@ import numpy as np
 from tupe.errors import TupeError
 from tupe.finetuning.family import Family, read_text
 from tupe.finetuning.metrics import squad_scores
+from tupe.io.reading import json_type_name
 
 
 @dataclass
@@ -47,36 +48,59 @@ def read_squad(path: Path, with_negative: bool) -> list[Question]:
         raise TupeError(
             f"{path}:{err.lineno}: not JSON ({err.msg}); question answering reads the official SQuAD JSON"
         ) from None
+    except RecursionError:
+        raise TupeError(
+            f"{path}: JSON nested too deeply to be read (a SQuAD file is 5 levels deep)"
+        ) from None
     articles = data.get("data") if isinstance(data, dict) else None
     if not isinstance(articles, list):
         raise TupeError(f"{path}: not a SQuAD file (no top-level 'data' list of articles)")
     out: list[Question] = []
     ids: set[str] = set()
     for a, article in enumerate(articles):
-        for p, para in enumerate(article.get("paragraphs", []) if isinstance(article, dict) else []):
+        paragraphs = article.get("paragraphs", []) if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise TupeError(f"{path}: data[{a}] is not an article with a 'paragraphs' list")
+        for p, para in enumerate(paragraphs):
             if not isinstance(para, dict) or not isinstance(para.get("context"), str) or "qas" not in para:
                 raise TupeError(f"{path}: data[{a}].paragraphs[{p}] has no 'context' and 'qas'")
+            if not isinstance(para["qas"], list):
+                raise TupeError(f"{path}: data[{a}].paragraphs[{p}].qas is not a list of questions")
             context = para["context"]
-            for qa in para["qas"]:
-                qid = str(qa.get("id", ""))
+            for q, qa in enumerate(para["qas"]):
+                if not isinstance(qa, dict):
+                    raise TupeError(f"{path}: data[{a}].paragraphs[{p}].qas[{q}] is not a question object")
+                qid = qa.get("id", "")
+                qid = str(qid) if isinstance(qid, str | int) and not isinstance(qid, bool) else ""
                 where = f"{path}: question {qid!r}"
                 if not qid or not isinstance(qa.get("question"), str):
                     raise TupeError(
-                        f"{path}: data[{a}].paragraphs[{p}] has a question without 'id' or 'question'"
+                        f"{path}: data[{a}].paragraphs[{p}].qas[{q}] has no string 'id' or 'question'"
                     )
                 if qid in ids:
                     raise TupeError(f"{where} appears twice")
                 ids.add(qid)
                 answers = [] if qa.get("is_impossible") else qa.get("answers", [])
+                if not isinstance(answers, list):
+                    raise TupeError(
+                        f"{where}: 'answers' is {json_type_name(answers)}, expected a list of "
+                        '{"text", "answer_start"} objects'
+                    )
                 if not answers and not with_negative:
                     raise TupeError(
                         f"{where} has no answer (a SQuAD v2.0 unanswerable question): add --version-2-with-negative"
                     )
                 texts, starts = [], []
                 for ans in answers:
-                    t, s = ans.get("text"), ans.get("answer_start")
-                    if not isinstance(t, str) or not isinstance(s, int):
+                    t = ans.get("text") if isinstance(ans, dict) else None
+                    s = ans.get("answer_start") if isinstance(ans, dict) else None
+                    if not isinstance(t, str) or not isinstance(s, int) or isinstance(s, bool):
                         raise TupeError(f"{where}: an answer without 'text' and an integer 'answer_start'")
+                    if not 0 <= s <= len(context) - len(t):
+                        raise TupeError(
+                            f"{where}: answer {t[:60]!r} has answer_start {s}, outside its context of "
+                            f"{len(context)} characters (an offset from 0 to {max(len(context) - len(t), 0)})"
+                        )
                     if context[s : s + len(t)] != t:
                         raise TupeError(
                             f"{where}: answer {t[:60]!r} is not at its answer_start {s} (the context there reads "

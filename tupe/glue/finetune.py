@@ -48,7 +48,7 @@ from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import console_log, hushed_libraries
 from tupe.training.finetuning import add_grid_arguments, add_run_arguments, grid_settings, plan_grid
 from tupe.training.finetuning import run_grid as run_grid_loop
-from tupe.training.reporting import add_hub_arguments, add_report_arguments, parse_report_to
+from tupe.training.reporting import add_hub_arguments, parse_report_to
 
 
 @dataclass
@@ -433,8 +433,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"narrower than {SMALL_MODEL_WIDTH})",
         max_seq_len_help="max tokens per example (default min(512, model's max))",
     )
-    add_run_arguments(p)
-    add_report_arguments(p)
+    add_run_arguments(p)  # with --report-to and the step flags (add_step_arguments)
     add_hub_arguments(
         p,
         push_help="push every run's fine-tuned model (needs --save-models and a login; the Trainer's push_to_hub)",

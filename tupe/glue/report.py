@@ -198,11 +198,17 @@ def _add_finetune(row: Row, data: dict[str, Any]) -> None:
         if metric == data.get("main_metric"):
             row.seed_scores[col] = [float(s[metric]) for s in (data.get("per_seed") or {}).values()]
     if best is not None:
-        shown = ", ".join(
-            f"{m} {best['mean'][m]:.2f} ± {best['std'][m]:.2f}" for m in data.get("metrics", [])
-        )
+        # one seed has no spread: "n/a", not a standard deviation of 0.00 that reads as a measured one
+        one = int(best.get("n_seeds", 0)) < 2
+
+        def spread(m: str) -> str:
+            sd = best.get("std", {}).get(m)
+            return "sd n/a" if one or sd is None else f"± {sd:.2f}"
+
+        shown = ", ".join(f"{m} {best['mean'][m]:.2f} {spread(m)}" for m in data.get("metrics", []))
+        seeds = "1 seed" if one else f"mean ± sd of {best['n_seeds']} seeds"
         row.details[data["task"]] = (
-            f"best lr {best['lr']:g}, mean ± sd of {best['n_seeds']} seeds: {shown} "
+            f"best lr {best['lr']:g}, {seeds}: {shown} "
             f"({data.get('data', {}).get('validation', '')})"
             + ("" if data.get("complete", False) else " (grid not finished)")
         )

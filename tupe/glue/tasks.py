@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tupe.errors import TupeError, one_line
-from tupe.io.reading import json_type_name
+from tupe.io.reading import json_type_name, line_ends
 
 
 def _norm(name: str) -> str:
@@ -297,8 +297,8 @@ def _decoded(path: Path, what: str) -> str:
     # regular files only (a FIFO or a device would block or never end), bounded; bytes, not read_text:
     # universal-newline mode would also split rows on a lone "\r" inside a sentence
     data = read_bytes(path, GLUE_FILE_LIMIT, what)
-    try:
-        return data.decode("utf-8-sig")  # utf-8-sig drops a byte-order mark (MRPC's files start with one)
+    try:  # every line ending as "\n" (CR-only files too); utf-8-sig drops a byte-order mark (MRPC's files have one)
+        return line_ends(data.decode("utf-8-sig"))
     except UnicodeDecodeError as err:
         raise TupeError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
@@ -318,9 +318,9 @@ def _sentence(value: object, where: str) -> str:
 
 def tsv_rows(text: str) -> list[tuple[int, list[str]]]:
     """(line number, fields) of a tab-separated text with quoting off. Split on "\n" only: str.splitlines would
-    also split on the form feeds and Unicode separators that a few GLUE sentences contain."""
-    # a file with a "\r" but no "\n" at all has old Mac (CR-only) line ends: then "\r" ends a row
-    lines = text.split("\r" if "\n" not in text and "\r" in text else "\n")
+    also split on the form feeds and Unicode separators that a few GLUE sentences contain. Line ends of any kind
+    (tupe.io.reading.line_ends)."""
+    lines = line_ends(text).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [(n, line.rstrip("\r").split("\t")) for n, line in enumerate(lines, start=1)]
@@ -597,11 +597,22 @@ def split_from_json(task: GlueTask, path: str | Path) -> Split:
         where = f"{path}:{pos}" if line_of is not None else f"{path} record {pos}"
         if not isinstance(rec, dict):
             raise TupeError(f"{where}: expected a JSON object")
-        a = next((rec[c] for c in cols_a if c in rec), None)
-        b = next((rec[c] for c in cols_b if c in rec), None) if task.is_pair else ""
-        if a is None or b is None or "label" not in rec:
+        col_a = next((c for c in cols_a if c in rec), None)
+        col_b = next((c for c in cols_b if c in rec), None) if task.is_pair else None
+        if col_a is None or (task.is_pair and col_b is None) or "label" not in rec:
             raise TupeError(f"{where}: missing text_a/text_b/label for {task.name} (has: {', '.join(rec)})")
+        a, b = rec[col_a], rec[col_b] if col_b is not None else ""
+        for col, value in ((col_a, a), (col_b, b), ("label", rec["label"])):
+            if value is None:
+                raise TupeError(
+                    f"{where}: {col!r} is null; expected a {'label' if col == 'label' else 'sentence'}"
+                )
         raw = rec["label"]
+        if isinstance(raw, dict | list):
+            raise TupeError(
+                f"{where}: label {json.dumps(raw)[:60]} is {json_type_name(raw)}; expected one label (a string "
+                "or a number)"
+            )
         if task.tsv_labels == ANY_LABEL:
             label = str(raw)
         elif not task.is_regression and isinstance(raw, int) and not isinstance(raw, bool):

@@ -124,6 +124,8 @@ def train_one(
         DataCollatorWithPadding(tokenizer),
         tokenizer,
         callbacks,
+        # --eval-steps: the validation loss on the first dev split (the scores are still computed at the end)
+        eval_ds=next(iter(dev.values()))[1] if getattr(settings, "eval_steps", None) else None,
         logging_dir=logging_dir,
         stopped_message=lambda: (
             f"run lr={lr:g} seed={seed} stopped; the finished runs (their result.json) are kept: free "

@@ -78,6 +78,39 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def atomic_write_files(folder: str | os.PathLike, files: dict[str, bytes]) -> None:
+    """Write several files of one result all or nothing: each to its temporary file beside it (fsynced) first, and
+    only when every one is complete are they renamed into place (a rename needs no space). A failure (a full
+    disk) removes the temporary files and leaves every earlier version as it was: one `WriteError` naming the file
+    that failed and saying so."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    staged: list[tuple[str, Path]] = []
+    try:
+        for name, data in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.tupe-", suffix=".tmp", dir=folder)  # outputs.TEMP_OF
+            staged.append((name, Path(tmp)))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o666 & ~_UMASK)
+    except BaseException as err:
+        for _, tmp in staged:
+            tmp.unlink(missing_ok=True)
+        if not isinstance(err, OSError):
+            raise
+        name = staged[-1][0] if staged else next(iter(files), "")
+        existed = [n for n in files if (folder / n).exists()]
+        kept = f"none of its {len(files)} files was written" + (
+            f"; the previous {', '.join(existed)} kept as they were" if existed else ""
+        )
+        raise write_error(folder / name, err, kept) from None
+    for name, tmp in staged:
+        os.replace(tmp, folder / name)
+    fsync_dir(folder)
+
+
 def json_clean(x: Any) -> Any:
     """NaN/inf are not JSON: write them as null."""
     if isinstance(x, float) and not math.isfinite(x):

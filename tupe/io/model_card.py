@@ -17,6 +17,14 @@ PAPER = (
     "(arXiv:2006.15595)"
 )
 CARD_NAME = "README.md"
+# the card's kind (its pipeline tag) -> the transformers Auto class that loads the folder
+AUTO_CLASSES = {
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "multiple-choice": "AutoModelForMultipleChoice",
+}
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -61,21 +69,49 @@ def model_card(
     model_path: str = "PATH",
     notes: str = "",
     mask_token: str = "[MASK]",
+    aggregation_strategy: str = "first",
 ) -> str:
-    """The card's Markdown. `kind`: "fill-mask" (a pre-trained model) or "text-classification" (GLUE)."""
+    """The card's Markdown. `kind`: "fill-mask" (a pre-trained model), "text-classification" (GLUE, `tupe
+    finetune --task classification`), "token-classification" (`--task ner`; `aggregation_strategy`: the
+    pipeline's that matches how the labels were trained), "question-answering" or "multiple-choice"."""
     name, equation = scheme_description(scheme)
     command = command or command_line()
-    auto = "AutoModelForMaskedLM" if kind == "fill-mask" else "AutoModelForSequenceClassification"
+    auto = AUTO_CLASSES.get(kind, "AutoModelForSequenceClassification")
+    pipe = f'model="{model_path}", trust_remote_code=True'
     if kind == "fill-mask":
         use = (
-            f'fill = pipeline("fill-mask", model="{model_path}", trust_remote_code=True)\n'
+            f'fill = pipeline("fill-mask", {pipe})\n'
             f'print(fill("The man {mask_token} the door.", tokenizer_kwargs={{"truncation": True}}))'
+        )
+    elif kind == "token-classification":
+        use = (
+            f'ner = pipeline("token-classification", {pipe}, aggregation_strategy="{aggregation_strategy}")\n'
+            'print(ner("Alice Smith flew from Paris to Berlin."))'
+        )
+    elif kind == "question-answering":
+        use = (
+            "import tupe  # registers the question-answering pipeline (transformers 5 has none of its own)\n\n"
+            f'qa = pipeline("question-answering", model="{model_path}")\n'
+            'print(qa(question="Where did Alice fly?", context="Alice flew from Paris to Berlin."))'
+        )
+    elif kind == "multiple-choice":
+        use = (
+            "import torch\n\n"
+            'first, endings = "She opened the door.", ["She walked in.", "The door ate lunch."]\n'
+            'enc = tokenizer([first] * len(endings), endings, return_tensors="pt", padding=True)\n'
+            "print(model(**{k: v.unsqueeze(0) for k, v in enc.items()}).logits.argmax(-1))"
         )
     else:
         use = (
-            f'classify = pipeline("text-classification", model="{model_path}", trust_remote_code=True)\n'
+            f'classify = pipeline("text-classification", {pipe})\n'
             'print(classify("A sentence to classify.", truncation=True))'
         )
+    what = {
+        "fill-mask": "masked-LM encoder",
+        "token-classification": "fine-tuned token classifier (NER)",
+        "question-answering": "fine-tuned extractive question answering",
+        "multiple-choice": "fine-tuned multiple choice",
+    }.get(kind, "fine-tuned classifier")
     front = "\n".join(
         [
             "---",
@@ -90,7 +126,7 @@ def model_card(
     )
     parts = [
         front,
-        f"# {name} ({scheme}) — {'masked-LM encoder' if kind == 'fill-mask' else 'fine-tuned classifier'}",
+        f"# {name} ({scheme}) — {what}",
         f'Positional scheme **{name}** (`position_scheme="{scheme}"`): {equation}'.rstrip(": ")
         + "\n\nFrom the TUPE paper: "
         + PAPER

@@ -9,8 +9,10 @@ check here is one line naming the file and the field.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +54,69 @@ MAX_POSITIONS = 1 << 20
 DTYPES = ("float32", "float16", "bfloat16", "float64", "auto", "fp32", "fp16", "bf16")
 
 
+def nested_repetition(pattern: str) -> bool:
+    """Whether a regular expression repeats a group that itself holds an unbounded repetition (`(a+)+`, `(\\w*)*`,
+    `(x+y)+`): the shape whose backtracking is exponential on a long non-matching run, which the tokenizers
+    library's regex engine (Oniguruma) answers with a Rust panic. The pre-tokenizer patterns of GPT-2, RoBERTa,
+    BERT and Llama have no such group."""
+    stack: list[bool] = []  # per open group: whether its body repeats without bound
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 2 if pattern[i + 1 : i + 2] == "]" else 1  # "[]...]": a literal "]" first
+            continue
+        elif c == "(":
+            stack.append(False)
+        elif c in "+*" or (c == "{" and re.match(r"\{\d*,\}", pattern[i:])):
+            if stack:
+                stack[-1] = True
+        elif c == ")" and stack:
+            inner = stack.pop()
+            after = pattern[i + 1 : i + 2]
+            repeated = after in ("+", "*") or (after == "{" and re.match(r"\{\d*,\d*\}", pattern[i + 1 :]))
+            if inner and repeated:
+                return True
+            if inner and stack:
+                stack[-1] = True
+        i += 1
+    return False
+
+
+def check_tokenizer_patterns(path: Path) -> None:
+    """Refuse a tokenizer.json whose normalizer or pre-tokenizer regex repeats a repetition (`nested_repetition`):
+    on a long input the tokenizers library would panic in Rust (a 14 KB stack dump) instead of tokenizing."""
+    if not path.is_file():
+        return
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        text = fh.read(TOKENIZER_LIMIT)
+    for match in re.finditer(r'"Regex"\s*:\s*("(?:[^"\\]|\\.)*")', text):
+        try:
+            pattern = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if isinstance(pattern, str) and nested_repetition(pattern):
+            raise TupeError(
+                f"{path}: regex {pattern[:80]!r} repeats a group that repeats (catastrophic backtracking: the "
+                "tokenizers library fails on long inputs); tupe refuses this tokenizer"
+            )
+
+
 def check_files(folder: str | os.PathLike, what: str = "model folder") -> None:
-    """Every file a library may open in `folder` is a regular file of a sane size (see `tupe.io.reading`)."""
+    """Every file a library may open in `folder` is a regular file of a sane size (see `tupe.io.reading`), and its
+    tokenizer.json has no catastrophic regex (`check_tokenizer_patterns`)."""
     check_folder_files(folder, MODEL_FILES, what)
     for name in ("tokenizer.json", "vocab.txt", "vocab.json", "merges.txt"):
         p = Path(folder) / name
         if p.is_file() and p.stat().st_size > TOKENIZER_LIMIT:
             raise TupeError(f"{p}: {p.stat().st_size} bytes, far more than a tokenizer file holds")
+    check_tokenizer_patterns(Path(folder) / "tokenizer.json")
     for name in ("config.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         p = Path(folder) / name
         if p.is_file() and p.stat().st_size > CONFIG_LIMIT:

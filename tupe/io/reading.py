@@ -111,6 +111,17 @@ def read_text(path: str | os.PathLike, limit: int = RECORD_LIMIT, what: str = "f
     return decode_utf8(read_bytes(path, limit, what), path, what)
 
 
+def line_ends(text: str) -> str:
+    """`text` with every line ending as "\n": "\r\n" (Windows) always; a lone "\r" (old Mac) when the text has no
+    "\n" at all. Not str.splitlines: it would also end lines at form feeds and Unicode separators inside a
+    sentence, and a lone "\r" inside a line of a "\n" file stays part of that line."""
+    if "\r" not in text:
+        return text
+    if "\n" not in text:
+        return text.replace("\r", "\n")
+    return text.replace("\r\n", "\n")
+
+
 _JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}
 
 

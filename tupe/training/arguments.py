@@ -286,7 +286,11 @@ def _add_data_arguments(g: Any) -> None:
         helps={"max_seq_len": "the block length, [CLS] included; preset: 128 mini/small, 512 base/paper"},
     )
     g.add_argument(
-        "--valid-every", type=V.int_range(2), help="1 block in N is validation (default 200: 199:1)"
+        "--valid-every",
+        type=V.int_range(2),
+        help="1 block in N is validation (default: the preset's, "
+        + ", ".join(f"{name} {get_preset(name)['valid_every']}" for name in PRESETS)
+        + ")",
     )
     g.add_argument("--mlm-probability", type=V.open_prob, help="fraction of tokens to predict (default 0.15)")
     g.add_argument(

@@ -26,7 +26,11 @@ if TYPE_CHECKING:
 
 _S = TypeVar("_S", bound="GridSettings")
 # settings that decide how a run computes, not what it learns: a finished run is reused whatever they were
-_MACHINE_SETTINGS = ("lrs", "seeds", "eval_batch_size", "gradient_checkpointing", "torch_compile")
+# (--grad-accum splits the same global --batch-size into smaller forward passes: how, not what)
+_MACHINE_SETTINGS = (
+    "lrs", "seeds", "eval_batch_size", "gradient_checkpointing", "torch_compile", "grad_accum", "logging_steps",
+    "eval_steps",
+)  # fmt: skip
 _FINGERPRINT_TAIL = ("max_train_samples", "max_eval_samples", "fp16", "bf16", "warmup_steps")
 
 
@@ -58,6 +62,12 @@ class GridSettings:
     warmup_steps: int | None = None  # instead of warmup_ratio
     gradient_checkpointing: bool = False
     torch_compile: bool = False
+    grad_accum: int = 1  # forward passes per optimizer step; --batch-size stays the global batch
+    max_steps: int | None = None  # instead of --epochs' steps (the Trainer's max_steps)
+    logging_steps: int | None = None  # None: about 50 logs a run
+    eval_steps: int | None = (
+        None  # the validation loss every N steps (None: never, or each epoch with early stop)
+    )
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The settings a finished run must share with the current command to be reused (not the grid itself,
@@ -69,6 +79,8 @@ class GridSettings:
         tail = {key: d.pop(key) for key in _FINGERPRINT_TAIL}
         if tail["warmup_steps"] is None:
             del tail["warmup_steps"]
+        if d.get("max_steps") is None:  # only where given: runs finished before the flag existed are reused
+            d.pop("max_steps", None)
         return d | tail
 
     def with_defaults(self: _S, default_lrs: Sequence[float], default_len: int, max_positions: int) -> _S:
@@ -151,6 +163,12 @@ def grid_settings(args: argparse.Namespace) -> dict[str, Any]:
     names = ("lrs", "seeds", "epochs", "batch_size", "eval_batch_size", "max_seq_len", "warmup_steps")
     names += ("lr_scheduler", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm")
     names += ("gradient_checkpointing", "torch_compile")
+    if args.batch_size % args.grad_accum:
+        raise TupeError(
+            f"--batch-size {args.batch_size} is not divisible by --grad-accum {args.grad_accum}: --batch-size is the "
+            "batch of one optimizer step, split into --grad-accum forward passes"
+        )
+    names += ("grad_accum", "max_steps", "logging_steps", "eval_steps")
     return {
         **{name: getattr(args, name) for name in names},
         "warmup_ratio": 0.06 if args.warmup_ratio is None else args.warmup_ratio,
@@ -177,6 +195,38 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     add_training_flags(p, ["precision"], defaults={"precision": "fp32"}, helps={"precision": "default fp32"})
     add_training_flags(p, ["gradient_checkpointing", "torch_compile"])
+    add_step_arguments(p)
+
+
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """The Trainer's step flags `tupe glue` and `tupe finetune` share, spelled as `tupe pretrain` spells them:
+    --report-to, --grad-accum, --max-steps, --logging-steps, --eval-steps."""
+    from tupe import validators as V
+    from tupe.training.reporting import add_report_arguments
+
+    add_report_arguments(p)
+    p.add_argument(
+        "--grad-accum",
+        type=V.positive_int,
+        default=1,
+        help="gradient accumulation steps: --batch-size (the batch of one optimizer step) is split into this many "
+        "forward passes, to fit memory; what a run learns stays the same (default 1)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=V.int_range(1, V.MAX_STEPS),
+        help="optimizer steps per run, instead of --epochs' (the Trainer's max_steps)",
+    )
+    p.add_argument(
+        "--logging-steps",
+        type=V.positive_int,
+        help="log the training loss every N steps (default: ~50 a run)",
+    )
+    p.add_argument(
+        "--eval-steps",
+        type=V.positive_int,
+        help="compute the validation loss every N steps (to --report-to; the scores are still the end's)",
+    )
 
 
 def run_name(lr: float, seed: int) -> str:
@@ -220,6 +270,11 @@ def training_arguments(
     from tupe.training.reporting import trainer_reporting
 
     stopping: dict[str, Any] = {"save_strategy": "no", "eval_strategy": "no"}
+    eval_steps = getattr(settings, "eval_steps", None)
+    if eval_steps and early_stopping:
+        raise TupeError("--eval-steps and --early-stopping: early stopping evaluates once an epoch; give one")
+    if eval_steps:
+        stopping = {"save_strategy": "no", "eval_strategy": "steps", "eval_steps": eval_steps}
     if early_stopping:
         stopping = {
             "save_strategy": "epoch",
@@ -230,9 +285,14 @@ def training_arguments(
             "save_total_limit": 1,
             "save_only_model": True,
         }
+    accum = int(getattr(settings, "grad_accum", 1) or 1)
+    max_steps = getattr(settings, "max_steps", None)
+    logging_steps = getattr(settings, "logging_steps", None)
     return TrainingArguments(
         output_dir=str(work),
-        per_device_train_batch_size=settings.batch_size,
+        per_device_train_batch_size=settings.batch_size // accum,
+        gradient_accumulation_steps=accum,
+        max_steps=max_steps if max_steps is not None else -1,
         per_device_eval_batch_size=settings.eval_batch_size,
         learning_rate=lr,
         num_train_epochs=settings.epochs,
@@ -248,7 +308,7 @@ def training_arguments(
         seed=seed,
         data_seed=seed,
         logging_strategy="steps",
-        logging_steps=max(1, min(50, n_train // settings.batch_size)),
+        logging_steps=logging_steps or max(1, min(50, n_train // settings.batch_size)),
         # the Trainer's integrations (--report-to) and the Hub (--push-to-hub, --hub-model-id)
         **trainer_reporting(report_to or [], push_to_hub, hub_model_id),
         **stopping,
@@ -306,7 +366,9 @@ def make_trainer(
         model=model,
         args=args,
         train_dataset=train_ds,
-        eval_dataset=eval_ds if early_stopping else None,
+        eval_dataset=eval_ds
+        if early_stopping or str(getattr(args.eval_strategy, "value", args.eval_strategy)) != "no"
+        else None,
         data_collator=collator,
         processing_class=tokenizer,
         callbacks=callbacks,
@@ -332,7 +394,8 @@ def trainer_used(trainer: Any) -> dict[str, Any]:
         "adam_epsilon": a.adam_epsilon,
         "weight_decay": a.weight_decay,
         "max_grad_norm": a.max_grad_norm,
-        "train_batch_size": a.per_device_train_batch_size * max(1, a.n_gpu),
+        "train_batch_size": a.per_device_train_batch_size * max(1, a.n_gpu) * a.gradient_accumulation_steps,
+        "gradient_accumulation_steps": a.gradient_accumulation_steps,
         "dropout": [config.hidden_dropout_prob, config.attention_probs_dropout_prob],
         "device": str(a.device),
     }

@@ -48,7 +48,7 @@ _SOURCE_FIELDS = (
     "position_buckets",
     "max_relative_positions",
 )
-_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spm.model")
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spm.model", "vocab.json")  # vocab.json: with merges.txt
 _WHAT = "--init-from takes a tupe run or model folder, a transformers BERT folder or a DeBERTa-v2 folder"
 
 
@@ -58,6 +58,14 @@ def model_folder(path: str) -> tuple[Path, str]:
     from tupe.io.checkpoints import list_checkpoints
 
     folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        parent = folder.parent
+        hint = (
+            f"give the folder that holds it: --init-from {parent}"
+            if (parent / "config.json").is_file()
+            else _WHAT
+        )
+        raise TupeError(f"--init-from {path}: a file, not a folder; {hint}")
     if not folder.is_dir():
         raise TupeError(f"--init-from {path}: no such folder; {_WHAT}")
     is_run = (folder / "tupe_run.json").is_file()
@@ -151,6 +159,15 @@ def _check_tokenizer(folder: Path, given: str, cache_dir: str | None) -> str:
     from tupe.io.checkpoints import load_tokenizer as load_saved_tokenizer
 
     tok = load_saved_tokenizer(folder)
+    if not getattr(tok, "is_fast", False):
+        files = " + ".join(
+            n for n in ("vocab.json", "merges.txt", "vocab.txt", "spm.model") if (folder / n).is_file()
+        )
+        raise TupeError(
+            f"--init-from {given}: its tokenizer ({type(tok).__name__}{', ' + files if files else ''}) is a Python "
+            "tokenizer without a tokenizer.json; tupe pretrain's data pipeline needs a fast tokenizer "
+            "(tokenizer.json) with the special tokens at tupe's ids, so this folder cannot be pre-trained further"
+        )
     order = contract_order(tok)
     if order is not None:
         reordered = _reordered_tokenizer(tok, order, cache_dir)

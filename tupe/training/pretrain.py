@@ -99,12 +99,12 @@ def pretrain(config: PretrainConfig) -> dict[str, Any]:
 def _check_memory(run: ResolvedConfig) -> None:
     """Sizes whose product cannot fit in this machine's memory stop the run before the BPE and the data, in one
     line naming the options (not an allocation abort minutes later)."""
-    from tupe.validators import check_memory, model_bytes
+    from tupe.validators import activation_bytes, check_memory, model_bytes
 
     hidden, layers, heads = run.hidden_size, run.num_hidden_layers, run.num_attention_heads
     length, vocab = run.max_length, run.vocab_size
-    activations = (
-        4 * run.per_device_batch_size * layers * (12 * length * hidden + 2 * heads * length * length)
+    activations = activation_bytes(
+        run.per_device_batch_size, length, hidden, layers, heads, run.intermediate_size, vocab, training=True
     )
     check_memory(
         f"--vocab-size {vocab}, --hidden-size {hidden}, --num-layers {layers}, --batch-size {run.batch_size} and "

@@ -30,7 +30,7 @@ def parse_report_to(text: str | list[str] | None) -> list[str]:
 
 
 def add_report_arguments(p: argparse.ArgumentParser | Any) -> None:
-    """--report-to, worded alike in `pretrain`, `compare` and `glue` (the Hub flags: `add_hub_arguments`)."""
+    """--report-to, worded alike in `pretrain`, `compare`, `glue` and `finetune` (the Hub flags: `add_hub_arguments`)."""
     p.add_argument(
         "--report-to",
         metavar="NAME[,NAME]",

@@ -199,13 +199,22 @@ class PretrainTrainer(Trainer):
         finally:
             logger.removeFilter(flt)
 
-    def log(self, logs, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201
+    def log(self, logs, start_time=None):  # noqa: ANN001, ANN201
+        # One TensorBoard key per quantity: given the start time, the Trainer adds its own `train_runtime` and
+        # `train_tokens_per_second` to every step's log (include_num_input_tokens_seen), so the end of training
+        # wrote `train/train_runtime` a second time at the last step with another value. The running throughput
+        # goes under a key of its own instead, and `train_runtime` is the Trainer's end-of-training total only.
+        if start_time is not None and self.args.include_num_input_tokens_seen != "no":
+            seen = self.state.num_input_tokens_seen - getattr(self, "_initial_num_input_tokens_seen", 0)
+            elapsed = time.time() - start_time
+            if elapsed > 0:
+                logs = {**logs, "tokens_per_second_since_start": round(seen / elapsed, 3)}
         if self.passes_per_step is None:
-            return super().log(logs, *args, **kwargs)
+            return super().log(logs)
         saved = self.state.epoch
         self.state.epoch = round(self.state.global_step * self.passes_per_step, 4)
         try:
-            return super().log(logs, *args, **kwargs)
+            return super().log(logs)
         finally:
             self.state.epoch = saved
 
