@@ -176,10 +176,9 @@ def test_token_classification_pipeline_on_a_finetuned_ner_model(tiny_model, data
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="the block's whole-word check finds an entity whose word is ' ' over the text 'A': the tiny tokenizer "
-    "cuts ' Alice' into 'Ġ', 'A', ... and the lone 'Ġ' has the offsets (0, 1) of the next character (issue 38 "
-    "item 2, the trimming ByteLevel offsets, another branch). With trimmed offsets the pipeline may still group "
-    "that 'Ġ' as a word of its own, where training gave it the word's label: strict, so a pass shows at once",
+    reason="the tiny tokenizer cuts ' Alice' into 'Ġ', 'A', ...: with exact offsets the lone 'Ġ' covers no text "
+    "(0, 0), and transformers' fallback word rule for BPE tokenizers makes it a word of its own, an entity whose "
+    "word is '' (docs/finetuning.md states it): strict, so a fix shows at once",
 )
 def test_the_docs_pipeline_example_runs(tiny_model, data_dir, root, monkeypatch, capsys):
     """docs/finetuning.md "Pipelines on the fine-tuned model", run as written on this module's out/squad, out/ner:
