@@ -85,8 +85,8 @@ class QuestionAnsweringPipeline(ChunkPipeline):
             raise ValueError("question-answering pipeline: needs a question and a context")
         if isinstance(question, str) and isinstance(context, str):
             return super().__call__(_as_examples({"question": question, "context": context}), **kwargs)
-        questions = [question] if isinstance(question, str) else list(question)
-        contexts = [context] if isinstance(context, str) else list(context)
+        questions = _strings(question, "question")
+        contexts = _strings(context, "context")
         if len(questions) == 1 and len(contexts) > 1:
             questions = questions * len(contexts)
         if len(contexts) == 1 and len(questions) > 1:
@@ -235,3 +235,15 @@ def register_pipelines() -> None:
 
 
 __all__ = ["QuestionAnsweringPipeline", "register_pipelines"]
+
+
+def _strings(value: object, what: str) -> list[str]:
+    """A string or a list/tuple of strings as a list; anything else refused naming what was given."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ValueError(
+        f"question-answering pipeline: {what} must be a string or a non-empty list of strings, "
+        f"got {type(value).__name__} {value!r:.60}"
+    )

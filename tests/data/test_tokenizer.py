@@ -61,3 +61,22 @@ def test_trained_tokenizer_is_cached(small_corpus_dir: Path, tmp_path: Path, mon
     monkeypatch.setattr(corpus_mod, "MAX_WORD_CHARS", 100)  # another line rule: other training text
     with pytest.raises(AssertionError, match="trained again"):
         get_or_train_tokenizer(corpus, tmp_path, 350, log=lambda _m: None)
+
+
+def test_a_full_disk_while_caching_the_tokenizer_is_one_line_and_leaves_nothing(
+    small_corpus_dir: Path, tmp_path: Path, monkeypatch
+) -> None:  # noqa: ANN001
+    """The tokenizers library reports a full disk as a plain `Exception` (issue 38): one line, partial files gone."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tupe.data import corpus as corpus_mod
+
+    def full(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        raise Exception("No space left on device (os error 28)")  # noqa: TRY002 - what the library raises
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", full)
+    corpus = corpus_mod.resolve_corpus([str(small_corpus_dir)])
+    with pytest.raises(TupeError, match="the trained tokenizer was not cached .partial files removed."):
+        get_or_train_tokenizer(corpus, tmp_path, 350, log=lambda _m: None)
+    assert (tmp_path / "tokenizers").is_dir()
+    assert not [p for p in (tmp_path / "tokenizers").rglob("*") if p.name.startswith(".")]

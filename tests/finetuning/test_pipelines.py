@@ -130,6 +130,12 @@ def test_qa_pipeline_refusals(tiny_model, tmp_path):
         qa(question="When?", context=" ")
     with pytest.raises(ValueError, match="2 questions but 3 contexts"):
         qa(question=["a?", "b?"], context=[context] * 3)
+    with pytest.raises(
+        ValueError, match="context must be a string or a non-empty list of strings, got int 42"
+    ):
+        qa(question="When?", context=42)  # issue 38: was TypeError: 'int' object is not iterable
+    with pytest.raises(ValueError, match="question must be a string .* got list"):
+        qa(question=["a?", 7], context=context)
     with pytest.raises(ValueError, match="top_k must be a positive integer"):
         qa(question="When?", context=context, top_k=0)
     with pytest.raises(TypeError, match="unknown setting.*max_question_len"):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tupe.errors import TupeError
-from tupe.io.files import sha256_file, write_error
+from tupe.io.files import is_write_failure, sha256_file, write_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -283,9 +283,11 @@ def get_or_train_tokenizer(
         (tmp / CACHE_RECORD).write_text(
             json.dumps({"tokenizer.json": sha256_file(tmp / "tokenizer.json")}) + "\n"
         )
-    except OSError as err:
+    except Exception as err:  # the tokenizers library reports a full disk as a plain Exception, not OSError
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        if not is_write_failure(err):
+            raise
         raise write_error(
             getattr(err, "filename", None) or target,
             err,
