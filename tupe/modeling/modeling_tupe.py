@@ -45,9 +45,8 @@ from .kernels import (
 )
 from .positional import (
     PositionalContext,
+    PositionalModule,
     PositionalScheme,
-    RelativeBias,
-    UntiedPositions,
     apply_rotary,
     build_scheme,
     scheme_class,
@@ -88,7 +87,7 @@ def _select_kernel(
     probabilities: bool,
 ) -> AttentionKernel:
     dropout = training and config.attention_probs_dropout_prob > 0
-    terms = scheme_class(config.position_scheme).terms()
+    terms = scheme_class(config.position_scheme).terms
     situation = KernelSituation(terms, device.type, dtype, training, grad, dropout, probabilities)
     return select_kernel(config.requested_attention_kernel(), situation)
 
@@ -332,11 +331,8 @@ class TupePreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        std = self.config.initializer_range
-        if isinstance(module, UntiedPositions) and module.theta_positions is not None:
-            init.normal_(module.theta_positions, mean=0.0, std=std)
-        elif isinstance(module, RelativeBias):
-            init.normal_(module.bias.weight, mean=0.0, std=std)
+        if isinstance(module, PositionalModule):  # what a positional scheme's modules initialise themselves
+            module.init_positional_weights(self.config.initializer_range)
         elif isinstance(module, TupeLMHead):
             init.zeros_(module.bias)
 
@@ -423,7 +419,7 @@ class TupePreTrainedModel(PreTrainedModel):
         name = canonical_attn_implementation(attn_implementation)
         saved = self.config.validate_attention_kernel()
         kernel = requested_kernel_name(name, saved)
-        terms = scheme_class(self.config.position_scheme).terms()
+        terms = scheme_class(self.config.position_scheme).terms
         what = "attention_kernel" if kernel == saved else "attn_implementation"
         check_kernel_for_scheme(kernel, self.config.position_scheme, terms, what)
         return name

@@ -26,7 +26,7 @@ def check_scheme(scheme: str, attention_kernel: str | None = None) -> None:
 
         try:
             check_kernel_for_scheme(
-                attention_kernel, scheme, scheme_class(scheme).terms(), "--attention-kernel"
+                attention_kernel, scheme, scheme_class(scheme).terms, "--attention-kernel"
             )
         except ValueError as err:
             raise TupeError(str(err)) from None
