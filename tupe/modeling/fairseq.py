@@ -348,6 +348,8 @@ def encoder_tensors(
     sd: dict[str, torch.Tensor], config: Any, ckpt: str = "checkpoint"
 ) -> tuple[dict[str, torch.Tensor], set[str]]:
     """The tupe tensors (`tupe.*` and `lm_head.*`) of a released state dict, and the released keys they used."""
+    from .positional import scheme_class
+
     used: set[str] = set()
 
     def take(key: str) -> torch.Tensor:
@@ -371,7 +373,7 @@ def encoder_tensors(
         proj = take(ENC + f"pos_proj.{p}")
         out[f"tupe.positional.untied.pos_query.{p}"] = proj[:H]  # U^Q
         out[f"tupe.positional.untied.pos_key.{p}"] = proj[H:]  # U^K
-    if config.position_scheme == "tupe-r":
+    if scheme_class(config.position_scheme).relative_bias:  # tupe-r
         out["tupe.positional.relative.bias.weight"] = take(ENC + "relative_attention_bias.weight")
         if ENC + "rp_bucket" in sd:  # a parameter in the released code, so saved; rebuilt here, checked equal
             saved = take(ENC + "rp_bucket")

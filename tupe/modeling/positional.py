@@ -987,8 +987,8 @@ def parameter_group(name: str) -> str | None:
 
 
 def schemes_help() -> str:
-    """One `name (summary)` line per registered scheme, for `--scheme`'s help."""
-    return ", ".join(f"{name} ({cls.summary})" for name, cls in SCHEMES.items())
+    """`name: summary` of every registered scheme, for `--scheme`'s help."""
+    return "; ".join(f"{name}: {cls.summary}" for name, cls in SCHEMES.items())
 
 
 def build_scheme(config: PretrainedConfig) -> PositionalScheme:
