@@ -131,9 +131,8 @@ def _model(scheme: str, device: torch.device, kernel: str, **overrides) -> TupeF
 
 
 def _use(model: TupeForMaskedLM, kernel: str) -> None:
-    # "eager" through transformers' switch, the others through the saved setting, as users set them
-    model.config._attn_implementation = "eager" if kernel == "eager" else "sdpa"
-    model.config.attention_kernel = "auto" if kernel == "eager" else kernel
+    # the one runtime setting, as users set it on a built model
+    model.set_attn_implementation(kernel)
 
 
 @contextmanager

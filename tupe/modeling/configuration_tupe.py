@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from .kernels import ATTENTION_KERNELS, check_kernel_for_scheme, requested_kernel_name
+from .kernels import ATTENTION_KERNELS, check_kernel_for_scheme
 from .positional import POSITION_SCHEMES, scheme_class, scheme_fields
 
 # The one attention switch (saved in config.json) takes "auto" or a name of the kernel registry (kernels.py), read
@@ -24,13 +24,15 @@ class TupeConfig(PretrainedConfig):
         sparse_prediction: with labels, run the masked-LM head on the masked positions only (logits then
             (num_masked, vocab)); off by default, so logits are (batch, seq, vocab) as in every transformers masked
             LM. `tupe pretrain` turns it on for its own training (same loss, much less head work).
-        attention_kernel: the attention path, "auto" or a name of the kernel registry (`ATTENTION_KERNELS`),
-            saved with the model so a reloaded model runs the kernel it was trained and benchmarked with. "auto"
-            picks per forward pass (`tupe.modeling.resolve_attention_kernel`); "eager" is the reference; a kernel
-            that cannot run the scheme is refused with the reason (`PositionalScheme.kernels()` lists what
-            applies). All are exact against "eager". transformers' `attn_implementation` (`from_pretrained(...,
-            attn_implementation=K)`, `set_attn_implementation(K)`, `config._attn_implementation`) overrides it
-            for the loaded model without saving it; its "sdpa", transformers' default, keeps this value.
+        attention_kernel: the saved attention kernel, "auto" or a name of the kernel registry
+            (`ATTENTION_KERNELS`), so that a reloaded model runs the kernel it was trained and benchmarked with; a
+            kernel that cannot run the scheme is refused with the reason (`PositionalScheme.kernels()` lists what
+            applies). All are exact against "eager", the reference. A model built or loaded from this config
+            copies it into transformers' `config._attn_implementation`, unless `attn_implementation` names
+            another kernel (`from_pretrained(..., attn_implementation=K)`, `set_attn_implementation(K)`; "sdpa"
+            is the SDPA kernel): from then on `_attn_implementation` is the one runtime setting and names the
+            kernel that runs ("auto" picks one per device, dtype and train mode, once per model:
+            `model.resolve_attention_kernel()` says which).
         **kwargs: the positional schemes' own fields, as each scheme declares them (`PositionalScheme.config_fields`;
             every config carries every registered scheme's fields, with its default where not given, so that
             one config loads under any scheme), then `PretrainedConfig`'s arguments. The built-in schemes':
@@ -93,30 +95,26 @@ class TupeConfig(PretrainedConfig):
             value = kwargs.pop(field.name, field.default)
             setattr(self, field.name, value if field.resolve is None else field.resolve(value, self))
         scheme.check_config(self)
-        self.attention_kernel = attention_kernel
-        self.validate_attention_kernel()
+        self.attention_kernel = check_kernel_for_scheme(attention_kernel, position_scheme, scheme.terms)
         self.cls_token_id = cls_token_id
         self.sep_token_id = sep_token_id
         self.mask_token_id = mask_token_id
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     def validate_attention_kernel(self) -> str:
-        """`attention_kernel` (aliases resolved), checked against the registry and the scheme."""
-        scheme = scheme_class(self.position_scheme)
-        self.attention_kernel = check_kernel_for_scheme(
-            self.attention_kernel, self.position_scheme, scheme.terms
-        )
-        return self.attention_kernel
+        """`attention_kernel` as its canonical registry name (aliases resolved), checked against the registry
+        and the scheme; the config is not changed."""
+        terms = scheme_class(self.position_scheme).terms
+        return check_kernel_for_scheme(self.attention_kernel, self.position_scheme, terms)
 
     def requested_attention_kernel(self) -> str:
-        """The kernel name this config asks for ("auto" or a registry name): transformers' `_attn_implementation`
-        where it names one (its default "sdpa", and None, mean this config's `attention_kernel`), checked against
-        the registry and the scheme."""
-        kernel = self.validate_attention_kernel()
-        override = getattr(self, "_attn_implementation", None)
-        name = requested_kernel_name(override, kernel)
-        if name == kernel:
-            return kernel
+        """The kernel that runs ("auto" or a registry name), checked against the registry and the scheme:
+        `_attn_implementation`, the one runtime setting (a model sets it when it is built or loaded, to the saved
+        `attention_kernel` unless `attn_implementation` asked for another), or `attention_kernel` for a config no
+        model holds. The config is not changed."""
+        name = getattr(self, "_attn_implementation", None)
+        if name is None:
+            return self.validate_attention_kernel()
         terms = scheme_class(self.position_scheme).terms
         return check_kernel_for_scheme(name, self.position_scheme, terms, "attn_implementation")
 

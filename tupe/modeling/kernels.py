@@ -507,24 +507,12 @@ AUTO_FALLBACK = "sdpa"  # what "auto" runs when no kernel's `auto` rule holds
 KERNEL_ALIASES: dict[str, str] = {"flex_attention": "flex", "sdpa-fold": "fold", "default": AUTO}
 
 
-# transformers sets `config._attn_implementation` to "sdpa" on every model that asks for nothing else: for tupe that
-# value (and None) means "the config's attention_kernel"; any other value names a kernel (or alias) itself.
-TRANSFORMERS_DEFAULT = "sdpa"
+_VERSION = [0]  # bumped by every (un)registration: what a model's cache of resolved kernels is valid for
 
 
-def canonical_attn_implementation(value: str | None) -> str:
-    """transformers' `attn_implementation` as tupe keeps it in `config._attn_implementation`: None and "sdpa" ->
-    "sdpa" (the config's `attention_kernel`), a kernel name or alias -> its name ("flex_attention" -> "flex");
-    anything else (e.g. "flash_attention_2") a one-line ValueError listing what exists."""
-    if value is None or value == TRANSFORMERS_DEFAULT:
-        return TRANSFORMERS_DEFAULT
-    return canonical_kernel_name(value, "attn_implementation")
-
-
-def requested_kernel_name(attn_implementation: str | None, attention_kernel: str) -> str:
-    """The kernel a config asks for: its `_attn_implementation` unless that is transformers' default."""
-    impl = canonical_attn_implementation(attn_implementation)
-    return attention_kernel if impl == TRANSFORMERS_DEFAULT else impl
+def registry_version() -> int:
+    """A number that changes whenever a kernel is registered or unregistered."""
+    return _VERSION[0]
 
 
 class _KernelNames(Sequence[str]):
@@ -559,12 +547,14 @@ def register_attention_kernel(kernel: AttentionKernel) -> AttentionKernel:
             f"attention kernel {kernel.name!r}: unknown context terms {unknown}; known: {list(CONTEXT_TERMS)}"
         )
     _REGISTRY[kernel.name] = kernel
+    _VERSION[0] += 1
     return kernel
 
 
 def unregister_attention_kernel(name: str) -> None:
     """Remove a registered kernel (e.g. a test's toy kernel)."""
     _REGISTRY.pop(name)
+    _VERSION[0] += 1
 
 
 def canonical_kernel_name(name: str, what: str = "attention_kernel") -> str:

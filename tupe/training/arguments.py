@@ -226,17 +226,6 @@ def attention_kernel_name(value: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _attn_implementation(value: str) -> str | None:
-    """`--attn-implementation`: as `from_pretrained(attn_implementation=...)` reads it ("sdpa": the default)."""
-    from tupe.modeling.kernels import TRANSFORMERS_DEFAULT, canonical_attn_implementation
-
-    try:
-        name = canonical_attn_implementation(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return None if name == TRANSFORMERS_DEFAULT else name
-
-
 def add_model_data_arguments(
     p: argparse.ArgumentParser, quiet_help: str = "print nothing but errors"
 ) -> None:
@@ -331,12 +320,9 @@ def _add_model_arguments(m: Any) -> None:
         "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS, docs/model.md; an unknown name is "
         "refused with the list), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
     )
+    # transformers' name for the same setting, kept as a hidden alias (its values are the same kernel names)
     m.add_argument(
-        "--attn-implementation",
-        dest="attention_kernel",
-        type=_attn_implementation,
-        metavar="NAME",
-        help="the same, as transformers' attn_implementation: its sdpa means the default kernel",
+        "--attn-implementation", dest="attention_kernel", type=attention_kernel_name, help=argparse.SUPPRESS
     )
 
 
