@@ -300,41 +300,6 @@ def test_a_registered_kernel_runs_a_model_and_is_gone_after_unregistering():
         TupeConfig(position_scheme="tupe-r", attention_kernel="toy")
 
 
-def test_a_kernel_may_apply_the_positions_itself():
-    """`positions_applied_by_kernel`: the kernel gets queries and keys before the rotary positions (a fused rotary
-    kernel would rotate them in its own loop); it applies to rope only (`needs={"rotary"}`)."""
-    from tupe.modeling.kernels import eager_attention
-    from tupe.modeling.positional import apply_rotary
-
-    seen = []
-
-    def rotating(q, k, v, ctx, mask, dropout_p, probabilities):
-        seen.append(q)
-        q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
-        return eager_attention(q, k, v, ctx, mask, dropout_p, False)[0], None
-
-    kernel = AttentionKernel(
-        "rotating", rotating, "test", needs=frozenset({"rotary"}), positions_applied_by_kernel=True
-    )
-    register_attention_kernel(kernel)
-    try:
-        assert SCHEMES["rope"].kernels()[-1] == "rotating" and "rotating" not in SCHEMES["bert-a"].kernels()
-        ids, mask, labels = _batch()
-        ref_logits, _ = _run(tiny_config("rope"), "eager", ids, mask, labels)
-        logits, _ = _run(tiny_config("rope"), "rotating", ids, mask, labels)
-        torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-5)
-        model = TupeForMaskedLM(tiny_config("rope", attention_kernel="rotating")).eval()
-        x = model.tupe.embeddings(ids, model.tupe.positional(ids.shape[1]))
-        b, n, _ = x.shape
-        q = model.tupe.layers[0].attention.qkv(x).view(b, n, 3, 2, -1).permute(2, 0, 3, 1, 4)[0]
-        seen.clear()
-        with torch.no_grad():
-            model(ids)
-        torch.testing.assert_close(seen[0], q.detach())  # not rotated before the kernel
-    finally:
-        unregister_attention_kernel("rotating")
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 def test_eager_softmax_runs_in_the_model_dtype(dtype):
     """The reference is exact in float64 (its softmax in float64), and float32 for half types."""

@@ -452,7 +452,6 @@ class AttentionKernel:
     - probabilities: whether it returns the attention probabilities (`output_attentions` needs one that does).
     - prepare(ctx, padding, dtype) -> mask: run once per forward pass, its result is every layer's `mask`.
     - auto(situation) -> bool: when "auto" picks it (first match in registration order; else `AUTO_FALLBACK`).
-    - positions_applied_by_kernel: the kernel gets q and k before ctx.rotary / ctx.query_add (and applies them).
     """
 
     name: str
@@ -466,7 +465,6 @@ class AttentionKernel:
     probabilities: bool = False
     prepare: Callable[[Any, torch.Tensor | None, torch.dtype], torch.Tensor | None] | None = None
     auto: Callable[[KernelSituation], bool] | None = None
-    positions_applied_by_kernel: bool = False
     reads_bias: bool = (
         True  # reads the materialised content-free term (fold reads its low-rank factors instead)
     )

@@ -196,11 +196,10 @@ class TupeSelfAttention(nn.Module):
         """The attention core on projected (b, h, n, d) queries, keys, values: the scheme's rotary / added
         positions, then the resolved registry kernel (`tupe bench --attention-only` times this)."""
         ctx, kernel = inputs.ctx, inputs.kernel
-        if not kernel.positions_applied_by_kernel:
-            if ctx.rotary is not None:
-                q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
-            if ctx.query_add is not None:
-                q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
+        if ctx.rotary is not None:
+            q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
+        if ctx.query_add is not None:
+            q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
         if ctx.layer_term is not None:  # a term of this layer's own queries, keys and projections (DeBERTa)
             ctx = ctx.for_layer(ctx.layer_term(q, k, self.project_positions, ctx.relative_embeddings))
         dropout_p = self.dropout_p if self.training else 0.0
