@@ -112,3 +112,14 @@ def test_symmetric_scheme_sees_distance_not_direction(scheme):
         torch.testing.assert_close(model(ids.flip(1)).logits, out.flip(1), atol=1e-5, rtol=1e-5)
         perm = torch.tensor([3, 0, 7, 1, 10, 2, 5, 9, 4, 8, 6])
         assert not torch.allclose(model(ids[:, perm]).logits, out[:, perm], atol=1e-3)
+
+
+def test_scheme_fields_and_tupe_config_arguments_do_not_overlap():
+    """`register_scheme` refuses a field named like a `TupeConfig` argument: its list is the signature's."""
+    import inspect
+
+    from tupe.modeling import TupeConfig
+    from tupe.modeling.positional import RESERVED_FIELDS, scheme_fields
+
+    arguments = set(inspect.signature(TupeConfig.__init__).parameters) - {"self", "kwargs"}
+    assert arguments == RESERVED_FIELDS and not arguments & set(scheme_fields())

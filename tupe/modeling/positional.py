@@ -946,7 +946,7 @@ def unregister_scheme(name: str) -> None:
     SCHEMES.pop(name)
 
 
-# `TupeConfig`'s own arguments, which no scheme field may take (configuration_tupe.py checks this list is complete)
+# `TupeConfig`'s own arguments, which no scheme field may take (tests/modeling/test_positions.py holds it to them)
 RESERVED_FIELDS = frozenset(
     {
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
