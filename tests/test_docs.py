@@ -37,11 +37,30 @@ def test_architecture_recipes_for_adding_a_part_run():
     from tupe.training.optimizers import OPTIMIZERS
 
     blocks = _python_blocks(ROOT / "docs" / "architecture.md")
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     namespace = {"__name__": "__doc_example__"}
-    for block in blocks:
+    for block in blocks[:3]:
         exec(compile(block, "docs/architecture.md", "exec"), namespace)
     assert "naive" not in ATTENTION_KERNELS and "sgd" not in OPTIMIZERS and "Reviews" not in TASKS
+
+
+@pytest.mark.slow
+def test_architecture_recipe_for_a_scheme_runs_every_command_on_it(monkeypatch):
+    """docs/architecture.md's scheme recipe, registered from outside the package, runs as written: pretrain,
+    save/load, --init-from, evaluate, analyze and bench on the new scheme (and undoes its registration)."""
+    from tupe.modeling import POSITION_SCHEMES
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    block = _python_blocks(ROOT / "docs" / "architecture.md")[3]
+    assert "register_scheme" in block and "tupe.modeling.positional import" in block
+    try:
+        exec(compile(block, "docs/architecture.md", "exec"), {"__name__": "__doc_example__"})
+    finally:
+        if "toy-distance" in POSITION_SCHEMES:  # a failed run must not leave it for the tests after this one
+            from tupe.modeling.positional import unregister_scheme
+
+            unregister_scheme("toy-distance")
+    assert "toy-distance" not in POSITION_SCHEMES
 
 
 def test_docs_and_code_point_to_no_missing_spec_file():

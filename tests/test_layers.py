@@ -203,3 +203,66 @@ def test_no_module_imports_another_modules_private_names() -> None:
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("tupe")):
                 found |= {(module, a.name) for a in node.names if a.name.startswith("_") and a.name[1] != "_"}
     assert found - _PRIVATE_IMPORTS_PENDING == set()
+
+
+# ---- a positional scheme is one class -----------------------------------------------------------------------------
+
+POSITIONAL = PACKAGE / "modeling" / "positional.py"
+# what positional.py offers the rest of the package about schemes: the interface, not the schemes' own classes
+_SCHEME_INTERFACE = {"PositionalScheme", "PositionalModule", "SchemeField", "PositionalContext"}
+
+
+def _scheme_classes() -> set[str]:
+    """The classes positional.py defines for particular schemes (the schemes and the modules they are built of)."""
+    tree = ast.parse(POSITIONAL.read_text(encoding="utf-8"))
+    names = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    return {n for n in names if not n.startswith("_")} - _SCHEME_INTERFACE
+
+
+def scheme_knowledge(source: str, scheme_names: set[str], classes: set[str]) -> list[str]:
+    """Where `source` compares a value with a scheme's name (`==`, `!=`, `in`, also against a literal tuple, list
+    or set) or names one of a scheme's classes; one `line: code` per place."""
+    found = []
+    for node in _runtime_nodes(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                items = operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]
+                if any(isinstance(i, ast.Constant) and i.value in scheme_names for i in items):
+                    found.append(f"{node.lineno}: {ast.unparse(node)}")
+                    break
+        named = (
+            node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        )
+        if named in classes:
+            found.append(f"{node.lineno}: {named}")
+        if isinstance(node, ast.ImportFrom):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names if a.name in classes]
+    return sorted(found, key=lambda line: int(line.split(":")[0]))
+
+
+def test_no_module_but_positional_compares_scheme_names_or_knows_their_classes() -> None:
+    """Everything about a scheme is asked of its class (`PositionalScheme`'s attributes): adding a scheme touches
+    positional.py, its test and its docs row, so no other module may branch on a scheme's name or class."""
+    from tupe.modeling import POSITION_SCHEMES
+
+    names, classes = set(POSITION_SCHEMES), _scheme_classes()
+    assert {"TupeA", "UntiedPositions", "RelativeBias"} <= classes
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != POSITIONAL
+        and (found := scheme_knowledge(path.read_text(encoding="utf-8"), names, classes))
+    }
+    assert offenders == {}
+
+
+def test_the_scheme_check_catches_what_it_is_for() -> None:
+    code = (
+        "if config.position_scheme == 'tupe-r': pass\n"
+        "ok = scheme in ('rope', 'x')\n"
+        "from tupe.modeling.positional import UntiedPositions\n"
+        "isinstance(m, positional.RelativeBias)\n"
+        "fine = scheme_class(scheme).relative_bias and scheme == other\n"
+    )
+    found = scheme_knowledge(code, {"tupe-r", "rope"}, {"UntiedPositions", "RelativeBias"})
+    assert [f.split(":")[0] for f in found] == ["1", "2", "3", "4"]

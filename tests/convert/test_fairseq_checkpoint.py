@@ -60,7 +60,7 @@ def test_masked_lm_logits_equal_the_released_forward(tmp_path, bpe, rel_pos, ker
     path, args, sd, vocab = _checkpoint(tmp_path, bpe, rel_pos=rel_pos, layout=layout)
     assert (ENC + "rp_bucket" in sd) == (rel_pos and layout == "fused")  # the released code never saves it
     model = TupeForMaskedLM.from_fairseq(path, bpe[1], dtype=torch.float64)
-    model.config.attention_kernel = kernel  # "eager": the reference path (also what output_attentions uses)
+    model.set_attn_implementation(kernel)  # "eager": the reference path (also what output_attentions uses)
     assert model.config.position_scheme == ("tupe-r" if rel_pos else "tupe-a")
     # no padding, at the full length (every position row, every relative bucket the length reaches)
     ids = _tokens(vocab, [24, 24], 24)

@@ -131,9 +131,8 @@ def _model(scheme: str, device: torch.device, kernel: str, **overrides) -> TupeF
 
 
 def _use(model: TupeForMaskedLM, kernel: str) -> None:
-    # "eager" through transformers' switch, the others through the saved setting, as users set them
-    model.config._attn_implementation = "eager" if kernel == "eager" else "sdpa"
-    model.config.attention_kernel = "auto" if kernel == "eager" else kernel
+    # the one runtime setting, as users set it on a built model
+    model.set_attn_implementation(kernel)
 
 
 @contextmanager
@@ -178,7 +177,7 @@ def _kernel_cases() -> list[tuple[str, str]]:
     (read from the registry, so a new kernel or scheme is covered without editing this list)."""
     cases = []
     for scheme in POSITION_SCHEMES:
-        terms = scheme_class(scheme).terms()
+        terms = scheme_class(scheme).terms
         for name in kernels_for_terms(terms):
             if name in ("auto", "eager"):
                 continue
@@ -189,7 +188,7 @@ def _kernel_cases() -> list[tuple[str, str]]:
 
 
 def _trains_here(scheme: str, kernel: str) -> bool:
-    situation = KernelSituation(scheme_class(scheme).terms(), DEVICE.type, **FLOAT32_TRAIN)
+    situation = KernelSituation(scheme_class(scheme).terms, DEVICE.type, **FLOAT32_TRAIN)
     return get_attention_kernel(kernel).refusal(situation) is None
 
 
@@ -213,7 +212,7 @@ def documented_auto(
 @pytest.mark.parametrize("scheme", POSITION_SCHEMES)
 def test_auto_choice_follows_the_documented_rule(scheme: str, device: torch.device) -> None:
     """What "auto" picks on this device, float32/bfloat16/float16, training step / eval, attention dropout or not."""
-    terms = scheme_class(scheme).terms()
+    terms = scheme_class(scheme).terms
     for dropout_p in (0.0, 0.1):
         config = _config(scheme, attention_probs_dropout_prob=dropout_p)
         for dtype in (torch.float32, *HALF):
@@ -314,7 +313,7 @@ def test_pretrain_steps_on_the_device(
     assert seen["device"].type == device.type
     assert seen["args"] == (precision == "bf16", precision == "fp16")
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    want = documented_auto(scheme_class("tupe-a").terms(), device.type, half, True, True)
+    want = documented_auto(scheme_class("tupe-a").terms, device.type, half, True, True)
     assert (want, device.type, half, True) in seen["kernels"], seen[
         "kernels"
     ]  # a training pass under autocast
@@ -361,7 +360,7 @@ def test_mixed_precision_auto_close_to_float32(scheme: str, dtype: torch.dtype, 
     ref_loss, ref_logits, ref_grads = _eager_reference(scheme, device)
     model = _model(scheme, device, "auto")
     kernel = resolve_attention_kernel(model, dtype=dtype)
-    assert kernel == documented_auto(scheme_class(scheme).terms(), device.type, dtype, True, False)
+    assert kernel == documented_auto(scheme_class(scheme).terms, device.type, dtype, True, False)
     with _compiled_flex_only():
         loss, logits, grads = _step(model, *_batch(device), dtype=dtype)
     assert torch.isfinite(loss) and torch.isfinite(logits).all(), kernel

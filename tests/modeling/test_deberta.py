@@ -60,7 +60,7 @@ def test_from_deberta_matches_transformers_debertav2(tmp_path, legacy, padded, k
     deberta.save_pretrained(tmp_path)
     model = TupeForMaskedLM.from_deberta(deberta)
     assert model.config.position_scheme == "deberta" and model.dtype == torch.float64
-    model.config.attention_kernel = kernel
+    model.set_attn_implementation(kernel)
     if kernel == "fused":  # the training kernel: train mode (no dropout in this config) with gradients
         model.train()
     ids, mask = _batch(padded)

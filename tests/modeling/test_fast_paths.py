@@ -43,11 +43,10 @@ def _batch(n: int = 13):
     return ids, mask, labels
 
 
-def _run(config, kernel: str, implementation: str, ids, mask, labels):
+def _run(config, kernel: str, ids, mask, labels):
     torch.manual_seed(0)
     model = TupeForMaskedLM(config)
-    model.config._attn_implementation = implementation
-    model.config.attention_kernel = kernel
+    model.set_attn_implementation(kernel)
     with torch.no_grad():  # move away from the init so every term (theta, relative bias) matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.2)
@@ -68,8 +67,8 @@ def test_kernel_matches_eager_outputs_and_gradients(scheme, kernel, padded):
     ids, mask, labels = _batch()
     if not padded:
         mask = None
-    ref_logits, ref_grads = _run(config, "auto", "eager", ids, mask, labels)
-    logits, grads = _run(config, kernel, "sdpa", ids, mask, labels)
+    ref_logits, ref_grads = _run(config, "eager", ids, mask, labels)
+    logits, grads = _run(config, kernel, ids, mask, labels)
     torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-5)
     assert grads.keys() == ref_grads.keys()
     for name in ref_grads:
@@ -83,14 +82,13 @@ def test_flex_kernel_matches_eager_forward(scheme):
     config = tiny_config(scheme)
     ids, mask, _ = _batch(16)
     outs = {}
-    for implementation, kernel in (("eager", "auto"), ("sdpa", "flex")):
+    for kernel in ("eager", "flex"):
         torch.manual_seed(0)
         model = TupeForMaskedLM(config).eval()
-        model.config._attn_implementation = implementation
-        model.config.attention_kernel = kernel
+        model.set_attn_implementation(kernel)
         with torch.no_grad():
             outs[kernel] = model(ids, attention_mask=mask).logits
-    torch.testing.assert_close(outs["flex"], outs["auto"], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(outs["flex"], outs["eager"], atol=2e-5, rtol=1e-5)
 
 
 def _kernel(model, dtype=torch.float32, **kwargs) -> str:
@@ -111,9 +109,9 @@ def test_auto_kernel_choice_on_cpu():
     assert _kernel(model, probabilities=True) == "eager"  # output_attentions: the kernel that returns them
     model.eval()
     assert _kernel(model) == "sdpa"
-    model.config.attention_kernel = "fold"
+    model.set_attn_implementation("fold")
     assert _kernel(model) == "fold"
-    model.config.attention_kernel = "auto"
+    model.set_attn_implementation("auto")
     with torch.no_grad():
         model.train()
         assert _kernel(model) == "sdpa"
@@ -163,7 +161,13 @@ def test_kernel_validated_against_scheme():
     with pytest.raises(ValueError, match='Specified `attention_kernel="flash"` is not supported'):
         TupeConfig(attention_kernel="flash")
     model = TupeForMaskedLM(tiny_config("rope")).eval()
-    model.config.attention_kernel = "fold"  # set after construction: checked at the next forward pass
+    with pytest.raises(ValueError, match="low-rank"):  # through transformers: checked at once
+        model.set_attn_implementation("fold")
+    model.config.attention_kernel = "fold"  # the saved value only: what runs stays, nothing is checked
+    model(torch.randint(5, 50, (1, 8)))
+    model.config._attn_implementation = (
+        "fold"  # set directly, bypassing transformers: checked at the next pass
+    )
     with pytest.raises(ValueError, match="low-rank"):
         model(torch.randint(5, 50, (1, 8)))
 
@@ -182,16 +186,16 @@ def test_flex_refuses_attention_dropout_in_training():
 
 
 def test_kernel_saved_and_overridden_at_load(tmp_path):
-    """The kernel is read back from config.json; `from_pretrained(attn_implementation=K)` overrides it for the
-    loaded model (as transformers' attn_implementation does, it is not saved); "sdpa", transformers' default,
-    keeps the saved kernel."""
+    """The kernel is read back from config.json into `config._attn_implementation`, which names what runs;
+    `from_pretrained(attn_implementation=K)` overrides it for the loaded model (as transformers'
+    attn_implementation does, it is not saved); "sdpa" is the SDPA kernel."""
     TupeForMaskedLM(tiny_config("tupe-a", attention_kernel="fold")).save_pretrained(tmp_path)
     assert '"attention_kernel": "fold"' in (tmp_path / "config.json").read_text()
-    assert resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path)) == "fold"
-    assert (
-        resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="sdpa"))
-        == "fold"
-    )
+    model = TupeForMaskedLM.from_pretrained(tmp_path)
+    assert model.config._attn_implementation == "fold" and resolve_attention_kernel(model) == "fold"
+    model = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="sdpa")
+    assert model.config._attn_implementation == "sdpa" and resolve_attention_kernel(model) == "sdpa"
+    assert model.config.attention_kernel == "fold"  # what is saved
     for name, expected in (
         ("fused", "fused"),
         ("eager", "eager"),
@@ -199,7 +203,7 @@ def test_kernel_saved_and_overridden_at_load(tmp_path):
         ("auto", "sdpa"),
     ):
         model = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation=name).eval()
-        assert model.config._attn_implementation == expected if name != "auto" else "auto"
+        assert model.config._attn_implementation == (expected if name != "auto" else "auto")
         assert resolve_attention_kernel(model) == expected, name
         assert model.tupe.config is model.config  # the encoder (its own PreTrainedModel) sees the same choice
     model.save_pretrained(tmp_path / "again")
@@ -252,11 +256,11 @@ def test_set_attn_implementation_on_a_loaded_model(tmp_path):
             torch.testing.assert_close(
                 model(ids, attention_mask=mask).logits, reference, atol=2e-5, rtol=1e-5
             )
-    model.set_attn_implementation("fused")
-    model.set_attn_implementation("sdpa")  # transformers' default: back to the saved kernel ("auto")
-    assert model.config._attn_implementation == "sdpa" and resolve_attention_kernel(model) == "sdpa"
+    model.set_attn_implementation("sdpa")  # the SDPA kernel, in training too
     model.train()
-    assert resolve_attention_kernel(model) == "fused"  # "auto" again: CPU training with a content-free term
+    assert model.config._attn_implementation == "sdpa" and resolve_attention_kernel(model) == "sdpa"
+    model.set_attn_implementation("auto")
+    assert resolve_attention_kernel(model) == "fused"  # "auto": CPU training with a content-free term
 
 
 def test_a_registered_kernel_runs_a_model_and_is_gone_after_unregistering():
@@ -279,8 +283,8 @@ def test_a_registered_kernel_runs_a_model_and_is_gone_after_unregistering():
             TupeConfig(position_scheme="rope", attention_kernel="toy")
         config = tiny_config("tupe-r", attention_kernel="toy")
         ids, mask, labels = _batch()
-        ref_logits, ref_grads = _run(config, "auto", "eager", ids, mask, labels)
-        logits, grads = _run(config, "toy", "sdpa", ids, mask, labels)
+        ref_logits, ref_grads = _run(config, "eager", ids, mask, labels)
+        logits, grads = _run(config, "toy", ids, mask, labels)
         assert len(calls) == config.num_hidden_layers
         torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-5)
         for name in ref_grads:
@@ -294,41 +298,6 @@ def test_a_registered_kernel_runs_a_model_and_is_gone_after_unregistering():
     assert "toy" not in ATTENTION_KERNELS and "toy" not in SCHEMES["tupe-r"].kernels()
     with pytest.raises(ValueError, match='Specified `attention_kernel="toy"` is not supported'):
         TupeConfig(position_scheme="tupe-r", attention_kernel="toy")
-
-
-def test_a_kernel_may_apply_the_positions_itself():
-    """`positions_applied_by_kernel`: the kernel gets queries and keys before the rotary positions (a fused rotary
-    kernel would rotate them in its own loop); it applies to rope only (`needs={"rotary"}`)."""
-    from tupe.modeling.kernels import eager_attention
-    from tupe.modeling.positional import apply_rotary
-
-    seen = []
-
-    def rotating(q, k, v, ctx, mask, dropout_p, probabilities):
-        seen.append(q)
-        q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
-        return eager_attention(q, k, v, ctx, mask, dropout_p, False)[0], None
-
-    kernel = AttentionKernel(
-        "rotating", rotating, "test", needs=frozenset({"rotary"}), positions_applied_by_kernel=True
-    )
-    register_attention_kernel(kernel)
-    try:
-        assert SCHEMES["rope"].kernels()[-1] == "rotating" and "rotating" not in SCHEMES["bert-a"].kernels()
-        ids, mask, labels = _batch()
-        ref_logits, _ = _run(tiny_config("rope"), "auto", "eager", ids, mask, labels)
-        logits, _ = _run(tiny_config("rope"), "rotating", "sdpa", ids, mask, labels)
-        torch.testing.assert_close(logits, ref_logits, atol=2e-5, rtol=1e-5)
-        model = TupeForMaskedLM(tiny_config("rope", attention_kernel="rotating")).eval()
-        x = model.tupe.embeddings(ids, model.tupe.positional(ids.shape[1]))
-        b, n, _ = x.shape
-        q = model.tupe.layers[0].attention.qkv(x).view(b, n, 3, 2, -1).permute(2, 0, 3, 1, 4)[0]
-        seen.clear()
-        with torch.no_grad():
-            model(ids)
-        torch.testing.assert_close(seen[0], q.detach())  # not rotated before the kernel
-    finally:
-        unregister_attention_kernel("rotating")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
@@ -360,7 +329,7 @@ def test_float64_eager_model_equals_the_fast_kernels_to_rounding():
     for kernel in ("eager", "fused", "sdpa"):
         torch.manual_seed(0)
         model = TupeForMaskedLM(config).double()
-        model.config.attention_kernel = kernel
+        model.set_attn_implementation(kernel)
         outs[kernel] = model(ids, attention_mask=mask).logits
     for kernel in ("fused", "sdpa"):
         torch.testing.assert_close(outs[kernel], outs["eager"], atol=1e-12, rtol=1e-12)
@@ -510,7 +479,7 @@ def test_fold_path_never_builds_a_square_mask(monkeypatch):
     code expanded a (b x h, n, n) one per layer). SDPA itself is stubbed: which kernel it runs is the backend's business."""
     config = tiny_config("tupe-a")
     model = TupeForMaskedLM(config).eval()
-    model.config.attention_kernel = "fold"
+    model.set_attn_implementation("fold")
     ids, mask, _ = _batch(13)
     b, n, h = ids.shape[0], ids.shape[1], config.num_attention_heads
     seen = []

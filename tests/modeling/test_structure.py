@@ -128,11 +128,17 @@ def test_padding_is_invisible(scheme):
         assert probs[..., 7:].abs().max() == 0
 
 
-def test_sdpa_is_default_and_output_attentions_falls_back_to_eager():
-    model = TupeModel(tiny_config("tupe-r"))
-    assert model.config._attn_implementation == "sdpa"
-    out = model(torch.randint(5, 50, (2, 8)), output_attentions=True)
+def test_the_saved_kernel_runs_and_output_attentions_says_what_it_fell_back_to():
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging
+
+    model = TupeModel(tiny_config("tupe-r", attention_kernel="fused"))
+    assert model.config._attn_implementation == "fused"  # the saved kernel is the runtime setting
+    with CaptureLogger(logging.get_logger("tupe.modeling.modeling_tupe")) as captured:
+        out = model(torch.randint(5, 50, (2, 8)), output_attentions=True)
     assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 2, 8, 8)
+    assert "attention kernel 'fused' returns no attention probabilities" in captured.out
+    assert "run 'eager'" in captured.out
 
 
 def test_unknown_scheme_lists_valid_ones():

@@ -27,7 +27,7 @@ def backend_kernel(backend: str, scheme: str) -> str:
     from tupe.modeling.kernels import check_kernel_for_scheme
     from tupe.modeling.positional import scheme_class
 
-    return check_kernel_for_scheme(backend, scheme, scheme_class(scheme).terms(), "backend")
+    return check_kernel_for_scheme(backend, scheme, scheme_class(scheme).terms, "backend")
 
 
 def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrides):

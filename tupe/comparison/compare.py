@@ -51,10 +51,10 @@ LOG_DIR = "logs"  # a parallel run's output: DIR/logs/<scheme>[-seed-<s>].log
 
 def parse_schemes(text: str) -> list[str]:
     """`--schemes`: schemes of `--scheme` (hf-bert included), the first the reference."""
-    from tupe.training.model import SCHEMES
+    from tupe.training.model import pretrain_schemes
     from tupe.validators import name_list
 
-    return name_list(text, SCHEMES, "--schemes", "scheme")
+    return name_list(text, pretrain_schemes(), "--schemes", "scheme")
 
 
 MAX_SEEDS = 1000  # a range like 0-10000000000 would otherwise be expanded in memory

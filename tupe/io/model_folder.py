@@ -197,6 +197,19 @@ def _float(
         raise TupeError(f"{path}: {key} must be a finite number {rng}, got {_show(v)}")
 
 
+def _scheme_fields(cfg: dict, path: Path) -> None:
+    """The positional schemes' own fields, each as its scheme declares it (`SchemeField`: kind and range)."""
+    from tupe.modeling.positional import scheme_fields
+
+    for field in scheme_fields().values():
+        if field.low is None or field.high is None:
+            continue
+        if field.kind is int:
+            _int(cfg, field.name, int(field.low), int(field.high), path)
+        else:
+            _float(cfg, field.name, field.low, field.high, path, lo_open=field.low_open)
+
+
 def _show(v: Any) -> str:  # noqa: ANN401
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -230,8 +243,6 @@ def validate_config(
     _int(cfg, "intermediate_size", 1, 16 * MAX_WIDTH, path)
     _int(cfg, "max_position_embeddings", 1, MAX_POSITIONS, path)
     _int(cfg, "type_vocab_size", 0, 1 << 16, path)
-    _int(cfg, "relative_attention_num_buckets", 1, 1 << 16, path)
-    _int(cfg, "relative_attention_max_distance", 1, MAX_POSITIONS, path)
     hidden, heads = cfg.get("hidden_size", 768), cfg.get("num_attention_heads", 12)
     if hidden % heads:
         raise TupeError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
@@ -240,7 +251,7 @@ def validate_config(
     _float(cfg, "classifier_dropout", 0, 1, path, hi_open=True)
     _float(cfg, "layer_norm_eps", 0, 1, path, lo_open=True)
     _float(cfg, "initializer_range", 0, 1e3, path)
-    _float(cfg, "rope_theta", 0, 1e12, path, lo_open=True)
+    _scheme_fields(cfg, path)
     act = cfg.get("hidden_act", "gelu")
     from transformers.activations import ACT2FN
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from .kernels import ATTENTION_KERNELS, check_kernel_for_scheme, requested_kernel_name
-from .positional import SCHEMES, scheme_class
-
-POSITION_SCHEMES: tuple[str, ...] = tuple(SCHEMES)
+from .kernels import ATTENTION_KERNELS, check_kernel_for_scheme
+from .positional import POSITION_SCHEMES, scheme_class, scheme_fields
 
 # The one attention switch (saved in config.json) takes "auto" or a name of the kernel registry (kernels.py), read
 # live: `ATTENTION_KERNELS`. See docs/model.md "Attention kernels".
@@ -22,23 +20,22 @@ class TupeConfig(PretrainedConfig):
 
     Args:
         position_scheme: one of `POSITION_SCHEMES` (see `docs/model.md` for the logits of each).
-        relative_attention_num_buckets / relative_attention_max_distance: T5 bucketing of `j - i` for the
-            `*-r` schemes (the paper's 32 and 128).
         embedding_layer_norm: LayerNorm on the (word [+ position]) input embedding, as in the released commands.
         sparse_prediction: with labels, run the masked-LM head on the masked positions only (logits then
             (num_masked, vocab)); off by default, so logits are (batch, seq, vocab) as in every transformers masked
             LM. `tupe pretrain` turns it on for its own training (same loss, much less head work).
-        rope_theta: base of the rotary frequencies for `rope`.
-        position_buckets / max_relative_positions: `deberta`'s log buckets of `i - j` (`DebertaV2Config`'s
-            names; the released DeBERTa-v3 values 256 and -1, i.e. `max_position_embeddings`, stored resolved). With
-            `position_buckets <= 0` offsets are not bucketed, only clipped at `max_relative_positions`.
-        attention_kernel: the attention path, "auto" or a name of the kernel registry (`ATTENTION_KERNELS`),
-            saved with the model so a reloaded model runs the kernel it was trained and benchmarked with. "auto"
-            picks per forward pass (`tupe.modeling.resolve_attention_kernel`); "eager" is the reference; a kernel
-            that cannot run the scheme is refused with the reason (`PositionalScheme.kernels()` lists what
-            applies). All are exact against "eager". transformers' `attn_implementation` (`from_pretrained(...,
-            attn_implementation=K)`, `set_attn_implementation(K)`, `config._attn_implementation`) overrides it
-            for the loaded model without saving it; its "sdpa", transformers' default, keeps this value.
+        attention_kernel: the saved attention kernel, "auto" or a name of the kernel registry
+            (`ATTENTION_KERNELS`), so that a reloaded model runs the kernel it was trained and benchmarked with; a
+            kernel that cannot run the scheme is refused with the reason (`PositionalScheme.kernels()` lists what
+            applies). All are exact against "eager", the reference. A model built or loaded from this config
+            copies it into transformers' `config._attn_implementation`, unless `attn_implementation` names
+            another kernel (`from_pretrained(..., attn_implementation=K)`, `set_attn_implementation(K)`; "sdpa"
+            is the SDPA kernel): from then on `_attn_implementation` is the one runtime setting and names the
+            kernel that runs ("auto" picks one per device, dtype and train mode, once per model:
+            `model.resolve_attention_kernel()` says which).
+        **kwargs: the positional schemes' own fields, as each scheme declares them (`PositionalScheme.config_fields`;
+            every config carries every registered scheme's fields, with its default where not given, so that
+            one config loads under any scheme), then `PretrainedConfig`'s arguments. The built-in schemes':
     """
 
     model_type = "tupe"
@@ -55,16 +52,11 @@ class TupeConfig(PretrainedConfig):
         attention_probs_dropout_prob: float = 0.1,
         max_position_embeddings: int = 512,
         position_scheme: str = "tupe-a",
-        relative_attention_num_buckets: int = 32,
-        relative_attention_max_distance: int = 128,
         embedding_layer_norm: bool = True,
         layer_norm_eps: float = 1e-5,
         initializer_range: float = 0.02,
         classifier_dropout: float | None = None,
         sparse_prediction: bool = False,
-        rope_theta: float = 10000.0,
-        position_buckets: int = 256,
-        max_relative_positions: int = -1,
         attention_kernel: str = "auto",
         pad_token_id: int = 0,
         cls_token_id: int = 1,
@@ -73,7 +65,7 @@ class TupeConfig(PretrainedConfig):
         tie_word_embeddings: bool = True,
         **kwargs,
     ):
-        scheme_class(position_scheme)  # unknown names: a ValueError listing the valid ones
+        scheme = scheme_class(position_scheme)  # unknown names: a ValueError listing the valid ones
         # Configs saved before `attention_kernel` existed carry `fold_positional` (default True): "auto" folded
         # where it could, which is still what "auto" does.
         kwargs.pop("fold_positional", None)
@@ -81,24 +73,6 @@ class TupeConfig(PretrainedConfig):
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})"
             )
-        # -1 means max_position_embeddings, resolved now so that a copy built for longer inputs (`tupe evaluate
-        # --lengths`) keeps the bucket boundaries it was trained with
-        if max_relative_positions < 1:
-            max_relative_positions = max_position_embeddings
-        mid = position_buckets // 2
-        if (
-            position_scheme == "deberta"
-            and position_buckets > 0
-            and max_position_embeddings - 1 > mid
-            and max_relative_positions - 1 <= mid
-        ):
-            raise ValueError(
-                f"deberta's log buckets need max_relative_positions - 1 > position_buckets / 2 when inputs can "
-                f"be longer than that; got max_relative_positions {max_relative_positions}, position_buckets "
-                f"{position_buckets}, max_position_embeddings {max_position_embeddings}"
-            )
-        if position_scheme == "rope" and (hidden_size // num_attention_heads) % 2 != 0:
-            raise ValueError(f"rope needs an even head dimension, got {hidden_size // num_attention_heads}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -109,43 +83,50 @@ class TupeConfig(PretrainedConfig):
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
         self.max_position_embeddings = max_position_embeddings
         self.position_scheme = position_scheme
-        self.relative_attention_num_buckets = relative_attention_num_buckets
-        self.relative_attention_max_distance = relative_attention_max_distance
         self.embedding_layer_norm = embedding_layer_norm
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
         self.classifier_dropout = classifier_dropout
         self.sparse_prediction = sparse_prediction
-        self.rope_theta = rope_theta
-        self.position_buckets = position_buckets
-        self.max_relative_positions = max_relative_positions
-        self.attention_kernel = attention_kernel
-        self.validate_attention_kernel()
+        # Every registered scheme's fields, resolved now (e.g. deberta's max_relative_positions -1 ->
+        # max_position_embeddings, so that a copy built for longer inputs keeps the bucket boundaries it was
+        # trained with), then the scheme's own checks.
+        for field in scheme_fields().values():
+            value = kwargs.pop(field.name, field.default)
+            setattr(self, field.name, value if field.resolve is None else field.resolve(value, self))
+        scheme.check_config(self)
+        self.attention_kernel = check_kernel_for_scheme(attention_kernel, position_scheme, scheme.terms)
         self.cls_token_id = cls_token_id
         self.sep_token_id = sep_token_id
         self.mask_token_id = mask_token_id
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     def validate_attention_kernel(self) -> str:
-        """`attention_kernel` (aliases resolved), checked against the registry and the scheme."""
-        scheme = scheme_class(self.position_scheme)
-        self.attention_kernel = check_kernel_for_scheme(
-            self.attention_kernel, self.position_scheme, scheme.terms()
-        )
-        return self.attention_kernel
+        """`attention_kernel` as its canonical registry name (aliases resolved), checked against the registry
+        and the scheme; the config is not changed."""
+        terms = scheme_class(self.position_scheme).terms
+        return check_kernel_for_scheme(self.attention_kernel, self.position_scheme, terms)
 
     def requested_attention_kernel(self) -> str:
-        """The kernel name this config asks for ("auto" or a registry name): transformers' `_attn_implementation`
-        where it names one (its default "sdpa", and None, mean this config's `attention_kernel`), checked against
-        the registry and the scheme."""
-        kernel = self.validate_attention_kernel()
-        override = getattr(self, "_attn_implementation", None)
-        name = requested_kernel_name(override, kernel)
-        if name == kernel:
-            return kernel
-        terms = scheme_class(self.position_scheme).terms()
+        """The kernel that runs ("auto" or a registry name), checked against the registry and the scheme:
+        `_attn_implementation`, the one runtime setting (a model sets it when it is built or loaded, to the saved
+        `attention_kernel` unless `attn_implementation` asked for another), or `attention_kernel` for a config no
+        model holds. The config is not changed."""
+        name = getattr(self, "_attn_implementation", None)
+        if name is None:
+            return self.validate_attention_kernel()
+        terms = scheme_class(self.position_scheme).terms
         return check_kernel_for_scheme(name, self.position_scheme, terms, "attn_implementation")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+TupeConfig.__doc__ += (
+    "".join(
+        f"\n        {field.name} (default {field.default!r}): {field.doc}."
+        for field in scheme_fields().values()
+    )
+    + "\n"
+)

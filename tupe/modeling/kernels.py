@@ -32,17 +32,88 @@ kernels"). Kernel names are compared here only.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from .positional import PositionalContext
+# ----------------------------------------------------------------------------------------------------------------
+# What a positional scheme hands the kernels (positional.py builds it; `PositionalScheme.terms` names its parts)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class PositionalContext:
+    """What a scheme contributes to one forward pass; shapes use n = sequence length, h = heads, d = head dim.
+
+    - logit_scale: factor on the content logits `q k^T` (1/sqrt(d), 1/sqrt(2d) or 1/sqrt(4d)).
+    - input_embedding (n, hidden): added to the word embeddings (BERT-style absolute positions).
+    - bias (h, n, n): the content-free logits added to every layer (after the [CLS] reset where there is one).
+    - query_add / key_add (h, n, d): added to every layer's queries / keys (BERT-A^d: `p U^Q`, `p U^K`).
+    - rotary (cos, sin), each (n, d): rotation of queries and keys (RoPE).
+    - fold (h, n, r) x 2: extra query / key columns whose products equal `bias` up to a per-query constant
+      (which cancels in the softmax), so attention can run without an n x n tensor. Already scaled.
+    - bias_fn: builds `bias` on first access (then cached), so a pass that folds never materialises it
+      (long sequences on GPU); `has_bias` tells whether there is one without building it.
+    - relative_embeddings (m, hidden): position vectors shared by all layers that each layer projects with its own
+      weights (DeBERTa's relative embeddings, one row per offset `i - j` that occurs).
+    - layer_term: `layer_term(q, k, project, relative_embeddings) -> (b, h, n, n)`, an additive logit term that
+      depends on the layer's queries and keys and on `project(r) -> (r W^Q, r W^K)`, the layer's own projections
+      (each (h, m, d)), of the context's `relative_embeddings` (passed in, not captured, so that gradient
+      checkpointing can hand each layer its own copy). The attention layer calls it once per layer and hands
+      the result to the kernel as `layer_logits`.
+    - layer_logits (b, h, n, n): that term for the layer being run (set on the layer's copy of the context).
+    """
+
+    def __init__(
+        self,
+        logit_scale: float,
+        input_embedding: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        query_add: torch.Tensor | None = None,
+        key_add: torch.Tensor | None = None,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        fold: tuple[torch.Tensor, torch.Tensor] | None = None,
+        bias_fn: Callable[[], torch.Tensor] | None = None,
+        relative_embeddings: torch.Tensor | None = None,
+        layer_term: Callable[..., torch.Tensor] | None = None,
+    ):
+        self.logit_scale = logit_scale
+        self.input_embedding = input_embedding
+        self._bias = bias
+        self.query_add, self.key_add = query_add, key_add
+        self.rotary = rotary
+        self.fold = fold
+        self.bias_fn = bias_fn
+        self.relative_embeddings = relative_embeddings
+        self.layer_term = layer_term
+        self.layer_logits: torch.Tensor | None = None
+
+    def for_layer(self, layer_logits: torch.Tensor) -> PositionalContext:
+        """A shallow copy carrying one layer's `layer_logits` (the shared context is never modified)."""
+        _ = self.bias  # build a lazy shared term once, here, not once per layer's copy
+        ctx = copy.copy(self)
+        ctx.layer_logits = layer_logits
+        return ctx
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        if self._bias is None and self.bias_fn is not None:
+            self._bias, self.bias_fn = self.bias_fn(), None
+        return self._bias
+
+    @bias.setter
+    def bias(self, value: torch.Tensor | None) -> None:
+        self._bias, self.bias_fn = value, None
+
+    @property
+    def has_bias(self) -> bool:
+        return self._bias is not None or self.bias_fn is not None
+
 
 # Logit added to padded keys in the folded path: far below any real logit, so exp() underflows to exactly 0,
 # yet finite (and representable in float16/bfloat16) so that 0 * it never produces NaN.
@@ -341,7 +412,7 @@ def _compiled_flex():
 # The attention kernel registry
 # ----------------------------------------------------------------------------------------------------------------
 
-# What a scheme's `PositionalContext` may carry that concerns a kernel (`PositionalScheme.terms()` lists a scheme's).
+# What a scheme's `PositionalContext` may carry that concerns a kernel (`PositionalScheme.terms` lists a scheme's).
 # A kernel refuses a scheme that has a term marked "must take" which the kernel does not list in `handles`; terms
 # not marked so are optional representations (the fold is the bias again) or are applied before any kernel runs.
 CONTEXT_TERMS: dict[str, tuple[str, bool]] = {
@@ -389,7 +460,6 @@ class AttentionKernel:
     - probabilities: whether it returns the attention probabilities (`output_attentions` needs one that does).
     - prepare(ctx, padding, dtype) -> mask: run once per forward pass, its result is every layer's `mask`.
     - auto(situation) -> bool: when "auto" picks it (first match in registration order; else `AUTO_FALLBACK`).
-    - positions_applied_by_kernel: the kernel gets q and k before ctx.rotary / ctx.query_add (and applies them).
     """
 
     name: str
@@ -403,7 +473,6 @@ class AttentionKernel:
     probabilities: bool = False
     prepare: Callable[[Any, torch.Tensor | None, torch.dtype], torch.Tensor | None] | None = None
     auto: Callable[[KernelSituation], bool] | None = None
-    positions_applied_by_kernel: bool = False
     reads_bias: bool = (
         True  # reads the materialised content-free term (fold reads its low-rank factors instead)
     )
@@ -444,24 +513,12 @@ AUTO_FALLBACK = "sdpa"  # what "auto" runs when no kernel's `auto` rule holds
 KERNEL_ALIASES: dict[str, str] = {"flex_attention": "flex", "sdpa-fold": "fold", "default": AUTO}
 
 
-# transformers sets `config._attn_implementation` to "sdpa" on every model that asks for nothing else: for tupe that
-# value (and None) means "the config's attention_kernel"; any other value names a kernel (or alias) itself.
-TRANSFORMERS_DEFAULT = "sdpa"
+_VERSION = [0]  # bumped by every (un)registration: what a model's cache of resolved kernels is valid for
 
 
-def canonical_attn_implementation(value: str | None) -> str:
-    """transformers' `attn_implementation` as tupe keeps it in `config._attn_implementation`: None and "sdpa" ->
-    "sdpa" (the config's `attention_kernel`), a kernel name or alias -> its name ("flex_attention" -> "flex");
-    anything else (e.g. "flash_attention_2") a one-line ValueError listing what exists."""
-    if value is None or value == TRANSFORMERS_DEFAULT:
-        return TRANSFORMERS_DEFAULT
-    return canonical_kernel_name(value, "attn_implementation")
-
-
-def requested_kernel_name(attn_implementation: str | None, attention_kernel: str) -> str:
-    """The kernel a config asks for: its `_attn_implementation` unless that is transformers' default."""
-    impl = canonical_attn_implementation(attn_implementation)
-    return attention_kernel if impl == TRANSFORMERS_DEFAULT else impl
+def registry_version() -> int:
+    """A number that changes whenever a kernel is registered or unregistered."""
+    return _VERSION[0]
 
 
 class _KernelNames(Sequence[str]):
@@ -496,12 +553,14 @@ def register_attention_kernel(kernel: AttentionKernel) -> AttentionKernel:
             f"attention kernel {kernel.name!r}: unknown context terms {unknown}; known: {list(CONTEXT_TERMS)}"
         )
     _REGISTRY[kernel.name] = kernel
+    _VERSION[0] += 1
     return kernel
 
 
 def unregister_attention_kernel(name: str) -> None:
     """Remove a registered kernel (e.g. a test's toy kernel)."""
     _REGISTRY.pop(name)
+    _VERSION[0] += 1
 
 
 def canonical_kernel_name(name: str, what: str = "attention_kernel") -> str:

@@ -1,9 +1,10 @@
 """The TUPE model family: a post-LayerNorm BERT encoder whose positional scheme is one config value.
 
-Read top to bottom: embeddings, attention (the reference and its exact fast kernels), layer, encoder, heads. The
-positional scheme (positional.py) is evaluated once per forward pass; its content-free term is shared by every
-layer. The attention kernel is one config field, `config.attention_kernel`, resolved once per forward pass by
-`resolve_attention_kernel`; the kernels and their registry are in kernels.py (`attend` is a lookup).
+Read top to bottom: embeddings, attention (calling the registry's kernel), layer, encoder, heads. The positional
+scheme (positional.py) is evaluated once per forward pass; its content-free term is shared by every layer. The
+kernels and their registry are in kernels.py. The kernel that runs is `config._attn_implementation`, set when the
+model is built or loaded (to the saved `config.attention_kernel` unless `attn_implementation` asks for another);
+"auto" is resolved once per model and situation (device, dtype, train mode) and kept (`resolve_attention_kernel`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.utils import logging
 
 try:  # transformers >= 5 initialises through these (they respect already-loaded weights)
     from transformers import initialization as init
@@ -34,24 +36,27 @@ except ImportError:  # pragma: no cover
 
 from .configuration_tupe import TupeConfig
 from .kernels import (
+    AUTO,
     AttentionKernel,
     FastDropout,
     KernelSituation,
-    canonical_attn_implementation,
+    canonical_kernel_name,
     check_kernel_for_scheme,
+    get_attention_kernel,
     masked_lm_loss,
-    requested_kernel_name,
+    registry_version,
     select_kernel,
 )
 from .positional import (
     PositionalContext,
+    PositionalModule,
     PositionalScheme,
-    RelativeBias,
-    UntiedPositions,
     apply_rotary,
     build_scheme,
     scheme_class,
 )
+
+logger = logging.get_logger(__name__)
 
 
 def resolve_attention_kernel(
@@ -88,9 +93,20 @@ def _select_kernel(
     probabilities: bool,
 ) -> AttentionKernel:
     dropout = training and config.attention_probs_dropout_prob > 0
-    terms = scheme_class(config.position_scheme).terms()
+    terms = scheme_class(config.position_scheme).terms
     situation = KernelSituation(terms, device.type, dtype, training, grad, dropout, probabilities)
-    return select_kernel(config.requested_attention_kernel(), situation)
+    requested = config.requested_attention_kernel()
+    kernel = select_kernel(requested, situation)
+    if (
+        probabilities
+        and kernel.name != requested
+        and (requested == AUTO or not get_attention_kernel(requested).probabilities)
+    ):
+        logger.warning_once(
+            f"output_attentions: attention kernel {requested!r} returns no attention probabilities; the passes "
+            f"that ask for them run {kernel.name!r}"
+        )
+    return kernel
 
 
 def _tracing() -> bool:
@@ -180,11 +196,10 @@ class TupeSelfAttention(nn.Module):
         """The attention core on projected (b, h, n, d) queries, keys, values: the scheme's rotary / added
         positions, then the resolved registry kernel (`tupe bench --attention-only` times this)."""
         ctx, kernel = inputs.ctx, inputs.kernel
-        if not kernel.positions_applied_by_kernel:
-            if ctx.rotary is not None:
-                q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
-            if ctx.query_add is not None:
-                q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
+        if ctx.rotary is not None:
+            q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
+        if ctx.query_add is not None:
+            q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
         if ctx.layer_term is not None:  # a term of this layer's own queries, keys and projections (DeBERTa)
             ctx = ctx.for_layer(ctx.layer_term(q, k, self.project_positions, ctx.relative_embeddings))
         dropout_p = self.dropout_p if self.training else 0.0
@@ -332,11 +347,8 @@ class TupePreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        std = self.config.initializer_range
-        if isinstance(module, UntiedPositions) and module.theta_positions is not None:
-            init.normal_(module.theta_positions, mean=0.0, std=std)
-        elif isinstance(module, RelativeBias):
-            init.normal_(module.bias.weight, mean=0.0, std=std)
+        if isinstance(module, PositionalModule):  # what a positional scheme's modules initialise themselves
+            module.init_positional_weights(self.config.initializer_range)
         elif isinstance(module, TupeLMHead):
             init.zeros_(module.bias)
 
@@ -416,31 +428,33 @@ class TupePreTrainedModel(PreTrainedModel):
         allow_all_kernels: bool = False,
         **kwargs,
     ) -> str:
-        """transformers' door to the kernel registry (`from_pretrained(..., attn_implementation=K)`,
-        `set_attn_implementation(K)`): K is "eager", "sdpa" (transformers' default: the config's
-        `attention_kernel`), "flex_attention" (the "flex" kernel) or any registry name, kept as
-        `config._attn_implementation` for this model (not saved); anything else is refused in one line."""
-        name = canonical_attn_implementation(attn_implementation)
-        saved = self.config.validate_attention_kernel()
-        kernel = requested_kernel_name(name, saved)
-        terms = scheme_class(self.config.position_scheme).terms()
-        what = "attention_kernel" if kernel == saved else "attn_implementation"
-        check_kernel_for_scheme(kernel, self.config.position_scheme, terms, what)
-        return name
+        """transformers' door to the kernel registry, where the one runtime setting `config._attn_implementation`
+        is set: None (nothing asked, transformers' default) -> the saved `config.attention_kernel`; any other K
+        (`from_pretrained(..., attn_implementation=K)`, `set_attn_implementation(K)`) -> K's registry name
+        ("sdpa" the SDPA kernel, "flex_attention" the "flex" kernel, "auto"), for this model, not saved. A name
+        the registry does not have, or a kernel that cannot run the scheme, is refused in one line."""
+        if attn_implementation is None:
+            return self.config.validate_attention_kernel()
+        name = canonical_kernel_name(attn_implementation, "attn_implementation")
+        terms = scheme_class(self.config.position_scheme).terms
+        return check_kernel_for_scheme(name, self.config.position_scheme, terms, "attn_implementation")
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
-        """The kernel is looked up per forward pass, so `set_attn_implementation` works on a loaded model."""
+        """The kernel is read from `config._attn_implementation`, so `set_attn_implementation` works on a loaded
+        model."""
         return True
 
 
 class TupeModel(TupePreTrainedModel):
     """The encoder: embeddings, one positional scheme, `num_hidden_layers` blocks.
 
-    `config.attention_kernel` (saved in config.json) or transformers' `attn_implementation` picks the attention
-    kernel from the registry in kernels.py, once per forward pass (`resolve_attention_kernel`); every kernel is
-    exact against the eager reference (tests/modeling/test_fast_paths.py). `output_attentions` runs the eager
-    reference, the kernel that returns probabilities. docs/model.md "Attention kernels" lists them.
+    `config._attn_implementation` names the attention kernel of the registry in kernels.py that runs: set when the
+    model is built or loaded, to the saved `config.attention_kernel` unless transformers' `attn_implementation`
+    asks for another; "auto" is resolved once for each situation and kept (`_kernel`, `resolve_attention_kernel`).
+    Every kernel is exact against the eager reference (tests/modeling/test_fast_paths.py). `output_attentions`
+    runs the eager reference, the kernel that returns probabilities, and says so once. docs/model.md "Attention
+    kernels" lists them.
     """
 
     def __init__(self, config: TupeConfig):
@@ -449,6 +463,7 @@ class TupeModel(TupePreTrainedModel):
         self.positional = build_scheme(config)
         self.layers = nn.ModuleList(TupeLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
+        self._kernels: dict[tuple, str] = {}  # names of the kernels resolved by situation (`_kernel`)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -478,14 +493,37 @@ class TupeModel(TupePreTrainedModel):
         """The kernel this model's next forward pass runs (see the module-level `resolve_attention_kernel`)."""
         return resolve_attention_kernel(self, dtype=dtype, probabilities=probabilities)
 
+    def _kernel(
+        self, device: torch.device, dtype: torch.dtype, grad: bool, probabilities: bool
+    ) -> AttentionKernel:
+        """The registry kernel of this forward pass: resolved once per model for each situation (requested
+        kernel, device, dtype, train mode, gradients, probabilities), then looked up."""
+        config = self.config
+        if _tracing():  # export / compile: no state kept on the module while tracing
+            return _select_kernel(config, device, dtype, self.training, grad, probabilities)
+        key = (
+            config._attn_implementation,
+            config.attention_kernel,
+            config.attention_probs_dropout_prob,
+            device,
+            dtype,
+            self.training,
+            grad,
+            probabilities,
+            registry_version(),
+        )
+        name = self._kernels.get(key)
+        if name is None:
+            name = _select_kernel(config, device, dtype, self.training, grad, probabilities).name
+            self._kernels[key] = name
+        return get_attention_kernel(name)
+
     def _attention_inputs(
         self, n: int, attention_mask: torch.Tensor | None, dtype: torch.dtype, probabilities: bool = False
     ) -> AttentionInputs:
         ctx = self.positional(n)
         device = self.embeddings.word_embeddings.weight.device
-        kernel = _select_kernel(
-            self.config, device, dtype, self.training, torch.is_grad_enabled(), probabilities
-        )
+        kernel = self._kernel(device, dtype, torch.is_grad_enabled(), probabilities)
         padding = None
         # Without padding no mask at all (faster kernels); traced or compiled, the padding term is always built:
         # whether a mask has zeros is a tensor's value, and export/compile need one graph for every mask.

@@ -1,9 +1,15 @@
 """One small module per positional scheme, behind one interface.
 
 Every scheme turns a sequence length into a `PositionalContext`: what it adds to the input, to the queries and
-keys, or to the attention logits. The context is computed once per forward pass and shared by every layer, so
-adding a scheme touches this file only: a `PositionalScheme` subclass (its class attributes are what bench,
-analysis and reports read) listed in `SCHEMES`.
+keys, or to the attention logits. The context is computed once per forward pass and shared by every layer.
+
+A scheme is one `PositionalScheme` subclass, and everything the rest of the package needs to know about it is
+declared there: what its contexts carry (`terms`, which decides the attention kernels that apply), its
+`TupeConfig` fields with their defaults and checks (`config_fields`, `check_config`), the initialisation of
+parameters the generic one does not cover (`init_positional_weights`), the names `--init-from` reports its
+parameters under (`parameter_groups`), its `--scheme` help line (`summary`) and the facts bench, analysis and
+reports read. It joins the registry with `register_scheme` (the built-in ones at the end of this file); adding a
+scheme touches this file only, and nothing outside it compares scheme names (tests/test_layers.py checks).
 
 Notation (see `docs/model.md`, which carries every equation): `d` head dimension, `p` the learned absolute position table,
 `U^Q, U^K` the untied positional projections shared by all layers, `b_{j-i}` a per-head relative bias.
@@ -11,86 +17,65 @@ Notation (see `docs/model.md`, which carries every equation): `d` head dimension
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
-from .kernels import kernels_for_terms
+from .kernels import CONTEXT_TERMS, PositionalContext, dropout, kernels_for_terms
 
-if TYPE_CHECKING:
-    from .configuration_tupe import TupeConfig
+try:  # transformers >= 5 initialises through these (they leave already-loaded weights alone)
+    from transformers import initialization as init
+except ImportError:  # pragma: no cover
+    init = nn.init
+
+__all__ = [
+    "POSITION_SCHEMES",
+    "SCHEMES",
+    "PositionalContext",
+    "PositionalScheme",
+    "SchemeField",
+    "build_scheme",
+    "register_scheme",
+    "scheme_class",
+    "scheme_fields",
+    "unregister_scheme",
+]
 
 
-class PositionalContext:
-    """What a scheme contributes to one forward pass; shapes use n = sequence length, h = heads, d = head dim.
+@dataclass(frozen=True)
+class SchemeField:
+    """A `TupeConfig` field that a scheme reads, declared on the scheme (`PositionalScheme.config_fields`).
 
-    - logit_scale: factor on the content logits `q k^T` (1/sqrt(d), 1/sqrt(2d) or 1/sqrt(4d)).
-    - input_embedding (n, hidden): added to the word embeddings (BERT-style absolute positions).
-    - bias (h, n, n): the content-free logits added to every layer (after the [CLS] reset where there is one).
-    - query_add / key_add (h, n, d): added to every layer's queries / keys (BERT-A^d: `p U^Q`, `p U^K`).
-    - rotary (cos, sin), each (n, d): rotation of queries and keys (RoPE).
-    - fold (h, n, r) x 2: extra query / key columns whose products equal `bias` up to a per-query constant
-      (which cancels in the softmax), so attention can run without an n x n tensor. Already scaled.
-    - bias_fn: builds `bias` on first access (then cached), so a pass that folds never materialises it
-      (long sequences on GPU); `has_bias` tells whether there is one without building it.
-    - relative_embeddings (m, hidden): position vectors shared by all layers that each layer projects with its own
-      weights (DeBERTa's relative embeddings, one row per offset `i - j` that occurs).
-    - layer_term: `layer_term(q, k, project, relative_embeddings) -> (b, h, n, n)`, an additive logit term that
-      depends on the layer's queries and keys and on `project(r) -> (r W^Q, r W^K)`, the layer's own projections
-      (each (h, m, d)), of the context's `relative_embeddings` (passed in, not captured, so that gradient
-      checkpointing can hand each layer its own copy). The attention layer calls it once per layer and hands
-      the result to the kernel as `layer_logits`.
-    - layer_logits (b, h, n, n): that term for the layer being run (set on the layer's copy of the context).
+    Every config carries every registered scheme's fields, with `default` where not given, so that a config
+    saved by one scheme loads under another (`--init-from`). `kind`, `low`, `high`, `low_open`: what a saved
+    `config.json` value must be (`tupe.io.model_folder` checks it before any model is built; no bounds: not
+    checked there). `resolve(value, config)`: the value stored (e.g. -1 -> max_position_embeddings).
+    `with_weights`: the value comes with trained weights (`--init-from` copies it from the source's config).
     """
 
-    def __init__(
-        self,
-        logit_scale: float,
-        input_embedding: torch.Tensor | None = None,
-        bias: torch.Tensor | None = None,
-        query_add: torch.Tensor | None = None,
-        key_add: torch.Tensor | None = None,
-        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-        fold: tuple[torch.Tensor, torch.Tensor] | None = None,
-        bias_fn: Callable[[], torch.Tensor] | None = None,
-        relative_embeddings: torch.Tensor | None = None,
-        layer_term: Callable[..., torch.Tensor] | None = None,
-    ):
-        self.logit_scale = logit_scale
-        self.input_embedding = input_embedding
-        self._bias = bias
-        self.query_add, self.key_add = query_add, key_add
-        self.rotary = rotary
-        self.fold = fold
-        self.bias_fn = bias_fn
-        self.relative_embeddings = relative_embeddings
-        self.layer_term = layer_term
-        self.layer_logits: torch.Tensor | None = None
+    name: str
+    default: Any
+    doc: str
+    kind: type = int
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    resolve: Callable[[Any, PretrainedConfig], Any] | None = None
+    with_weights: bool = True
 
-    def for_layer(self, layer_logits: torch.Tensor) -> PositionalContext:
-        """A shallow copy carrying one layer's `layer_logits` (the shared context is never modified)."""
-        _ = self.bias  # build a lazy shared term once, here, not once per layer's copy
-        ctx = copy.copy(self)
-        ctx.layer_logits = layer_logits
-        return ctx
 
-    @property
-    def bias(self) -> torch.Tensor | None:
-        if self._bias is None and self.bias_fn is not None:
-            self._bias, self.bias_fn = self.bias_fn(), None
-        return self._bias
+class PositionalModule(nn.Module):
+    """A module of a positional scheme. `init_positional_weights` initialises what the model's generic
+    initialisation (`nn.Linear`, `nn.Embedding`, `nn.LayerNorm`) does not: the model calls it once per module,
+    in module order (`TupePreTrainedModel._init_weights`); loaded weights are left alone by `init`'s functions."""
 
-    @bias.setter
-    def bias(self, value: torch.Tensor | None) -> None:
-        self._bias, self.bias_fn = value, None
-
-    @property
-    def has_bias(self) -> bool:
-        return self._bias is not None or self.bias_fn is not None
+    def init_positional_weights(self, std: float) -> None:
+        """Initialise this module's own parameters (not its submodules'); `std` is `initializer_range`."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -125,7 +110,7 @@ def toeplitz(values: torch.Tensor, n: int) -> torch.Tensor:
     return values.unfold(-1, n, 1).flip(-2)
 
 
-class RelativeBias(nn.Module):
+class RelativeBias(PositionalModule):
     """`b_{j-i}`: one scalar per head and bucket, shared by all layers (T5 buckets).
 
     With `cls_bucket`, one extra bucket (index `num_buckets`, 32 by default: a 33-row table) holds the relative
@@ -137,12 +122,15 @@ class RelativeBias(nn.Module):
     no gradient in either.
     """
 
-    def __init__(self, config: TupeConfig, cls_bucket: bool = False):
+    def __init__(self, config: PretrainedConfig, cls_bucket: bool = False):
         super().__init__()
         self.num_buckets = config.relative_attention_num_buckets
         self.max_distance = config.relative_attention_max_distance
         self.cls_bucket = cls_bucket
         self.bias = nn.Embedding(self.num_buckets + int(cls_bucket), config.num_attention_heads)
+
+    def init_positional_weights(self, std: float) -> None:
+        init.normal_(self.bias.weight, mean=0.0, std=std)
 
     def forward(self, n: int) -> torch.Tensor:
         offsets = torch.arange(-(n - 1), n, device=self.bias.weight.device)
@@ -154,7 +142,7 @@ class RelativeBias(nn.Module):
         return bias
 
 
-class UntiedPositions(nn.Module):
+class UntiedPositions(PositionalModule):
     """TUPE's positional side: one table `p`, its own LayerNorm, and `U^Q`, `U^K` shared by all layers.
 
     With `theta`, two extra learned position vectors `p_theta_1`, `p_theta_2` (`theta_positions`) go through the
@@ -171,7 +159,7 @@ class UntiedPositions(nn.Module):
     `modeling_tupe.LEGACY_KEYS`.
     """
 
-    def __init__(self, config: TupeConfig, theta: bool = False):
+    def __init__(self, config: PretrainedConfig, theta: bool = False):
         super().__init__()
         self.heads = config.num_attention_heads
         self.head_dim = config.head_dim
@@ -180,6 +168,10 @@ class UntiedPositions(nn.Module):
         self.pos_query = nn.Linear(config.hidden_size, config.hidden_size)  # U^Q
         self.pos_key = nn.Linear(config.hidden_size, config.hidden_size)  # U^K
         self.theta_positions = nn.Parameter(torch.empty(2, config.hidden_size)) if theta else None
+
+    def init_positional_weights(self, std: float) -> None:
+        if self.theta_positions is not None:
+            init.normal_(self.theta_positions, mean=0.0, std=std)
 
     def _project(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(m, hidden) positions -> (h, m, d) positional queries and keys."""
@@ -217,53 +209,61 @@ def cls_reset(v: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-class PositionalScheme(nn.Module):
+class PositionalScheme(PositionalModule):
     """Interface: `forward(n)` returns the `PositionalContext` of a length-n input.
 
-    The class attributes describe the scheme to the rest of the package (bench, analysis, reports), which asks
-    them rather than comparing names: adding a scheme means adding a subclass here and listing it in `SCHEMES`.
+    The class attributes describe the scheme to the rest of the package (configuration, bench, analysis, reports,
+    `--init-from`), which asks them rather than comparing names: adding a scheme means adding a subclass here and
+    registering it (`register_scheme`, from inside or outside the package).
     """
 
     name: ClassVar[str]
     display_name: ClassVar[str]  # as in the paper's tables
+    summary: ClassVar[str]  # one line for `tupe pretrain --scheme`'s help
+    # What its contexts carry that concerns an attention kernel (`kernels.CONTEXT_TERMS`): "bias" a content-free
+    # (h, n, n) term, "fold" its low-rank form, "constant" nothing learned in it, "rotary", "layer" a per-layer
+    # content x position term. The one declaration: the booleans below are read from it, and so is `kernels()`.
+    terms: ClassVar[frozenset[str]] = frozenset()
     score_dims: ClassVar[int] = 1  # content logits are scaled by (score_dims * d) ** -0.5
     absolute_input: ClassVar[bool] = False  # p_i added to the word embedding (BERT-style)
     untied_projections: ClassVar[bool] = False  # positions enter through their own projections U^Q, U^K
     relative_bias: ClassVar[bool] = False  # b_{j-i} on the logits
     resets_cls: ClassVar[bool] = False  # [CLS] row/column of the content-free term replaced by theta
-    content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits
-    low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns (kernel "fold")
-    rotary: ClassVar[bool] = False  # queries and keys rotated by position (RoPE)
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
     position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
-    uses_position: ClassVar[bool] = True  # False only for the position-blind control (nope)
-    directional: ClassVar[bool] = (
-        True  # tells j - i from i - j (symmetric ALiBi cannot: reversal-equivariant)
-    )
     transformers_comparator: ClassVar[str | None] = None  # `tupe bench`'s transformers model of this scheme
-    content_position: ClassVar[bool] = False  # a per-layer content x position term (ctx.layer_term, DeBERTa)
-    relative_embeddings: ClassVar[bool] = False  # position vectors projected by every layer's own W^Q, W^K
+    # `TupeConfig` fields this scheme reads (every config carries every registered scheme's fields)
+    config_fields: ClassVar[tuple[SchemeField, ...]] = ()
+    # (parameter name inside the scheme module, group name): how `--init-from`'s report names its parameters
+    parameter_groups: ClassVar[tuple[tuple[str, str], ...]] = ()
 
-    def __init__(self, config: TupeConfig):
+    # read from `terms`, set on each subclass (`__init_subclass__`)
+    content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits ("bias")
+    low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns ("fold")
+    rotary: ClassVar[bool] = False  # queries and keys rotated by position ("rotary")
+    content_position: ClassVar[bool] = False  # a per-layer content x position term ("layer", DeBERTa)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.terms = frozenset(cls.terms)
+        cls.content_free = "bias" in cls.terms
+        cls.low_rank = "fold" in cls.terms
+        cls.rotary = "rotary" in cls.terms
+        cls.content_position = "layer" in cls.terms
+
+    def __init__(self, config: PretrainedConfig):
         super().__init__()
         self.logit_scale = (self.score_dims * config.head_dim) ** -0.5
 
     @classmethod
-    def terms(cls) -> frozenset[str]:
-        """What this scheme's contexts carry that an attention kernel may need or must take
-        (`kernels.CONTEXT_TERMS`); a scheme with another kind of term overrides this."""
-        flags = (
-            ("bias", cls.content_free),
-            ("fold", cls.low_rank),
-            ("rotary", cls.rotary),
-            ("layer", cls.content_position),
-        )
-        return frozenset(term for term, present in flags if present)
+    def check_config(cls, config: PretrainedConfig) -> None:
+        """Refuse (ValueError, one line naming the values) a config this scheme cannot run; `TupeConfig` calls it
+        once its fields are set."""
 
     @classmethod
     def kernels(cls) -> tuple[str, ...]:
         """The `TupeConfig.attention_kernel` values that apply to this scheme, from the kernel registry."""
-        return kernels_for_terms(cls.terms())
+        return kernels_for_terms(cls.terms)
 
     @classmethod
     def extra_forward_flops(cls, hidden: int, seq_len: int) -> float:
@@ -286,17 +286,43 @@ class PositionalScheme(nn.Module):
         raise NotImplementedError
 
 
+# Fields and parameter groups several schemes share
+RELATIVE_BIAS_FIELDS = (
+    SchemeField(
+        "relative_attention_num_buckets", 32, "T5 bucketing of `j - i` (the paper's 32)", int, 1, 1 << 16
+    ),
+    SchemeField(
+        "relative_attention_max_distance",
+        128,
+        "offsets beyond it share a bucket (the paper's 128)",
+        int,
+        1,
+        1 << 20,
+    ),
+)
+RELATIVE_BIAS_GROUPS = (("relative.bias", "relative-position bias"),)
+UNTIED_GROUPS = (
+    ("untied.pos_query", "positional projections pos_query/pos_key"),
+    ("untied.pos_key", "positional projections pos_query/pos_key"),
+    ("untied.theta_positions", "[CLS] position parameters"),
+    ("untied.embeddings", "untied position table"),
+    ("untied.LayerNorm", "untied position LayerNorm"),
+)
+
+
 class BertA(PositionalScheme):
     """BERT-A: `p_i` added to the word embedding at the input; plain scaled dot-product logits."""
 
     name = "bert-a"
     display_name = "BERT-A"
+    summary = "learned absolute positions added to the input (BERT)"
+    parameter_groups = (("embeddings", "position table"),)
     transformers_comparator = "hf-bert"  # BertForMaskedLM
     absolute_input = True
     decomposable = True
     position_table = "embeddings"
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
 
@@ -309,11 +335,14 @@ class BertR(BertA):
 
     name = "bert-r"
     display_name = "BERT-R"
+    summary = "bert-a plus a T5 relative bias on every layer"
     transformers_comparator = None
+    terms = frozenset({"bias"})
     relative_bias = True
-    content_free = True
+    config_fields = RELATIVE_BIAS_FIELDS
+    parameter_groups = BertA.parameter_groups + RELATIVE_BIAS_GROUPS
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.relative = RelativeBias(config)
 
@@ -328,12 +357,14 @@ class BertAd(PositionalScheme):
 
     name = "bert-a-d"
     display_name = "BERT-A^d"
+    summary = "absolute positions added to queries and keys through their own projections"
+    parameter_groups = UNTIED_GROUPS
     score_dims = 4
     untied_projections = True
     decomposable = True
     position_table = "untied.embeddings"
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.untied = UntiedPositions(config)
 
@@ -347,15 +378,16 @@ class TupeA(PositionalScheme):
 
     name = "tupe-a"
     display_name = "TUPE-A"
+    summary = "untied absolute positions with the [CLS] reset (the paper's TUPE-A)"
+    terms = frozenset({"bias", "fold"})
     score_dims = 2
     untied_projections = True
     resets_cls = True
-    content_free = True
-    low_rank = True
+    parameter_groups = UNTIED_GROUPS
     decomposable = True
     position_table = "untied.embeddings"
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.untied = UntiedPositions(config, theta=self.resets_cls)
 
@@ -390,6 +422,7 @@ class TupeATieCls(TupeA):
 
     name = "tupe-a-tie-cls"
     display_name = "TUPE-A tie-cls"
+    summary = "tupe-a without the [CLS] reset (ablation)"
     resets_cls = False
 
 
@@ -398,10 +431,13 @@ class TupeR(TupeA):
 
     name = "tupe-r"
     display_name = "TUPE-R"
+    summary = "tupe-a plus a T5 relative bias (the paper's TUPE-R)"
+    terms = frozenset({"bias"})  # a relative bias is not low-rank: no fold
     relative_bias = True
-    low_rank = False  # a relative bias is not low-rank
+    config_fields = RELATIVE_BIAS_FIELDS
+    parameter_groups = UNTIED_GROUPS + RELATIVE_BIAS_GROUPS
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.relative = RelativeBias(config, cls_bucket=self.resets_cls)
 
@@ -417,6 +453,7 @@ class TupeRTieCls(TupeR):
 
     name = "tupe-r-tie-cls"
     display_name = "TUPE-R tie-cls"
+    summary = "tupe-r without the [CLS] reset (ablation)"
     resets_cls = False
 
 
@@ -425,9 +462,18 @@ class Rope(PositionalScheme):
 
     name = "rope"
     display_name = "RoPE"
-    rotary = True
+    summary = "rotary positions on queries and keys"
+    terms = frozenset({"rotary"})
+    config_fields = (
+        SchemeField("rope_theta", 10000.0, "base of the rotary frequencies", float, 0, 1e12, low_open=True),
+    )
 
-    def __init__(self, config: TupeConfig):
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        if config.head_dim % 2 != 0:
+            raise ValueError(f"rope needs an even head dimension, got {config.head_dim}")
+
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.head_dim = config.head_dim
         self.base = config.rope_theta
@@ -460,7 +506,7 @@ class Nope(PositionalScheme):
 
     name = "nope"
     display_name = "NoPE"
-    uses_position = False
+    summary = "no positions at all (the bag-of-words control)"
 
     def forward(self, n: int) -> PositionalContext:
         return PositionalContext(self.logit_scale)
@@ -488,10 +534,11 @@ class Sinusoidal(PositionalScheme):
 
     name = "sinusoidal"
     display_name = "Sinusoidal"
+    summary = "bert-a with the fixed sine/cosine table"
     absolute_input = True
     decomposable = True
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.hidden_size = config.hidden_size
         self.scale = config.initializer_range
@@ -515,11 +562,14 @@ class T5Bias(PositionalScheme):
 
     name = "t5"
     display_name = "T5 bias"
+    summary = "T5's relative bias alone"
+    terms = frozenset({"bias"})
     relative_bias = True
-    content_free = True
+    config_fields = RELATIVE_BIAS_FIELDS
+    parameter_groups = RELATIVE_BIAS_GROUPS
     decomposable = True
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.relative = RelativeBias(config)
 
@@ -552,17 +602,13 @@ class Alibi(PositionalScheme):
 
     name = "alibi"
     display_name = "ALiBi"
-    directional = False  # the bias depends on |j - i| only: reversing the input reverses the output
+    summary = "symmetric ALiBi: fixed per-head slopes times |j - i|"
+    # nothing learned ("constant"): without attention dropout SDPA's flash kernel takes the term as a mask
+    terms = frozenset({"bias", "constant"})
     relative_bias = True
-    content_free = True
     decomposable = True
 
-    @classmethod
-    def terms(cls) -> frozenset[str]:
-        # nothing learned: without attention dropout SDPA's flash kernel takes the term as a mask (kernels.py)
-        return super().terms() | {"constant"}
-
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.heads = config.num_attention_heads
         # Nothing is learned; this empty buffer only follows the model's device (`.to`, `from_pretrained`).
@@ -730,7 +776,7 @@ class DisentangledPositions(nn.Module):
     (itself `max_position_embeddings` when < 1). Offset `i - j` reads row `clamp(delta(i - j) + k, 0, 2k - 1)`.
     """
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__()
         self.buckets = config.position_buckets
         self.max_relative = (
@@ -784,24 +830,49 @@ class Deberta(PositionalScheme):
 
     name = "deberta"
     display_name = "DeBERTa"
+    summary = "DeBERTa-v2/v3 disentangled attention (log-bucketed relative positions)"
     transformers_comparator = "hf-deberta"  # DebertaV2ForMaskedLM with the same choices
+    terms = frozenset({"layer"})
     score_dims = 3
-    content_position = True
-    relative_embeddings = True
+    config_fields = (
+        SchemeField("position_buckets", 256, "log buckets of `i - j` (<= 0: not bucketed, only clipped)"),
+        SchemeField(
+            "max_relative_positions",
+            -1,
+            "clip of `i - j`; -1 (below 1): max_position_embeddings, stored resolved",
+            resolve=lambda value, config: config.max_position_embeddings if value < 1 else value,
+        ),
+    )
+    parameter_groups = (
+        ("relative.rel_embeddings", "relative-position embeddings"),
+        ("relative.LayerNorm", "relative-position LayerNorm"),
+    )
+
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        buckets, max_relative, max_positions = (
+            config.position_buckets,
+            config.max_relative_positions,
+            config.max_position_embeddings,
+        )
+        if buckets > 0 and max_positions - 1 > buckets // 2 and max_relative - 1 <= buckets // 2:
+            raise ValueError(
+                f"deberta's log buckets need max_relative_positions - 1 > position_buckets / 2 when inputs can "
+                f"be longer than that; got max_relative_positions {max_relative}, position_buckets {buckets}, "
+                f"max_position_embeddings {max_positions}"
+            )
 
     @classmethod
     def extra_layer_flops(cls, hidden: int, seq_len: int, batch: int) -> float:
         # the layer's W^Q, W^K on the 2n - 1 relative rows; q . kr and k . qr for every (i, j) pair, all heads
         return 2 * (2 * seq_len - 1) * hidden * 2 * hidden + 2 * 2 * batch * seq_len * seq_len * hidden
 
-    def __init__(self, config: TupeConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.relative = DisentangledPositions(config)
         self.dropout_p = config.hidden_dropout_prob
 
     def forward(self, n: int) -> PositionalContext:
-        from .kernels import dropout
-
         rel, index = self.relative(n)  # (rows read, hidden); each offset's row (None: one row per offset)
         scale, training, p = self.logit_scale, self.training, self.dropout_p
 
@@ -821,24 +892,84 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-SCHEMES: dict[str, type[PositionalScheme]] = {
-    cls.name: cls
-    for cls in (
-        BertA,
-        BertR,
-        BertAd,
-        TupeA,
-        TupeATieCls,
-        TupeR,
-        TupeRTieCls,
-        Rope,
-        Nope,
-        Sinusoidal,
-        T5Bias,
-        Alibi,
-        Deberta,
-    )
-}
+# ----------------------------------------------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------------------------------------------
+
+SCHEMES: dict[str, type[PositionalScheme]] = {}  # name -> class, in registration order: `register_scheme`
+
+
+class _SchemeNames(Sequence[str]):
+    """`POSITION_SCHEMES`: the registered scheme names, read live from `SCHEMES`."""
+
+    def __getitem__(self, index):  # noqa: ANN001, ANN204 - Sequence protocol
+        return tuple(SCHEMES)[index]
+
+    def __len__(self) -> int:
+        return len(SCHEMES)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(SCHEMES))
+
+    def __contains__(self, name: object) -> bool:
+        return name in SCHEMES
+
+    def __repr__(self) -> str:
+        return repr(tuple(SCHEMES))
+
+
+POSITION_SCHEMES: Sequence[str] = _SchemeNames()
+
+
+def register_scheme(cls: type[PositionalScheme]) -> type[PositionalScheme]:
+    """Add a scheme under `cls.name` (refused if the name is taken, a term is unknown, or a config field it
+    declares clashes with another scheme's or with a `TupeConfig` argument); returns it, so it can decorate."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"positional scheme {cls.__name__} has no name")
+    if name in SCHEMES:
+        raise ValueError(f"positional scheme {name!r} is already registered")
+    unknown = sorted(cls.terms - set(CONTEXT_TERMS))
+    if unknown:
+        raise ValueError(
+            f"positional scheme {name!r}: unknown context terms {unknown}; known: {list(CONTEXT_TERMS)}"
+        )
+    known = scheme_fields()
+    for field in cls.config_fields:
+        if field.name in known and known[field.name] != field:
+            raise ValueError(
+                f"positional scheme {name!r}: config field {field.name!r} is declared differently by another scheme"
+            )
+        if field.name in RESERVED_FIELDS:
+            raise ValueError(
+                f"positional scheme {name!r}: config field {field.name!r} is a TupeConfig argument"
+            )
+    for attribute in ("display_name", "summary"):
+        if not isinstance(getattr(cls, attribute, None), str):
+            raise ValueError(f"positional scheme {name!r} has no {attribute}")
+    SCHEMES[name] = cls
+    return cls
+
+
+def unregister_scheme(name: str) -> None:
+    """Remove a registered scheme (e.g. a test's toy scheme)."""
+    SCHEMES.pop(name)
+
+
+# `TupeConfig`'s own arguments, which no scheme field may take (tests/modeling/test_positions.py holds it to them)
+RESERVED_FIELDS = frozenset(
+    {
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+        "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "position_scheme",
+        "embedding_layer_norm", "layer_norm_eps", "initializer_range", "classifier_dropout", "sparse_prediction",
+        "attention_kernel", "pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id", "tie_word_embeddings",
+    }
+)  # fmt: skip
+
+
+def scheme_fields() -> dict[str, SchemeField]:
+    """Every registered scheme's config fields by name (one declaration per name), in registration order."""
+    return {field.name: field for cls in SCHEMES.values() for field in cls.config_fields}
 
 
 def scheme_class(name: str) -> type[PositionalScheme]:
@@ -854,5 +985,40 @@ def comparator_scheme(comparator: str) -> str | None:
     return next((name for name, cls in SCHEMES.items() if cls.transformers_comparator == comparator), None)
 
 
-def build_scheme(config: TupeConfig) -> PositionalScheme:
-    return SCHEMES[config.position_scheme](config)
+def parameter_group(name: str) -> str | None:
+    """How `--init-from`'s report names a state-dict name of a positional scheme's parameter (the first
+    registered scheme's `parameter_groups` entry found in it), "positional parameters" for one no scheme names,
+    None outside the positional scheme."""
+    for cls in SCHEMES.values():
+        for key, group in cls.parameter_groups:
+            if f"positional.{key}" in name:
+                return group
+    return "positional parameters" if "positional." in name else None
+
+
+def schemes_help() -> str:
+    """`name: summary` of every registered scheme, for `--scheme`'s help."""
+    return "; ".join(f"{name}: {cls.summary}" for name, cls in SCHEMES.items())
+
+
+def build_scheme(config: PretrainedConfig) -> PositionalScheme:
+    """The scheme module a config asks for."""
+    return scheme_class(config.position_scheme)(config)
+
+
+for _scheme in (
+    BertA,
+    BertR,
+    BertAd,
+    TupeA,
+    TupeATieCls,
+    TupeR,
+    TupeRTieCls,
+    Rope,
+    Nope,
+    Sinusoidal,
+    T5Bias,
+    Alibi,
+    Deberta,
+):
+    register_scheme(_scheme)

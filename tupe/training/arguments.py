@@ -226,17 +226,6 @@ def attention_kernel_name(value: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _attn_implementation(value: str) -> str | None:
-    """`--attn-implementation`: as `from_pretrained(attn_implementation=...)` reads it ("sdpa": the default)."""
-    from tupe.modeling.kernels import TRANSFORMERS_DEFAULT, canonical_attn_implementation
-
-    try:
-        name = canonical_attn_implementation(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return None if name == TRANSFORMERS_DEFAULT else name
-
-
 def add_model_data_arguments(
     p: argparse.ArgumentParser, quiet_help: str = "print nothing but errors"
 ) -> None:
@@ -335,12 +324,9 @@ def _add_model_arguments(m: Any) -> None:
         "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS, docs/model.md; an unknown name is "
         "refused with the list), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
     )
+    # transformers' name for the same setting, kept as a hidden alias (its values are the same kernel names)
     m.add_argument(
-        "--attn-implementation",
-        dest="attention_kernel",
-        type=_attn_implementation,
-        metavar="NAME",
-        help="the same, as transformers' attn_implementation: its sdpa means the default kernel",
+        "--attn-implementation", dest="attention_kernel", type=attention_kernel_name, help=argparse.SUPPRESS
     )
 
 
@@ -412,15 +398,39 @@ def _add_logging_arguments(r: Any, quiet_help: str) -> None:
     add_report_arguments(r)
 
 
+class _SchemeHelp(argparse.Action):
+    """`--scheme`, whose help lists the registered schemes (`PositionalScheme.summary`), read when help is shown:
+    building it imports the model package, which `tupe pretrain --help` must not do before it is asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.pop("help", None)
+        super().__init__(option_strings, dest, **kwargs)
+
+    @property
+    def help(self) -> str:
+        from tupe.modeling.positional import schemes_help
+
+        return (
+            f"positional scheme (default tupe-a): {schemes_help()}; or hf-bert: transformers' own "
+            "BertForMaskedLM, a control"
+        ).replace("%", "%%")
+
+    @help.setter
+    def help(self, value: str | None) -> None:  # argparse sets it; the property above is the help
+        pass
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:  # noqa: E501
+        setattr(namespace, self.dest, values)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--scheme",
-        default="tupe-a",
-        help="positional scheme: bert-a, bert-r, bert-a-d, tupe-a, tupe-r, "
-        "tupe-a-tie-cls, tupe-r-tie-cls, rope, nope, sinusoidal, t5, alibi, deberta, "
-        "or hf-bert (transformers' own BertForMaskedLM, a control) "
-        "(default tupe-a)",
-    )
+    p.add_argument("--scheme", default="tupe-a", action=_SchemeHelp, metavar="SCHEME")
     p.add_argument(
         "--out",
         required=True,

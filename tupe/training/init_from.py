@@ -34,7 +34,8 @@ SHAPE_FLAGS = {
     "intermediate_size": ("--intermediate-size", "intermediate_size"),
     "max_position_embeddings": ("--max-position-embeddings", "max_position_embeddings"),
 }
-# config values that come with the weights (the new model must compute what the source computed)
+# config values that come with the weights (the new model must compute what the source computed), besides the
+# positional schemes' own fields declared `with_weights` (`source_fields`)
 _SOURCE_FIELDS = (
     "vocab_size",
     "hidden_act",
@@ -42,11 +43,6 @@ _SOURCE_FIELDS = (
     "embedding_layer_norm",
     "initializer_range",
     "tie_word_embeddings",
-    "rope_theta",
-    "relative_attention_num_buckets",
-    "relative_attention_max_distance",
-    "position_buckets",
-    "max_relative_positions",
 )
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spm.model", "vocab.json")  # vocab.json: with merges.txt
 _WHAT = "--init-from takes a tupe run or model folder, a transformers BERT folder or a DeBERTa-v2 folder"
@@ -257,7 +253,8 @@ class Source:
     def model_kwargs(self, model_kwargs: dict[str, Any]) -> dict[str, Any]:
         """The run's model config values with those of the source that its weights need (norm epsilon,
         activation, vocabulary size, ...)."""
-        return {**model_kwargs, **{k: v for k, v in self.config.items() if k in _SOURCE_FIELDS}}
+        fields = source_fields()
+        return {**model_kwargs, **{k: v for k, v in self.config.items() if k in fields}}
 
     def copy_into(self, model: Any) -> InitReport:
         """Copy every tensor of `model` (a freshly initialised `TupeForMaskedLM`) that the source has under the
@@ -281,6 +278,14 @@ class Source:
             new=[k for k in target if k not in copied and k not in tied],
             dropped=[k for k in self.state if k not in copied],
         )
+
+
+def source_fields() -> tuple[str, ...]:
+    """The config values a source's weights bring: `_SOURCE_FIELDS` and every registered scheme's fields that
+    come with its weights (`SchemeField.with_weights`)."""
+    from tupe.modeling.positional import scheme_fields
+
+    return (*_SOURCE_FIELDS, *(f.name for f in scheme_fields().values() if f.with_weights))
 
 
 def load_source(run: Any, tokenizer: Any) -> Source:
@@ -366,18 +371,9 @@ def _tied_names(model: Any) -> set[str]:
     return tied
 
 
-_GROUPS = (  # (substring of a state-dict name, group name), first match wins
+_GROUPS = (  # (substring of a state-dict name, group name), first match wins; positional parameters by scheme
     ("embeddings.word_embeddings", "word embeddings"),
     ("embeddings.LayerNorm", "embedding LayerNorm"),
-    ("positional.untied.pos_query", "positional projections pos_query/pos_key"),
-    ("positional.untied.pos_key", "positional projections pos_query/pos_key"),
-    ("positional.untied.theta_positions", "[CLS] position parameters"),
-    ("positional.untied.embeddings", "untied position table"),
-    ("positional.untied.LayerNorm", "untied position LayerNorm"),
-    ("positional.embeddings", "position table"),
-    ("positional.relative.bias", "relative-position bias"),
-    ("positional.relative.rel_embeddings", "relative-position embeddings"),
-    ("positional.relative.LayerNorm", "relative-position LayerNorm"),
     (".attention", "attention"),
     (".intermediate", "FFN"),
     (".output", "FFN"),
@@ -386,7 +382,14 @@ _GROUPS = (  # (substring of a state-dict name, group name), first match wins
 
 
 def group_of(name: str) -> str:
-    """The part of the model a state-dict name belongs to, as the report names it."""
+    """The part of the model a state-dict name belongs to, as the report names it: the positional parameters as
+    their scheme names them (`PositionalScheme.parameter_groups`), the rest by `_GROUPS`."""
+    from tupe.modeling.positional import parameter_group
+
+    if not any(key in name for key, _ in _GROUPS[:2]):
+        group = parameter_group(name)
+        if group is not None:
+            return group
     return next((group for key, group in _GROUPS if key in name), name.rsplit(".", 1)[0])
 
 

@@ -13,33 +13,29 @@ from tupe.errors import TupeError
 from tupe.modeling import POSITION_SCHEMES
 
 HF_BERT = "hf-bert"  # transformers' own BertForMaskedLM, the independent control
-SCHEMES: tuple[str, ...] = (*POSITION_SCHEMES, HF_BERT)  # what --scheme accepts
+
+
+def pretrain_schemes() -> tuple[str, ...]:
+    """What `--scheme` accepts: every registered positional scheme (read now: schemes registered from outside the
+    package count), then hf-bert."""
+    return (*POSITION_SCHEMES, HF_BERT)
 
 
 def check_scheme(scheme: str, attention_kernel: str | None = None) -> None:
     """An unknown scheme, or an `--attention-kernel` that cannot run it, refused before any work."""
-    if scheme not in SCHEMES:
-        raise TupeError(f"unknown scheme {scheme!r}; choose one of: {', '.join(SCHEMES)}")
+    schemes = pretrain_schemes()
+    if scheme not in schemes:
+        raise TupeError(f"unknown scheme {scheme!r}; choose one of: {', '.join(schemes)}")
     if attention_kernel is not None and scheme != HF_BERT:
         from tupe.modeling.kernels import check_kernel_for_scheme
         from tupe.modeling.positional import scheme_class
 
         try:
             check_kernel_for_scheme(
-                attention_kernel, scheme, scheme_class(scheme).terms(), "--attention-kernel"
+                attention_kernel, scheme, scheme_class(scheme).terms, "--attention-kernel"
             )
         except ValueError as err:
             raise TupeError(str(err)) from None
-
-
-def _max_positions(config: Any, max_length: int) -> int:
-    """The table size: --max-position-embeddings, at least the block length (rows beyond it stay untrained)."""
-    n = getattr(config, "max_position_embeddings", None) or max_length
-    if n < max_length:
-        raise TupeError(
-            f"--max-position-embeddings {n} is smaller than --max-seq-len {max_length}: blocks would have no row"
-        )
-    return int(n)
 
 
 def model_config(run: Any, tokenizer: Any) -> dict[str, Any]:
@@ -51,7 +47,8 @@ def model_config(run: Any, tokenizer: Any) -> dict[str, Any]:
         num_hidden_layers=int(run.num_hidden_layers),
         num_attention_heads=int(run.num_attention_heads),
         intermediate_size=int(run.intermediate_size),
-        max_position_embeddings=_max_positions(run, int(run.max_length)),
+        # --max-position-embeddings (at least the block length: `ResolvedConfig` checks), else the block length
+        max_position_embeddings=int(run.max_position_embeddings or run.max_length),
         position_scheme=run.scheme,
         hidden_dropout_prob=float(run.dropout),
         attention_probs_dropout_prob=float(run.dropout),
