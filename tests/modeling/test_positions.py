@@ -71,7 +71,8 @@ def _final_loss(scheme: str, blind: bool) -> float:
 # The schemes the order tests below treat apart (what the model computes, checked here, not metadata the package
 # reads): the position-blind control, and the schemes that see distance but not direction.
 POSITION_BLIND = ("nope",)
-UNDIRECTED = ("alibi",)  # the bias depends on |j - i| only: reversing the input reverses the output
+UNDIRECTED = ("alibi", "kerple-log", "kerple-power")  # the bias depends on |j - i| only: reversing the input
+# reverses the output
 
 
 @pytest.mark.slow
