@@ -622,12 +622,6 @@ class Alibi(PositionalScheme):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def symmetric_toeplitz(values: torch.Tensor) -> torch.Tensor:
-    """(h, n) per-distance values, distance `|j - i|` at index `|j - i|`  ->  (h, n, n) (`toeplitz` of both signs)."""
-    n = values.shape[-1]
-    return toeplitz(torch.cat([values.flip(-1), values[:, 1:]], dim=-1), n)
-
-
 class Kerple(PositionalScheme):
     """KERPLE (Chi et al., NeurIPS 2022): a conditionally positive definite kernel of the distance `|i - j|` on
     every layer's logits, two learned positive parameters per head, shared by all layers; no table.
@@ -678,8 +672,10 @@ class Kerple(PositionalScheme):
         p, a = self._clamped(self.bias_p, self.p_max), self._clamped(self.bias_a, None)
 
         def bias() -> torch.Tensor:
-            distance = torch.arange(n, device=p.device, dtype=p.dtype)  # |j - i| = 0 .. n - 1
-            return symmetric_toeplitz(self.kernel(p[:, None], a[:, None], distance))
+            # |j - i| of the 2n - 1 offsets j - i, in `toeplitz`'s slot order (twice the n distances' elementwise
+            # work, no slicing that a traced length would have to satisfy)
+            distance = torch.arange(-(n - 1), n, device=p.device, dtype=p.dtype).abs()
+            return toeplitz(self.kernel(p[:, None], a[:, None], distance), n)
 
         ctx = PositionalContext(self.logit_scale)
         ctx.bias_fn = bias
