@@ -54,6 +54,59 @@ def deberta_bucket(rel: int, buckets: int, max_position: int) -> int:
     return logged if rel > 0 else -logged
 
 
+KERPLE_EPS = 1e-2  # chijames/KERPLE, megatron/mpu/layers.py: `self.eps = 1e-2` in both ParallelKerple classes
+
+
+def kerple_bias(scheme: str, p: float, a: float, i: int, j: int) -> float:
+    """One head's KERPLE bias for the pair (i, j), from the reference's equations (chijames/KERPLE at 73f1ee2,
+    megatron/mpu/layers.py): `ParallelKerpleLog.forward` clamps `bias_p` and `bias_a` at `eps` and returns
+    `-bias_p * log(1 + bias_a * diff)`; `ParallelKerplePower.forward` clamps `bias_p` to [eps, 2], `bias_a` at
+    eps, and returns `-bias_a * diff ** bias_p`. `diff` is the reference's causal `i - j`; an encoder's `|i - j|`."""
+    distance = abs(i - j)
+    if scheme == "kerple-log":
+        p, a = max(p, KERPLE_EPS), max(a, KERPLE_EPS)
+        return -p * math.log(1 + a * distance)
+    p, a = min(max(p, KERPLE_EPS), 2.0), max(a, KERPLE_EPS)
+    return -a * distance**p
+
+
+def fire_bias(params: dict, threshold: float, heads: int, i: int, j: int, normalizer: int) -> list[float]:
+    """FIRE's bias of the pair (i, j) for every head (Li et al., ICLR 2024, eq. for `b(i, j)`; the FIRE class of
+    mcleish7/arithmetic, cramming/architectures/embeddings.py): `psi(x) = log(|c x| + 1)`,
+    `L = |multiplier * threshold|`, `x = sign(i - j) psi(|i - j|) / (psi(max(normalizer, L)) + 1e-6)`, then the
+    MLP 1 -> width -> heads with ReLU. `normalizer`: the length N (the encoder's form) or the query position i."""
+    c = float(params["distance_scale"])
+    L = abs(float(params["threshold_multiplier"]) * threshold)
+    psi = lambda v: math.log(abs(c * v) + 1)  # noqa: E731
+    sign = (i > j) - (i < j)
+    x = sign * psi(abs(i - j)) / (psi(max(normalizer, L)) + 1e-6)
+    w1, b1 = params["mlp_in_weight"][:, 0].tolist(), params["mlp_in_bias"].tolist()
+    hidden = [max(0.0, w * x + b) for w, b in zip(w1, b1)]
+    w2, b2 = params["mlp_out_weight"].tolist(), params["mlp_out_bias"].tolist()
+    return [sum(w * u for w, u in zip(w2[h], hidden)) + b2[h] for h in range(heads)]
+
+
+def length_scheme_bias(scheme: str, cfg, sd: dict, prefix: str, n: int) -> list:
+    """[h][i][j] content-free term of fire / kerple-*, one pair at a time, in Python floats."""
+    heads = cfg.num_attention_heads
+    params = {
+        k[len(prefix + "positional.") :]: v for k, v in sd.items() if k.startswith(prefix + "positional.")
+    }
+    if scheme.startswith("kerple"):
+        P, A = params["bias_p"].tolist(), params["bias_a"].tolist()
+        return [
+            [[kerple_bias(scheme, P[h], A[h], i, j) for j in range(n)] for i in range(n)]
+            for h in range(heads)
+        ]
+    out = [[[0.0] * n for _ in range(n)] for _ in range(heads)]
+    for i in range(n):
+        for j in range(n):
+            normalizer = n if cfg.fire_normalizer == "length" else i
+            for h, value in enumerate(fire_bias(params, cfg.fire_threshold, heads, i, j, normalizer)):
+                out[h][i][j] = value
+    return out
+
+
 def layer_norm(x, weight, bias, eps):
     mean = x.mean(-1, keepdim=True)
     var = ((x - mean) ** 2).mean(-1, keepdim=True)
@@ -146,6 +199,9 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             )
             return min(max(delta + span, 0), 2 * span - 1)
 
+    if scheme in ("kerple-log", "kerple-power", "fire"):
+        length_bias = length_scheme_bias(scheme, cfg, sd, prefix, n)
+
     hiddens, attentions = [], []
     for layer in range(cfg.num_hidden_layers):
         L = f"layers.{layer}."
@@ -177,6 +233,8 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
                             a = (word + q[i] @ KR[r, h] + k[j] @ QR[r, h]) / math.sqrt(3 * d)
                         elif scheme == "alibi":
                             a = word / math.sqrt(d) - slopes[h] * abs(j - i)
+                        elif scheme in ("kerple-log", "kerple-power", "fire"):
+                            a = word / math.sqrt(d) + length_bias[h][i][j]
                         elif scheme == "bert-a-d":
                             a = (word + q[i] @ PK[j, h] + PQ[i, h] @ k[j] + PQ[i, h] @ PK[j, h]) / math.sqrt(
                                 4 * d

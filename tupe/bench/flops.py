@@ -64,7 +64,9 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     total = layers * per_layer
     cls = scheme_class(comparator_scheme(scheme) or scheme)
     if scheme != HF_BERT:
-        total += cls.extra_forward_flops(h, seq_len)  # positional side, once per forward
+        total += cls.extra_forward_flops(
+            h, seq_len, shape.num_attention_heads
+        )  # positional side, once per forward
     total += layers * cls.extra_layer_flops(h, seq_len, batch)  # positional terms inside every layer
     total += 2 * predicted_rows * h * h + 2 * predicted_rows * h * v  # MLM head: dense + tied decoder
     return float(total)

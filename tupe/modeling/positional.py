@@ -266,8 +266,9 @@ class PositionalScheme(PositionalModule):
         return kernels_for_terms(cls.terms)
 
     @classmethod
-    def extra_forward_flops(cls, hidden: int, seq_len: int) -> float:
-        """Matmul FLOPs of the positional side, once per forward pass (shared by the batch and the layers)."""
+    def extra_forward_flops(cls, hidden: int, seq_len: int, heads: int) -> float:
+        """Matmul FLOPs of the positional side, once per forward pass (shared by the batch and the layers), at
+        the scheme's default config fields."""
         flops = 0.0
         if cls.untied_projections:
             flops += 2 * 2 * seq_len * hidden * hidden  # p U^Q and p U^K
@@ -620,6 +621,214 @@ class Alibi(PositionalScheme):
             distance = (distance[None, :] - distance[:, None]).abs()  # |j - i|
             bias = -alibi_slopes(self.heads)[:, None, None] * distance  # (h, n, n), exact in float64
             return bias.to(self.device_anchor.device, torch.float32)
+
+        ctx = PositionalContext(self.logit_scale)
+        ctx.bias_fn = bias
+        return ctx
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Schemes built for length: KERPLE and FIRE (a learned content-free term of the offset, no table, any length)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class Kerple(PositionalScheme):
+    """KERPLE (Chi et al., NeurIPS 2022): a conditionally positive definite kernel of the distance `|i - j|` on
+    every layer's logits, two learned positive parameters per head, shared by all layers; no table.
+
+    Reference: `ParallelKerpleLog` / `ParallelKerplePower` in chijames/KERPLE, `megatron/mpu/layers.py`. As there,
+    both parameters start uniform (`bias_p` in (0, 2), `bias_a` in (0, 1)) and are clamped at each forward pass
+    by writing the clamped value into the parameter itself (the reference assigns `param.data`; here `param.data`
+    is clamped in place, the same values without a new tensor), then used as they are: the gradient flows as if
+    there were no clamp, and the optimizer's next step starts from the clamped value. Traced or compiled, where a
+    forward pass must not write its parameters, the same values with the same identity gradient
+    (`p + (clamp(p) - p).detach()`), the parameter left unclamped. The reference is causal (it takes the lower
+    triangle of `i - j`); an encoder takes `|i - j|`, symmetric: the kernel knows distance, not direction.
+    """
+
+    terms = frozenset({"bias"})
+    relative_bias = True
+    decomposable = True
+    parameter_groups = (("bias_p", "KERPLE bias_p"), ("bias_a", "KERPLE bias_a"))
+    eps: ClassVar[float] = 1e-2  # the reference's `self.eps`, the lower clamp of both parameters
+    p_max: ClassVar[float | None] = None  # upper clamp of `bias_p` (the power form's exponent: 2)
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__(config)
+        self.bias_p = nn.Parameter(torch.empty(config.num_attention_heads))
+        self.bias_a = nn.Parameter(torch.empty(config.num_attention_heads))
+
+    def init_positional_weights(self, std: float) -> None:
+        init.uniform_(self.bias_p, 0.0, 2.0)  # the reference's get_parameter(2, "uniform")
+        init.uniform_(self.bias_a, 0.0, 1.0)  # get_parameter(1, "uniform")
+
+    @classmethod
+    def extra_forward_flops(cls, hidden: int, seq_len: int, heads: int) -> float:
+        # elementwise work on n distances per head, no matrix multiplication: nothing in model FLOPs
+        return 0.0
+
+    def _clamped(self, param: torch.Tensor, high: float | None) -> torch.Tensor:
+        """`param` clamped to [eps, high] as the reference does it (module docstring)."""
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return param + (param.clamp(min=self.eps, max=high) - param).detach()
+        param.data.clamp_(min=self.eps, max=high)  # `.data`: no autograd version bump, as the reference's
+        return param
+
+    def kernel(self, p: torch.Tensor, a: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        """(h, 1) parameters, (m,) distances -> (h, m) bias values."""
+        raise NotImplementedError
+
+    def forward(self, n: int) -> PositionalContext:
+        p, a = self._clamped(self.bias_p, self.p_max), self._clamped(self.bias_a, None)
+
+        def bias() -> torch.Tensor:
+            # |j - i| of the 2n - 1 offsets j - i, in `toeplitz`'s slot order (twice the n distances' elementwise
+            # work, no slicing that a traced length would have to satisfy)
+            distance = torch.arange(-(n - 1), n, device=p.device, dtype=p.dtype).abs()
+            return toeplitz(self.kernel(p[:, None], a[:, None], distance), n)
+
+        ctx = PositionalContext(self.logit_scale)
+        ctx.bias_fn = bias
+        return ctx
+
+
+class KerpleLog(Kerple):
+    """KERPLE's logarithmic variant: `-p_h log(1 + a_h |i - j|)` on every layer's logits (`bias_p` = p, `bias_a`
+    = a, both clamped at 0.01 as in `ParallelKerpleLog`)."""
+
+    name = "kerple-log"
+    display_name = "KERPLE-log"
+    summary = "KERPLE's log kernel: -p_h log(1 + a_h |j - i|), two learned values per head"
+
+    def kernel(self, p: torch.Tensor, a: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        return -p * torch.log1p(a * distance)
+
+
+class KerplePower(Kerple):
+    """KERPLE's power variant: `-a_h |i - j|^{p_h}` on every layer's logits, in the reference's naming
+    (`ParallelKerplePower`: coefficient `bias_a`, clamped at 0.01; exponent `bias_p`, clamped to [0.01, 2])."""
+
+    name = "kerple-power"
+    display_name = "KERPLE-power"
+    summary = "KERPLE's power kernel: -a_h |j - i|^p_h, p_h in [0.01, 2], two learned values per head"
+    p_max = 2.0
+
+    def kernel(self, p: torch.Tensor, a: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
+        return -a * distance.pow(p)
+
+
+class Fire(PositionalScheme):
+    """FIRE (Li et al., ICLR 2024): `b_h(i, j) = f_theta(psi(i - j) / psi(max(N, L)))_h` on every layer's
+    logits, `psi(x) = log(|c x| + 1)`, `f_theta` an MLP 1 -> `fire_mlp_width` -> heads with ReLU; `c` (init 0.1)
+    and the multiplier `m` of the threshold `L = |m| * fire_threshold` (init 1) are learned. One term shared by
+    all layers, computed once per forward pass, at any length (no table).
+
+    Reference: the `FIRE` class of mcleish7/arithmetic (`cramming/architectures/embeddings.py`; the paper has no
+    official code), the same widths and initial values; its MLP starts as `torch.nn.Linear`'s own initialisation,
+    as there. That form is causal: it drops the sign of `i - j` (a decoder masks `j > i`) and normalises by the
+    query's own position `i`. **For an encoder** this scheme keeps direction and gives every query the same
+    normaliser: `f_theta(sign(i - j) psi(|i - j|) / (psi(max(N, L)) + eps))`, `N` the input length (the padded
+    length of a batch), `eps = 1e-6`. Then the term depends on `i - j` alone (the MLP runs on the 2n - 1 offsets,
+    not on n^2 pairs) and a token's bias to its neighbours does not change with where it sits in the sequence.
+    `fire_normalizer="query"` normalises by the query position instead (`psi(max(i, L))`, i from 0), which for
+    `i >= j` is the reference's bias exactly (a check against the reference, not a recommended setting).
+    """
+
+    name = "fire"
+    display_name = "FIRE"
+    summary = "FIRE: a learned MLP of the log-scaled signed offset, normalised by the length"
+    terms = frozenset({"bias"})
+    relative_bias = True
+    decomposable = True
+    config_fields = (
+        SchemeField("fire_mlp_width", 32, "hidden width of FIRE's MLP (the reference's 32)", int, 1, 1 << 16),
+        SchemeField(
+            "fire_threshold",
+            512.0,
+            "FIRE's initial threshold L of the normaliser psi(max(N, L)) (the reference's init_L), times a "
+            "learned multiplier",
+            float,
+            0,
+            1e9,
+            low_open=True,
+        ),
+        SchemeField(
+            "fire_normalizer",
+            "length",
+            'what FIRE normalises by: "length" (the input length N, every query alike) or "query" (the query '
+            "position i, the causal reference's choice; a check, not a recommended setting)",
+            str,
+        ),
+    )
+    parameter_groups = (
+        ("mlp_", "FIRE MLP"),
+        ("distance_scale", "FIRE c and threshold multiplier"),
+        ("threshold_multiplier", "FIRE c and threshold multiplier"),
+    )
+    initial_c: ClassVar[float] = 0.1  # the reference's init_c
+    eps: ClassVar[float] = 1e-6  # the reference's eps
+
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        if config.fire_normalizer not in ("length", "query"):
+            raise ValueError(f'fire_normalizer must be "length" or "query", got {config.fire_normalizer!r}')
+
+    @classmethod
+    def extra_forward_flops(cls, hidden: int, seq_len: int, heads: int) -> float:
+        # the MLP on the 2n - 1 offsets (the default normaliser; "query" runs it on n^2 pairs), at the default
+        # width: 1 -> width, width -> heads
+        width = cls.config_fields[0].default
+        return 2.0 * (2 * seq_len - 1) * width * (1 + heads)
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__(config)
+        width, heads = config.fire_mlp_width, config.num_attention_heads
+        self.threshold = float(config.fire_threshold)
+        self.per_query = config.fire_normalizer == "query"
+        self.mlp_in_weight = nn.Parameter(torch.empty(width, 1))
+        self.mlp_in_bias = nn.Parameter(torch.empty(width))
+        self.mlp_out_weight = nn.Parameter(torch.empty(heads, width))
+        self.mlp_out_bias = nn.Parameter(torch.empty(heads))
+        self.distance_scale = nn.Parameter(torch.empty(()))  # c
+        self.threshold_multiplier = nn.Parameter(torch.empty(()))  # L = |multiplier| * fire_threshold
+
+    def init_positional_weights(self, std: float) -> None:
+        # the reference's MLP is two torch.nn.Linear as constructed: their default (Kaiming-uniform) initialisation
+        for weight, bias in (
+            (self.mlp_in_weight, self.mlp_in_bias),
+            (self.mlp_out_weight, self.mlp_out_bias),
+        ):
+            bound = 1.0 / math.sqrt(weight.shape[1])
+            init.uniform_(weight, -bound, bound)  # = kaiming_uniform_(a=sqrt(5)) for a Linear
+            init.uniform_(bias, -bound, bound)
+        init.constant_(self.distance_scale, self.initial_c)
+        init.constant_(self.threshold_multiplier, 1.0)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """(...,) normalised offsets -> (..., heads)."""
+        hidden = torch.relu(nn.functional.linear(x[..., None], self.mlp_in_weight, self.mlp_in_bias))
+        return nn.functional.linear(hidden, self.mlp_out_weight, self.mlp_out_bias)
+
+    def psi(self, x: torch.Tensor) -> torch.Tensor:
+        """`log(|c x| + 1)`."""
+        return torch.log1p((self.distance_scale * x).abs())
+
+    def forward(self, n: int) -> PositionalContext:
+        def bias() -> torch.Tensor:
+            weight = self.mlp_in_weight
+            threshold = (self.threshold_multiplier * self.threshold).abs()  # L
+            if self.per_query:  # psi(max(i, L)) per query row i: an (n, n) input
+                i = torch.arange(n, device=weight.device, dtype=weight.dtype)
+                offset = i[:, None] - i[None, :]  # i - j
+                norm = self.psi(torch.maximum(i, threshold))[:, None]
+                x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
+                return self.mlp(x).permute(2, 0, 1)  # (h, n, n)
+            # slot k holds the offset i - j = n - 1 - k, which `toeplitz` puts at [i, j] with j - i = k - (n - 1)
+            offset = torch.arange(n - 1, -n, -1, device=weight.device, dtype=weight.dtype)
+            length = torch.full((), n, device=weight.device, dtype=weight.dtype)
+            norm = self.psi(torch.maximum(length, threshold))
+            x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
+            return toeplitz(self.mlp(x).t(), n)  # (h, 2n - 1) -> (h, n, n)
 
         ctx = PositionalContext(self.logit_scale)
         ctx.bias_fn = bias
@@ -1020,5 +1229,8 @@ for _scheme in (
     T5Bias,
     Alibi,
     Deberta,
+    Fire,
+    KerpleLog,
+    KerplePower,
 ):
     register_scheme(_scheme)
