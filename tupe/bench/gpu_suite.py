@@ -291,22 +291,27 @@ PROFILED = (
 )  # bert-a with SDPA flash, then these with their default kernels, + hf-bert
 
 
-def stage_profile(args: argparse.Namespace, out: Path, timeout: float) -> dict:
+def _run_child(args: argparse.Namespace, out: Path, timeout: float, stage: str, extra: list[str]) -> dict:
+    """A stage that runs in its own `--STAGE-child` process: its run record merged with the JSON it wrote (rows
+    written one by one, so a child cut off by its time share still leaves what it measured)."""
     cmd = [
         *_python(),
         "-m",
         "tupe.bench.gpu_suite",
-        "--profile-child",
+        f"--{stage}-child",
         "--out",
         str(out),
         "--device",
         args.device,
     ]
-    if args.smoke:
-        cmd.append("--smoke")
-    run = run_logged(cmd, out / "profile.log", timeout, _child_env())
-    path = out / "profile.json"
+    cmd += ["--smoke"] if args.smoke else []
+    run = run_logged([*cmd, *extra], out / f"{stage}.log", timeout, _child_env())
+    path = out / f"{stage}.json"
     return {**run, **(json.loads(path.read_text()) if path.exists() else {"rows": []})}
+
+
+def stage_profile(args: argparse.Namespace, out: Path, timeout: float) -> dict:
+    return _run_child(args, out, timeout, "profile", [])
 
 
 def _device_time_us(event) -> float:  # noqa: ANN001 - a profiler FunctionEventAvg
@@ -460,24 +465,9 @@ def profile_table(profile: dict) -> list[str]:
 
 
 def stage_long(args: argparse.Namespace, out: Path, timeout: float) -> dict:
-    cmd = [
-        *_python(),
-        "-m",
-        "tupe.bench.gpu_suite",
-        "--long-child",
-        "--out",
-        str(out),
-        "--device",
-        args.device,
-    ]
-    if args.smoke:
-        cmd.append("--smoke")
-    if args.long_schemes:
-        cmd += ["--long-schemes", args.long_schemes]
-    run = run_logged(cmd, out / "long.log", timeout, _child_env())
-    path = out / "long.json"
-    rows = json.loads(path.read_text()) if path.exists() else {"rows": []}
-    return {**run, **rows}
+    return _run_child(
+        args, out, timeout, "long", ["--long-schemes", args.long_schemes] if args.long_schemes else []
+    )
 
 
 def long_child(args: argparse.Namespace) -> int:
