@@ -331,7 +331,7 @@ def profile_child(args: argparse.Namespace) -> int:
 
     from .flops import Shape, preset_shape
     from .profiling import quiet_profile
-    from .runner import build_flash_baseline, build_hf_bert, build_tupe, make_batch
+    from .runner import _sync, build_flash_baseline, build_hf_bert, build_tupe, make_batch
 
     device = torch.device(args.device)
     out = Path(args.out)
@@ -365,10 +365,6 @@ def profile_child(args: argparse.Namespace) -> int:
         "rows": [],
     }
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     for label, build in builders:
         row: dict = {"label": label}
         try:
@@ -377,13 +373,13 @@ def profile_child(args: argparse.Namespace) -> int:
             for _ in range(1 if args.smoke else 3):  # warm-up (and any compilation) outside the profile
                 with torch.autocast(device.type, dtype=torch.bfloat16):
                     cand.step()
-            sync()
+            _sync(device)
             with quiet_profile(activities=activities) as prof:
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     with torch.autocast(device.type, dtype=torch.bfloat16):
                         cand.step()
-                sync()
+                _sync(device)
                 wall = (time.perf_counter() - t0) / steps
             events = prof.key_averages()
             kernels = [e for e in events if e.device_type == DeviceType.CUDA]
