@@ -77,7 +77,8 @@ def train_step_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predic
     return 3.0 * forward_flops(shape, scheme, batch, seq_len, predicted_rows)
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); a no-op on the CPU."""
     import torch  # not at the top: `tupe bench --help` imports this module
 
     if device.type == "cuda":
@@ -108,12 +109,12 @@ def matmul_peak(
         b = torch.randn(n, n, device=device, dtype=dtype)
         for _ in range(2):
             a @ b
-        _sync(device)
+        synchronize(device)
         times = []
         for _ in range(repeats):
             t0 = timer()
             a @ b
-            _sync(device)
+            synchronize(device)
             times.append(timer() - t0)
         times.sort()
         by_size[n] = 2 * n**3 / times[len(times) // 2]

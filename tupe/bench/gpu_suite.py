@@ -329,9 +329,9 @@ def profile_child(args: argparse.Namespace) -> int:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
 
-    from .flops import Shape, preset_shape
+    from .flops import Shape, preset_shape, synchronize
     from .profiling import quiet_profile
-    from .runner import _sync, build_flash_baseline, build_hf_bert, build_tupe, make_batch
+    from .runner import build_flash_baseline, build_hf_bert, build_tupe, make_batch
 
     device = torch.device(args.device)
     out = Path(args.out)
@@ -373,13 +373,13 @@ def profile_child(args: argparse.Namespace) -> int:
             for _ in range(1 if args.smoke else 3):  # warm-up (and any compilation) outside the profile
                 with torch.autocast(device.type, dtype=torch.bfloat16):
                     cand.step()
-            _sync(device)
+            synchronize(device)
             with quiet_profile(activities=activities) as prof:
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     with torch.autocast(device.type, dtype=torch.bfloat16):
                         cand.step()
-                _sync(device)
+                synchronize(device)
                 wall = (time.perf_counter() - t0) / steps
             events = prof.key_averages()
             kernels = [e for e in events if e.device_type == DeviceType.CUDA]

@@ -18,7 +18,7 @@ import torch
 
 from tupe.training.model import HF_BERT
 
-from .flops import HF_DEBERTA, Shape, train_step_flops
+from .flops import HF_DEBERTA, Shape, synchronize, train_step_flops
 
 
 def backend_kernel(backend: str, scheme: str) -> str:
@@ -252,11 +252,6 @@ DEBERTA_V3_CHOICES = dict(
 )
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_interleaved(
     candidates: list[Candidate],
     device: torch.device,
@@ -279,11 +274,11 @@ def time_interleaved(
     for r in range(warmup + rounds):
         for i in order:
             cand = candidates[i]
-            _sync(device)
+            synchronize(device)
             t0, c0 = time.perf_counter(), time.process_time()
             with ctx():
                 cand.step()
-            _sync(device)
+            synchronize(device)
             elapsed = time.perf_counter() - t0
             if r >= warmup:
                 cand.times.append(elapsed)
