@@ -23,9 +23,13 @@ def test_study_stages_on_tiny_runs(
         cli(["compare", "--schemes", "bert-a,rope", "--seeds", "0,1", "--out", str(out / "runs"), *args]) == 0
     )
     text = sorted(tiny_corpus.iterdir())[0]
+    news = tmp_path / "news.txt"
+    news.write_text("Stocks rose on Monday.\nThe bank said rates would stay.\n\nOil fell.\n" * 20)
     common = ["--out", str(out), "--schemes", "bert-a,rope", "--seeds", "0,1", "--max-blocks", "4",
-              "--length-text", str(text), "--length-factors", "1,2", "--cache-dir", str(cache_dir), "--no-progress"]  # fmt: skip
-    assert main([*common, "--stages", "ood,lengths,summary"]) == 0
+              "--length-text", str(text), "--length-factors", "1,2", "--cache-dir", str(cache_dir), "--no-progress",
+              "--extend-methods", "none,interpolate,yarn", "--probe-text", str(text), "--probe-distances", "4,40",
+              "--probe-blocks", "3", "--ood-text", str(news)]  # fmt: skip
+    assert main([*common, "--stages", "ood,lengths,passkey,summary"]) == 0
     ood = json.loads((out / "ood-built-in.json").read_text())
     assert [m["name"] for m in ood["models"]] == [
         "bert-a/seed-0",
@@ -33,16 +37,32 @@ def test_study_stages_on_tiny_runs(
         "rope/seed-0",
         "rope/seed-1",
     ]
-    for ext in ("none", "interpolate"):
+    news_result = json.loads((out / "ood-news.json").read_text())
+    assert news_result["text"]["files"] == [str(news)]
+    # each method with the runs it applies to: none every run, interpolate the learned table, yarn rope
+    expected = {"none": ["bert-a", "rope"], "interpolate": ["bert-a"], "yarn": ["rope"]}
+    for ext, schemes in expected.items():
         lengths = json.loads((out / f"lengths-{ext}.json").read_text())
-        assert lengths["lengths"] == [32, 64] and len(lengths["by_length"]) == 8
+        assert lengths["lengths"] == [32, 64] and lengths["extend_positions"] == ext
+        assert sorted({e["model"].split("/")[0] for e in lengths["by_length"]}) == schemes
+        assert len(lengths["by_length"]) == 2 * 2 * len(schemes)
         assert (out / f"lengths-{ext}.png").stat().st_size > 0
+        passkey = json.loads((out / f"passkey-{ext}.json").read_text())
+        assert passkey["settings"]["distances"] == [4, 40] and passkey["settings"]["extend_positions"] == ext
+        assert sorted({e["model"].split("/")[0] for e in passkey["by_distance"]}) == schemes
     none = json.loads((out / "lengths-none.json").read_text())
     assert [e["evaluated"] for e in none["by_length"] if e["length"] == 64] == [False, False, True, True]
+    yarn = json.loads((out / "lengths-yarn.json").read_text())
+    assert [e["extended"] for e in yarn["by_length"]] == [None, None, "yarn", "yarn"]
     table = (out / "study.md").read_text()
     assert "| bert-a |" in table and "| rope |" in table and "L=64 (interpolate)" in table
+    assert "news: loss" in table and "news: tokens/word" in table and "passkey d=40 (yarn)" in table
     row = next(line for line in table.splitlines() if line.startswith("| bert-a |"))
     assert row.count("±") >= 4  # mean ± std over the two seeds in every filled column
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    assert cells[header.index("L=64 (yarn)")] == "-"  # yarn is not bert-a's method
+    assert float(cells[header.index("news: tokens/word")]) > 1.0
     # --resume keeps the finished stages
     mtime = (out / "ood-built-in.json").stat().st_mtime_ns
     assert main([*common, "--stages", "ood,summary", "--resume"]) == 0

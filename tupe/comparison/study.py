@@ -1,27 +1,35 @@
-"""The study of every positional scheme (issue 23, item 3): one command that a session launches and can resume.
+"""The study of every positional scheme (issue 23, item 3; extended for length by issue 37): one command that a
+session launches and can resume.
 
     python -m tupe.comparison.study --out /work/runs/study --resume --parallel 2 \
-        [--ood-text mnli_premises.txt] [--glue-data /path/to/glue]
+        [--ood-text mnli_premises.txt] [--ood-text conll-news.txt] [--glue-data /path/to/glue]
 
 (`mnli_premises.txt`: the MultiNLI premises as a text file, one premise per document, i.e. separated by blank
-lines; a JSON object of records is not a table the corpus reader takes.)
+lines; a JSON object of records is not a table the corpus reader takes. `conll-news.txt`: Reuters news made by
+`benchmarks/texts/conll_news.py` from CoNLL-2003.)
 
 Stages, each written under `--out` (outside the repository) and skipped on `--resume` when its output exists:
 
 1. `train`: `tupe compare` of every scheme in `tupe.POSITION_SCHEMES` x `--seeds` (default 0,1,2) at the demo's
    recipe (mini preset, built-in corpus, `--max-steps`, default the demo's 1,400) into `OUT/runs/`; interrupted
    runs continue from their latest checkpoint, finished ones are kept.
-2. `ood`: every run on each out-of-domain text (`built-in`, plus `--ood-text`): `tupe evaluate`'s loss, paired
-   intervals and word-order check -> `OUT/ood-<name>.json`.
-3. `lengths`: every run at 1x, 2x, 4x, 8x its training length on `--length-text` (default `built-in`), with the
-   learned tables not extended and interpolated -> `OUT/lengths-<none|interpolate>.json` and `.png`.
-4. `glue` (with `--glue-data`): SST-2 on the 8,000-sentence subset of RESULTS A.7 with the small-model grid and
+2. `ood`: every run on each out-of-domain text (`built-in`, plus each `--ood-text`, repeatable): `tupe evaluate`'s
+   loss, tokens per word, paired intervals and word-order check -> `OUT/ood-<name>.json`.
+3. `lengths`: every run at 1x, 2x, 4x, 8x its training length on `--length-text` (default `built-in`), once per
+   method of `--extend-methods` (default none, interpolate, pi, ntk, yarn), each with the runs it applies to
+   (none: every run; interpolate: learned tables; pi/ntk/yarn: rope) -> `OUT/lengths-<method>.json` and `.png`;
+   `--masked-tokens` gives every length the same budget of masked targets.
+4. `passkey`: the passkey probe (`tupe evaluate --probe passkey`) of the same runs at `--probe-distances`
+   (default 16-1,024 filler tokens), filler from `--probe-text` (default `built-in`), once per method as in
+   `lengths` -> `OUT/passkey-<method>.json`.
+5. `glue` (with `--glue-data`): SST-2 on the 8,000-sentence subset of RESULTS A.7 with the small-model grid and
    fine-tuning seeds 1,2,3 for every run (`--glue-pretrain-seeds`: of those pre-training seeds only), `--parallel`
    `tupe glue` processes at a time -> `OUT/glue/SST-2-<scheme>-seed-<s>/`, then `tupe report`.
-5. `summary`: `OUT/study.md` and `OUT/study.json`: per scheme the final validation loss (mean +- std over seeds),
-   the step each seed left the plateau, the out-of-domain loss and word-order delta, the loss at each length
-   (mean +- std) and the SST-2 dev accuracy (the best learning rate's median over the fine-tuning seeds; mean +-
-   std over the pre-training seeds fine-tuned) with the majority-class row.
+6. `summary`: `OUT/study.md` and `OUT/study.json`: per scheme the final validation loss (mean +- std over seeds),
+   the step each seed left the plateau, the out-of-domain loss, tokens per word and word-order delta, the loss
+   at each length and method, the passkey accuracy minus the guess (no key) at each distance and method (mean
+   +- std), and the SST-2 dev accuracy (the best learning rate's median over the fine-tuning seeds; mean +- std
+   over the pre-training seeds fine-tuned) with the majority-class row.
 """
 
 from __future__ import annotations
@@ -30,16 +38,20 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tupe.errors import TupeError
 
-STAGES = ("train", "ood", "lengths", "glue", "summary")
+STAGES = ("train", "ood", "lengths", "passkey", "glue", "summary")
+EXTEND = ("none", "interpolate", "pi", "ntk", "yarn")  # the default --extend-methods
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from tupe import validators as V
+    from tupe.evaluation import EXTEND_METHODS
+    from tupe.evaluation.passkey import DEFAULT_DISTANCES
     from tupe.training.arguments import DEMO_STEPS, attention_kernel_name
 
     p = argparse.ArgumentParser(prog="python -m tupe.comparison.study", description=__doc__.split("\n\n")[0])
@@ -55,7 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--stages", default=",".join(STAGES), help=f"stages to run (default: {','.join(STAGES)})")
     p.add_argument(
-        "--ood-text", nargs="+", metavar="PATH", help="a second out-of-domain text (built-in is always)"
+        "--ood-text",
+        nargs="+",
+        action="append",
+        metavar="PATH",
+        help="another out-of-domain text (its files; repeat the option for more texts; built-in is always one)",
     )
     p.add_argument(
         "--ood-text-column", default="text", help="column of a JSON/parquet --ood-text (MNLI: text_a)"
@@ -63,6 +79,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--length-text", nargs="+", default=["built-in"], metavar="PATH", help="default: built-in")
     p.add_argument("--length-factors", type=V.int_list(1), default=[1, 2, 4, 8], help="default 1,2,4,8")
     p.add_argument("--max-blocks", type=V.positive_int, help="blocks per evaluation (default: all)")
+    p.add_argument(
+        "--masked-tokens",
+        type=V.positive_int,
+        help="lengths: a budget of masked targets at every length, instead of --max-blocks",
+    )
+    p.add_argument(
+        "--extend-methods",
+        default=",".join(EXTEND),
+        help=f"lengths and passkey: --extend-positions methods, each with the runs it applies to (default "
+        f"{','.join(EXTEND)})",
+    )
+    p.add_argument(
+        "--probe-distances",
+        type=V.int_list(0),
+        default=list(DEFAULT_DISTANCES),
+        help=f"passkey: filler tokens between the key and its masked copy (default "
+        f"{','.join(map(str, DEFAULT_DISTANCES))})",
+    )
+    p.add_argument(
+        "--probe-blocks", type=V.positive_int, default=100, help="passkey: blocks per distance (default 100)"
+    )
+    p.add_argument("--probe-text", nargs="+", default=["built-in"], metavar="PATH", help="default: built-in")
     p.add_argument(
         "--glue-data", type=V.nonempty_path, help="GLUE root with SST-2/ (no GLUE stage without it)"
     )
@@ -87,6 +125,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.stages.split(",")) - set(STAGES)
     if unknown:
         p.error(f"--stages: unknown {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}")
+    unknown = set(args.extend_methods.split(",")) - set(EXTEND_METHODS)
+    if unknown:
+        p.error(
+            f"--extend-methods: unknown {', '.join(sorted(unknown))}; choose from {', '.join(EXTEND_METHODS)}"
+        )
+    if args.masked_tokens and args.max_blocks:
+        p.error("--masked-tokens and --max-blocks exclude each other: give one budget")
+    names = [Path(paths[0]).stem for paths in args.ood_text or []]
+    if len(set(names)) != len(names) or "built-in" in names:
+        p.error(f"--ood-text: each text is named by its first file's stem, and these repeat: {names}")
     return args
 
 
@@ -114,6 +162,18 @@ def _command(module: Any, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"tupe {module.__name__.rsplit('.', 1)[-1]}")
     module.add_arguments(parser)
     return int(module.run(parser.parse_args(argv)) or 0)
+
+
+def _applies(m: Any, method: str) -> bool:  # noqa: ANN401
+    """Whether `--extend-positions method` is a run's own method (none: every run)."""
+    from tupe.evaluation import ROTARY_METHODS, TABLE_METHODS
+    from tupe.evaluation.lengths import rotary, table_key
+
+    if method in TABLE_METHODS:
+        return table_key(m) is not None
+    if method in ROTARY_METHODS:
+        return rotary(m)
+    return True
 
 
 def _glue(runs: dict[str, Path], out: Path, args: argparse.Namespace, log) -> None:  # noqa: ANN001
@@ -181,8 +241,8 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             raise TupeError(f"runs not finished: {', '.join(missing)} (run the train stage, with --resume)")
         texts = {"built-in": (["built-in"], "text")}
-        if args.ood_text:
-            texts[Path(args.ood_text[0]).stem] = (list(args.ood_text), args.ood_text_column)
+        for paths in args.ood_text or []:
+            texts[Path(paths[0]).stem] = (list(paths), args.ood_text_column)
         if "ood" in stages:
             for name, (paths, column) in texts.items():
                 path = out / f"ood-{name}.json"
@@ -198,22 +258,33 @@ def run(args: argparse.Namespace) -> int:
                         max_blocks=args.max_blocks,
                     )
                     _write(path, result)
-        if "lengths" in stages:
-            for ext in ("none", "interpolate"):
-                path = out / f"lengths-{ext}.json"
-                if _done(path, args.resume, log):
-                    continue
-                models = []
+        methods = args.extend_methods.split(",")
+        loaded: list[Any] = []
+
+        def models_for(method: str) -> list[Any]:
+            if not loaded:
                 for name, d in runs.items():
                     m = load_model(d)
                     m.name = name
-                    models.append(m)
+                    loaded.append(m)
+            return [m for m in loaded if _applies(m, method)]
+
+        if "lengths" in stages:
+            for ext in methods:
+                path = out / f"lengths-{ext}.json"
+                if _done(path, args.resume, log):
+                    continue
+                models = models_for(ext)
+                if not models:
+                    log(f"lengths, {ext}: no run it applies to")
+                    continue
                 base_len = min(m.train_length or m.max_length for m in models)
                 lengths = [base_len * f for f in args.length_factors]
-                log(f"lengths {lengths}, learned tables: {ext}")
+                log(f"lengths {lengths}, --extend-positions {ext}: {len(models)} run(s)")
                 settings = Settings(
                     pppl_tokens=0,
                     max_blocks=args.max_blocks,
+                    masked_tokens=args.masked_tokens,
                     cache_dir=args.cache_dir,
                     progress=args.progress,
                 )
@@ -221,6 +292,28 @@ def run(args: argparse.Namespace) -> int:
                 result = evaluate_lengths(models, corpus, lengths, settings, ext, log=log)
                 result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
                 _write(path, result)
+        if "passkey" in stages:
+            from tupe.evaluation.passkey import PasskeySettings, passkey_probe
+
+            for ext in methods:
+                path = out / f"passkey-{ext}.json"
+                if _done(path, args.resume, log):
+                    continue
+                models = models_for(ext)
+                if not models:
+                    log(f"passkey, {ext}: no run it applies to")
+                    continue
+                log(
+                    f"passkey at distances {args.probe_distances}, --extend-positions {ext}: {len(models)} run(s)"
+                )
+                settings = PasskeySettings(
+                    distances=args.probe_distances,
+                    blocks=args.probe_blocks,
+                    extend=ext,
+                    cache_dir=args.cache_dir,
+                    progress=args.progress,
+                )
+                _write(path, passkey_probe(models, resolve_text(args.probe_text), settings, log=log))
         if "glue" in stages and args.glue_data:
             from tupe.glue import report
 
@@ -229,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
             _glue(chosen, out / "glue", args, log)
             _command(report, [str(out / "glue"), "--out", str(out / "glue" / "table.md")])
         if "summary" in stages:
-            summary = summarize(out, schemes, seeds, list(texts))
+            summary = summarize(out, schemes, seeds, list(texts), methods)
             log(f"wrote {out / 'study.md'}")
             print(summary["markdown"])
     return 0
@@ -244,7 +337,15 @@ def _mean_std(values: list[float | None], unit: str = "seed") -> str:
     return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"
 
 
-def summarize(out: Path, schemes: list[str], seeds: list[int], texts: list[str]) -> dict[str, Any]:
+def _tokens_per_word(values: list[float | None]) -> str:
+    """One tokenizer per run: the runs of a scheme share the study's tokenizer, so one value, or the range."""
+    xs = sorted({round(v, 3) for v in values if v is not None})
+    return "-" if not xs else f"{xs[0]:.3f}" if len(xs) == 1 else f"{xs[0]:.3f}-{xs[-1]:.3f}"
+
+
+def summarize(
+    out: Path, schemes: list[str], seeds: list[int], texts: list[str], methods: Sequence[str] = EXTEND
+) -> dict[str, Any]:
     """`study.md` / `study.json` from the stages' files (each section only where its stage has run)."""
     rows: dict[str, dict[str, Any]] = {s: {} for s in schemes}
     compare_file = out / "runs" / "compare_summary.json"
@@ -262,8 +363,9 @@ def summarize(out: Path, schemes: list[str], seeds: list[int], texts: list[str])
                 ms = [by_name.get(f"{s}/seed-{k}") for k in seeds]
                 rows[s][f"ood:{text}"] = [m["loss"]["value"] if m else None for m in ms]
                 rows[s][f"word_order:{text}"] = [m["word_order_delta"]["value"] if m else None for m in ms]
+                rows[s][f"tokens_per_word:{text}"] = [m.get("tokens_per_word") if m else None for m in ms]
     length_cols: list[str] = []
-    for ext in ("none", "interpolate"):
+    for ext in methods:
         path = out / f"lengths-{ext}.json"
         if not path.exists():
             continue
@@ -284,6 +386,28 @@ def summarize(out: Path, schemes: list[str], seeds: list[int], texts: list[str])
                     )
                     vals.append(e["loss"]["value"] if e and e["evaluated"] else None)
                 rows[s][col] = vals
+    passkey_cols: list[str] = []
+    for ext in methods:  # the accuracy of recovering the key minus the same blocks' guess without it
+        path = out / f"passkey-{ext}.json"
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        for d in result["settings"]["distances"]:
+            col = f"passkey d={d} ({ext})"
+            passkey_cols.append(col)
+            for s in schemes:
+                vals = []
+                for k in seeds:
+                    e = next(
+                        (
+                            e
+                            for e in result["by_distance"]
+                            if e["model"] == f"{s}/seed-{k}" and e["distance"] == d
+                        ),
+                        None,
+                    )
+                    vals.append(e["accuracy_minus_guess"]["value"] if e and e["evaluated"] else None)
+                rows[s][col] = vals
     majority = None
     for s in schemes:  # SST-2: the best learning rate's median over fine-tuning seeds, per pre-training seed
         found = []
@@ -297,7 +421,8 @@ def summarize(out: Path, schemes: list[str], seeds: list[int], texts: list[str])
             rows[s]["sst2"] = found
     glue_cols = ["SST-2 dev acc."] if majority is not None else []
     header = ["scheme", "final valid loss", "left plateau at (per seed)"]
-    header += [f"{t}: loss" for t in texts] + [f"{t}: word order" for t in texts] + length_cols + glue_cols
+    header += [f"{t}: loss" for t in texts] + [f"{t}: tokens/word" for t in texts]
+    header += [f"{t}: word order" for t in texts] + length_cols + passkey_cols + glue_cols
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for s in schemes:
         r = rows[s]
@@ -307,8 +432,9 @@ def summarize(out: Path, schemes: list[str], seeds: list[int], texts: list[str])
             ", ".join("not left" if x is None else str(x) for x in r.get("plateau_exit_steps") or []),
         ]
         cells += [_mean_std(r.get(f"ood:{t}", [])) for t in texts]
+        cells += [_tokens_per_word(r.get(f"tokens_per_word:{t}", [])) for t in texts]
         cells += [_mean_std(r.get(f"word_order:{t}", [])) for t in texts]
-        cells += [_mean_std(r.get(c, [])) for c in length_cols]
+        cells += [_mean_std(r.get(c, [])) for c in length_cols + passkey_cols]
         cells += [_mean_std(r.get("sst2", []), "pre-training seed") for _ in glue_cols]
         lines.append("| " + " | ".join(cells) + " |")
     if majority is not None:
