@@ -1,7 +1,8 @@
-"""A naive, readable implementation of the spec's equations, written independently of the package.
+"""A naive, readable implementation of the equations in docs/model.md ("The schemes"), written independently of the
+package.
 
 It reads the model's weights by name and recomputes every layer in float64 with explicit per-head, per-position
-formulas (spec section 1-3), so it shares no code with `tupe.modeling`.
+formulas (each scheme's equation as its paper and docs/model.md write it), so it shares no code with `tupe.modeling`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every scheme against the naive float64 implementation of the spec (tests/modeling/reference.py)."""
+"""Every scheme against the naive float64 implementation of docs/model.md's equations (tests/modeling/reference.py)."""
 
 import pytest
 import torch
@@ -53,7 +53,7 @@ def test_matches_naive_equations(scheme, implementation):
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_positional_logits_match_naive_first_layer(scheme):
-    """positional_logits == the first layer's logits minus its content part, per the spec's table."""
+    """positional_logits == the first layer's logits minus its content part, per docs/model.md's table of schemes."""
     model = _perturb(TupeForMaskedLM(tiny_config(scheme))).eval()
     bias = model.tupe.positional_logits(9)
     cls = SCHEME_CLASSES[scheme]

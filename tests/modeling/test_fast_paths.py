@@ -1,6 +1,6 @@
 """Every fast attention path equals the eager reference: outputs and gradients of every parameter.
 
-The eager path writes the logits exactly as the spec does (tests/modeling/test_equations.py checks it against an
+The eager path writes the logits exactly as docs/model.md's equations do (tests/modeling/test_equations.py checks it against an
 independent float64 oracle); here each kernel of `TupeConfig.attention_kernel` is compared with it, with and
 without padding, and the kernels' own building blocks are checked against plain formulas.
 """

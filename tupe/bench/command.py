@@ -30,12 +30,10 @@ from typing import TYPE_CHECKING
 from tupe import validators as V
 from tupe.errors import TupeError
 
-from .flops import Shape, preset_shape
+from .flops import HF_DEBERTA, Shape, preset_shape
 
 if TYPE_CHECKING:
     import torch
-
-HF_DEBERTA = "hf-deberta"  # transformers' DebertaV2ForMaskedLM, deberta's comparator (runner)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
