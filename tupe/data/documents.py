@@ -172,6 +172,9 @@ def _stats(piece_len: np.ndarray, n_blocks: int, block_size: int) -> dict:
 def build_layout(packed: PackedCorpus, block_size: int, valid_every: int, sep_id: int = SEP_ID) -> dict:
     """Pieces and blocks of the stream (the module docstring's rule): arrays `piece_start`, `piece_len` (pieces
     grouped by block, training blocks first), `block_ptr`, and the counts `train_blocks` and `stats`."""
+    packed = PackedCorpus(
+        packed.path, packed.stream, block_size, packed.meta
+    )  # the stream as blocks of this length
     ranges = valid_ranges(packed, valid_every)
     start, length, is_valid = cut_pieces(packed.stream, ranges, block_size, sep_id)
     starts, lens, ptrs, stats = [], [], [np.zeros(1, dtype=np.int64)], {}
