@@ -85,7 +85,7 @@ def block_example(packed: Any, i: int, key: int) -> dict[str, Any]:
 def _pieces_nll(model: Any, ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Sum of -log p over the masked targets of one document block, each document piece (from a position 0 to
     the next) scored as a row of its own: what the packed row gives when attention stays inside each document."""
-    starts = torch.flatnonzero(positions == 0).tolist() + [int(ids.shape[0])]
+    starts = torch.nonzero(positions == 0).flatten().tolist() + [int(ids.shape[0])]
     return sum(
         model.target_nll(ids[None, a:b], labels[None, a:b])[0] for a, b in zip(starts[:-1], starts[1:])
     )
