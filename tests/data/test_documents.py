@@ -63,20 +63,31 @@ def _documents(stream: list[int]) -> list[list[int]]:
     return docs
 
 
+def _range_of(p: int, packed) -> tuple[int, int]:  # noqa: ANN001
+    """The validation range holding stream position `p` (or an empty one)."""
+    for a, b in documents.valid_ranges(packed, EVERY).tolist():
+        if a <= p < b:
+            return a, b
+    return 0, 0
+
+
 def _pieces_of_block(ids: np.ndarray, pos: np.ndarray) -> list[np.ndarray]:
     starts = np.flatnonzero(pos == 0).tolist() + [len(ids)]
     return [ids[a:b] for a, b in zip(starts[:-1], starts[1:])]
 
 
-def test_every_piece_is_cls_document_sep_from_position_zero(stream_and_blocks) -> None:  # noqa: ANN001
-    _, blocks, _ = stream_and_blocks
+def test_every_piece_starts_with_cls_at_position_zero(stream_and_blocks) -> None:  # noqa: ANN001
+    packed, blocks, _ = stream_and_blocks
+    edges = set(documents.valid_ranges(packed, EVERY).reshape(-1).tolist())
     for i in range(len(blocks)):
         ids, pos = blocks.block(i), blocks.positions(i)
-        assert ids.dtype == np.int64 and pos.shape == ids.shape and 3 <= len(ids) <= L
+        assert ids.dtype == np.int64 and pos.shape == ids.shape and 2 <= len(ids) <= L
         assert ids[0] == CLS_ID and pos[0] == 0
-        for piece in _pieces_of_block(ids, pos):
-            assert piece[0] == CLS_ID and piece[-1] == SEP_ID and 3 <= len(piece) <= L
-            assert CLS_ID not in piece[1:-1].tolist() and SEP_ID not in piece[1:-1].tolist()
+        for piece, (start, n) in zip(_pieces_of_block(ids, pos), zip(*blocks._pieces(i))):
+            assert piece[0] == CLS_ID and 2 <= len(piece) <= L and len(piece) == n + 1
+            assert CLS_ID not in piece[1:].tolist() and SEP_ID not in piece[1:-1].tolist()
+            # a piece ends its document ([SEP]) unless it is a full piece of a long one or a validation edge cut it
+            assert piece[-1] == SEP_ID or len(piece) == L or start + n in edges
         # positions count up by one inside a piece and restart at 0 exactly at each [CLS]
         assert ((pos[1:] == pos[:-1] + 1) | (pos[1:] == 0)).all()
         assert np.array_equal(pos == 0, ids == CLS_ID)
@@ -85,33 +96,39 @@ def test_every_piece_is_cls_document_sep_from_position_zero(stream_and_blocks) -
 def test_no_token_lost_or_repeated_and_documents_kept_whole(stream_and_blocks) -> None:  # noqa: ANN001
     packed, blocks, _ = stream_and_blocks
     stream = packed.stream.tolist()
-    # every piece with where it came from, put back in stream order: the stream without its [SEP]s
+    # every piece with where it came from, put back in stream order: the stream (a [SEP] alone left out)
     starts = np.asarray(blocks.piece_start)
     order = np.argsort(starts, kind="stable")
     contents = [
-        piece[1:-1]
+        piece[1:]
         for i in range(len(blocks))
         for piece in _pieces_of_block(blocks.block(i), blocks.positions(i))
     ]
     assert len(contents) == len(starts)
     flat = np.concatenate([contents[k] for k in order]).tolist()
-    assert flat == [t for t in stream if t != SEP_ID]
-    # a document is cut only where it must be: every [CLS]-to-[SEP] piece lies in one document, and a document
-    # of at most L - 2 tokens that no validation edge crosses is one piece
+    assert [t for t in flat if t != SEP_ID] == [t for t in stream if t != SEP_ID]
+    covered = {
+        p for st, n in zip(starts.tolist(), np.asarray(blocks.piece_len).tolist()) for p in range(st, st + n)
+    }
+    left_out = [p for p in range(len(stream)) if p not in covered]
+    assert flat == [t for p, t in enumerate(stream) if p in covered]  # each covered token once, in order
+    assert all(stream[p] == SEP_ID for p in left_out) and len(left_out) < len(stream) // 100  # [SEP]s alone
+    # a document is cut only where it must be: a document of at most L - 1 stream tokens ([SEP] included) that
+    # no validation edge crosses is one piece
     docs = _documents(stream)
     assert blocks.stats["documents"] == len(docs) == packed.meta["num_documents"]
     pieces = set(zip(starts.tolist(), np.asarray(blocks.piece_len).tolist()))
     edges = documents.valid_ranges(packed, EVERY).reshape(-1)
     at, whole = 0, 0
     for d in docs:
-        crossed = ((edges > at) & (edges < at + len(d))).any()
-        if len(d) <= L - 2 and not crossed:
-            assert (at, len(d)) in pieces
+        crossed = ((edges > at) & (edges < at + len(d) + 1)).any()
+        if len(d) + 1 <= L - 1 and not crossed:
+            assert (at, len(d) + 1) in pieces
             whole += 1
+        elif not crossed:  # a long document: pieces of L - 1 stream tokens, as stream blocks cut it
+            assert all((at + k, L - 1) in pieces for k in range(0, len(d) + 1 - (L - 1), L - 1))
         at += len(d) + 1
-    assert whole > len(docs) // 2 and any(
-        len(d) > L - 2 for d in docs
-    )  # long documents are in several pieces
+    assert whole > len(docs) // 2 and any(len(d) > L for d in docs)
 
 
 def test_validation_is_the_text_of_the_stream_validation_blocks(stream_and_blocks) -> None:  # noqa: ANN001
@@ -126,7 +143,8 @@ def test_validation_is_the_text_of_the_stream_validation_blocks(stream_and_block
         t
         for i in valid
         for piece in _pieces_of_block(blocks.block(int(i)), blocks.positions(int(i)))
-        for t in piece[1:-1]
+        for t in piece[1:]
+        if t != SEP_ID
     ]
     assert sorted(got) == sorted(want)
     # exactly the stream positions of those blocks (not only the same tokens), and training holds the rest
@@ -137,9 +155,13 @@ def test_validation_is_the_text_of_the_stream_validation_blocks(stream_and_block
         for p in range(a, b)
         if stream[p] != SEP_ID
     }
-    assert covered == expect
+    assert {p for p in covered if stream[p] != SEP_ID} == expect
+    assert all(a <= p < b for p in covered for a, b in [_range_of(p, packed)])
     trained = {p for i in train for s, n in zip(*blocks._pieces(int(i))) for p in range(s, s + n)}
-    assert not trained & covered and len(trained) + len(covered) == len(stream) - stream.count(SEP_ID)
+    assert not trained & covered
+    assert {p for p in trained | covered if stream[p] != SEP_ID} == {
+        p for p, t in enumerate(stream) if t != SEP_ID
+    }
     with pytest.raises(TupeError, match="--valid-every 7, asked for 9"):
         blocks.split(9)
 
@@ -181,13 +203,16 @@ def test_best_fit_matches_the_naive_rule(seed: int) -> None:
     assert best_fit(np.asarray(sizes), capacity).tolist() == _naive_best_fit(sizes, capacity)
 
 
-def test_long_document_pieces_and_block_layout() -> None:
-    # one document of 10 tokens, blocks of 6: pieces of 4 + 4 + 2 tokens, each [CLS] ... [SEP] from position 0
-    stream = np.asarray([*range(10, 20), SEP_ID, 30, 31, SEP_ID])
-    start, length, is_valid = documents.cut_pieces(stream, np.asarray([[11, 13]]), 6)
-    # the validation range [11, 13) cuts the second document out: a piece of its own
-    assert start.tolist() == [0, 4, 8, 11] and length.tolist() == [4, 4, 2, 2]
-    assert is_valid.tolist() == [False, False, False, True]
+def test_long_document_pieces_and_validation_cuts() -> None:
+    # a document of 12 tokens + [SEP], blocks of 6: pieces of 5 + 5 + 3 stream tokens, each after its own [CLS];
+    # the validation range [14, 15) cuts the next document in two, and the [SEP] left alone after it is dropped
+    stream = np.asarray([*range(10, 22), SEP_ID, 30, 31, SEP_ID])
+    start, length, is_valid = documents.cut_pieces(stream, np.asarray([[14, 15]]), 6)
+    assert start.tolist() == [0, 5, 10, 13, 14] and length.tolist() == [5, 5, 3, 1, 1]
+    assert is_valid.tolist() == [False, False, False, False, True]
+    order, ptr = documents.pack_pieces(length, 6)
+    # best fit: [CLS]+5 and [CLS]+5 fill a block each; [CLS]+3 opens a third, [CLS]+1 fits beside it
+    assert [order[ptr[b] : ptr[b + 1]].tolist() for b in range(len(ptr) - 1)] == [[0], [1], [2, 3], [4]]
 
 
 def test_collator_keeps_positions_and_never_masks_specials(stream_and_blocks) -> None:  # noqa: ANN001

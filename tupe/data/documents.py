@@ -6,12 +6,15 @@ The packed token stream of `tupe.data.packing` (`tokens(document) + [SEP]` per d
 - **Documents** are what the stream separates with [SEP]: in text files a blank line or the end of a file, in
   parquet/JSON/`datasets` corpora a row (`tupe.data.corpus`). A [SEP] written literally in the text is tokenized as
   [SEP] and ends a document too, as it already separates documents in `--packing stream`.
-- **Pieces.** A document of up to `block_size - 2` tokens is one piece `[CLS] + tokens + [SEP]`; a longer one is cut
-  into consecutive pieces of `block_size - 2` tokens (the last one shorter), each `[CLS] + part + [SEP]`. Every
-  piece has the position ids `0, 1, ..., len - 1`.
+- **Pieces.** A document is its stream tokens, `tokens + [SEP]`. Up to `block_size - 1` of them make one piece
+  `[CLS] + tokens + [SEP]`; a longer document is cut into consecutive pieces of `block_size - 1` stream tokens (the
+  last one shorter), each with its own `[CLS]` in front: `[CLS] + part`, the last `[CLS] + part + [SEP]` (a last
+  part that would be the [SEP] alone is left out: it holds no token to predict). So a document of one block's
+  length or more is cut exactly as `--packing stream` cuts a document that starts a block. Every piece has the
+  position ids `0, 1, ..., len - 1`.
 - **Blocks.** Pieces are packed in corpus order by *best fit*: each piece goes into the open block with the least
   room that still holds it (the earliest such block on a tie), or opens a new block; a block is closed when less
-  room is left than the shortest possible piece (3 tokens). A piece is never split across blocks; pieces sit one
+  room is left than the shortest possible piece (2 tokens, [CLS] and one). A piece is never split across blocks; pieces sit one
   after another from the start of the block, so the only padding is at its end (attention mask 0, position ids
   continuing the last piece's). Blocks are numbered in the order they were opened.
 - **Train / validation.** The validation text is exactly the text of `--packing stream`'s validation blocks:
@@ -19,9 +22,9 @@ The packed token stream of `tupe.data.packing` (`tokens(document) + [SEP]` per d
   valid_every - 1` (`PackedCorpus.split`). Those token ranges are cut out of the stream, cut at document ends into
   pieces as above and packed into the validation blocks; everything else is packed into the training blocks. So a
   `stream` run and a `documents` run of one corpus, tokenizer, block length and `--valid-every` are validated on
-  the same document tokens (the same multiset of non-special targets; the masks differ, since the blocks do); a
-  document that crosses the edge of a validation range is cut there into two pieces, each starting with [CLS] at
-  position 0, as a long document is.
+  the same document tokens (the same non-special targets at the same stream positions; the masks differ, since
+  the blocks do); a document that crosses the edge of a validation range is cut there into two pieces, each
+  starting with [CLS] at position 0, as a long document is.
 - **Packing efficiency** = tokens that are not padding ([CLS] and [SEP] of each piece included) / (blocks x
   `block_size`), recorded in `meta.json` per split and overall; `content_share` counts document tokens only.
 
@@ -54,7 +57,7 @@ from tupe.io.files import failed_writes_reported, sha256_file
 PACKINGS = ("stream", "documents")  # `--packing`: stream is RoBERTa's FULL-SENTENCES (tupe.data.packing)
 DEFAULT_PACKING = "stream"
 DOCUMENTS_VERSION = "documents-v1"
-MIN_PIECE = 3  # [CLS] + one token + [SEP]
+MIN_PIECE = 2  # [CLS] + one token
 _LAYOUT_FILES = ("piece_start.npy", "piece_len.npy", "block_ptr.npy")
 _SCAN = 1 << 24  # stream tokens read at a time when finding the [SEP]s
 
@@ -85,20 +88,20 @@ def valid_ranges(packed: PackedCorpus, valid_every: int) -> np.ndarray:
 def cut_pieces(
     stream: np.ndarray, ranges: np.ndarray, block_size: int, sep_id: int = SEP_ID
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(piece start, piece content length, is validation) of every piece, in stream order.
+    """(piece start, piece length in stream tokens, is validation) of every piece, in stream order; a piece is
+    `[CLS] + stream[start : start + length]`.
 
-    Cuts: every [SEP] (the document's end; the [SEP] itself is no content), the edges of the validation `ranges`,
-    and every `block_size - 2` tokens of a longer run."""
+    Cuts: after every [SEP] (a document's end), at the edges of the validation `ranges`, and every `block_size - 1`
+    tokens of a longer run; a piece that would be a [SEP] alone is left out."""
     n = int(stream.shape[0])
     seps = _sep_positions(stream, sep_id)
     edges = ranges.reshape(-1)
-    bounds = np.unique(np.concatenate([[0, n], seps, seps + 1, edges]).astype(np.int64))
+    bounds = np.unique(np.concatenate([[0, n], seps + 1, edges]).astype(np.int64))
     bounds = bounds[(bounds >= 0) & (bounds <= n)]
     starts, ends = bounds[:-1], bounds[1:]
     keep = ends > starts
-    keep &= ~np.isin(starts, seps)  # a [SEP] is a one-token segment of its own: it ends a document
     starts, lengths = starts[keep], (ends - starts)[keep]
-    width = block_size - 2
+    width = block_size - 1
     counts = -(-lengths // width)
     first = np.repeat(np.cumsum(counts) - counts, counts)
     k = np.arange(int(counts.sum()), dtype=np.int64) - first  # index of a piece within its segment
@@ -106,6 +109,8 @@ def cut_pieces(
     seg_len = np.repeat(lengths, counts)
     piece_start = seg_start + k * width
     piece_len = np.minimum(width, seg_len - k * width)
+    alone = (piece_len == 1) & np.isin(piece_start, seps)  # a [SEP] alone: no token to predict
+    piece_start, piece_len, k = piece_start[~alone], piece_len[~alone], k[~alone]
     # a piece lies in one range (edges are cuts): validation if its start is inside one
     i = np.searchsorted(ranges[:, 0], piece_start, side="right") - 1
     is_valid = (
@@ -148,7 +153,7 @@ def best_fit(sizes: np.ndarray, block_size: int) -> np.ndarray:
 def pack_pieces(piece_len: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(order of the pieces grouped by block, block_ptr): block `b` holds pieces `order[block_ptr[b]:
     block_ptr[b+1]]`, in corpus order."""
-    block = best_fit(piece_len + 2, block_size)
+    block = best_fit(piece_len + 1, block_size)
     order = np.argsort(block, kind="stable")
     n_blocks = int(block.max()) + 1 if block.size else 0
     ptr = np.zeros(n_blocks + 1, dtype=np.int64)
@@ -156,16 +161,17 @@ def pack_pieces(piece_len: np.ndarray, block_size: int) -> tuple[np.ndarray, np.
     return order, ptr
 
 
-def _stats(piece_len: np.ndarray, n_blocks: int, block_size: int) -> dict:
-    real = int(piece_len.sum()) + 2 * int(piece_len.shape[0])
+def _stats(piece_len: np.ndarray, ends_document: np.ndarray, n_blocks: int, block_size: int) -> dict:
+    real = int(piece_len.sum()) + int(piece_len.shape[0])  # a [CLS] each
+    document = int(piece_len.sum()) - int(ends_document.sum())  # without the [SEP]s
     slots = n_blocks * block_size
     return {
         "blocks": n_blocks,
         "pieces": int(piece_len.shape[0]),
         "real_tokens": real,
-        "document_tokens": int(piece_len.sum()),
+        "document_tokens": document,
         "efficiency": round(real / slots, 6) if slots else None,
-        "content_share": round(int(piece_len.sum()) / slots, 6) if slots else None,
+        "content_share": round(document / slots, 6) if slots else None,
     }
 
 
@@ -177,6 +183,7 @@ def build_layout(packed: PackedCorpus, block_size: int, valid_every: int, sep_id
     )  # the stream as blocks of this length
     ranges = valid_ranges(packed, valid_every)
     start, length, is_valid = cut_pieces(packed.stream, ranges, block_size, sep_id)
+    ends = np.asarray(packed.stream[start + length - 1]) == sep_id if start.size else np.zeros(0, bool)
     starts, lens, ptrs, stats = [], [], [np.zeros(1, dtype=np.int64)], {}
     offset = 0
     for name, sel in (("train", ~is_valid), ("valid", is_valid)):
@@ -186,8 +193,8 @@ def build_layout(packed: PackedCorpus, block_size: int, valid_every: int, sep_id
         lens.append(n[order])
         ptrs.append(ptr[1:] + offset)
         offset += int(ptr[-1])
-        stats[name] = _stats(n, len(ptr) - 1, block_size)
-    stats["all"] = _stats(length, stats["train"]["blocks"] + stats["valid"]["blocks"], block_size)
+        stats[name] = _stats(n, ends[sel], len(ptr) - 1, block_size)
+    stats["all"] = _stats(length, ends, stats["train"]["blocks"] + stats["valid"]["blocks"], block_size)
     stats["documents"] = int(_sep_positions(packed.stream, sep_id).shape[0])
     return {
         "piece_start": np.concatenate(starts).astype(np.int64),
@@ -289,21 +296,20 @@ class DocumentBlocks:
         return np.asarray(self.piece_start[a:b]), np.asarray(self.piece_len[a:b], dtype=np.int64)
 
     def block(self, i: int) -> np.ndarray:
-        """Block `i` as int64 ids, unpadded: its pieces `[CLS] + tokens + [SEP]` one after another."""
+        """Block `i` as int64 ids, unpadded: its pieces `[CLS] + stream tokens` one after another."""
         starts, lens = self._pieces(i)
-        out = np.empty(int(lens.sum()) + 2 * len(lens), dtype=np.int64)
+        out = np.empty(int(lens.sum()) + len(lens), dtype=np.int64)
         at = 0
         for s, n in zip(starts.tolist(), lens.tolist()):
             out[at] = CLS_ID
             out[at + 1 : at + 1 + n] = self.packed.stream[s : s + n]
-            out[at + 1 + n] = SEP_ID
-            at += n + 2
+            at += n + 1
         return out
 
     def positions(self, i: int) -> np.ndarray:
         """Position ids of block `i`: 0, 1, ... from each piece's [CLS]."""
         _, lens = self._pieces(i)
-        sizes = lens + 2
+        sizes = lens + 1
         return np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
 
     def split(self, valid_every: int) -> tuple[np.ndarray, np.ndarray]:
@@ -322,7 +328,8 @@ class DocumentBlocks:
         return np.arange(t), np.arange(t, n)
 
     def token_counts(self, block_indices: np.ndarray, vocab_size: int) -> np.ndarray:
-        """Occurrences of every token id in the document tokens of the given blocks (no [CLS], no [SEP])."""
+        """Occurrences of every token id in the stream tokens of the given blocks (no [CLS]; the [SEP]s that end
+        documents counted, as `tupe.analysis.baseline` counts a stream block)."""
         counts = np.zeros(vocab_size, dtype=np.int64)
         for i in np.asarray(block_indices, dtype=np.int64).tolist():
             starts, lens = self._pieces(i)
@@ -342,10 +349,8 @@ def load_or_build_documents(
 ) -> DocumentBlocks:
     """The document blocks of `packed` from the cache, or made (seconds: numpy and one pass over the pieces) and
     cached in `cache_dir/documents/KEY/`."""
-    if block_size < 2 + 1:
-        raise TupeError(
-            f"--packing documents needs blocks of at least 3 tokens ([CLS] x [SEP]), got {block_size}"
-        )
+    if block_size < 2:
+        raise TupeError(f"block size (max length) must be at least 2, got {block_size}")
     key = documents_cache_key(packed, block_size, valid_every)
     target = Path(cache_dir) / "documents" / key
     if os.path.lexists(target / "meta.json"):
@@ -369,7 +374,7 @@ def load_or_build_documents(
                     np.save(tmp / name, layout[name.removesuffix(".npy")])
                 meta = {
                     "version": DOCUMENTS_VERSION,
-                    "rule": "best fit in corpus order; pieces of at most block_size - 2 tokens, [CLS] ... [SEP]",
+                    "rule": "best fit in corpus order; pieces [CLS] + at most block_size - 1 stream tokens",
                     "stream": packed.path.name,
                     "stream_sha256": packed.meta.get("stream_sha256"),
                     "block_size": block_size,

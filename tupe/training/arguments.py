@@ -130,10 +130,6 @@ class ResolvedConfig(PretrainConfig):
         check_scheme(self.scheme, self.attention_kernel, self.packing)
         if self.packing not in PACKINGS:
             raise TupeError(f"unknown --packing {self.packing!r}; choose one of: {', '.join(PACKINGS)}")
-        if self.packing == "documents" and self.max_length < 3:
-            raise TupeError(
-                f"--packing documents needs --max-seq-len of at least 3 ([CLS] token [SEP]), got {self.max_length}"
-            )
         if self.lr_scheduler not in LR_SCHEDULERS:
             raise TupeError(
                 f"unknown --lr-scheduler {self.lr_scheduler!r}; choose one of: {', '.join(LR_SCHEDULERS)}"

@@ -292,9 +292,9 @@ def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: di
         data = (
             f"{corpus.describe()}; byte-level BPE tokenizer ({run.vocab_size} entries). Packing: documents "
             f"(`--packing documents`): every document starts with its own [CLS] at position 0 and ends with [SEP], "
-            f"attention stays inside it (position_ids restart at 0), a document longer than {run.max_length - 2} "
-            f"tokens is cut into pieces that each start with [CLS] at position 0, and pieces are packed by best fit "
-            f"in corpus order. {stats['documents']:,} documents, {stats['all']['pieces']:,} pieces, "
+            f"attention stays inside it (position_ids restart at 0), a document of more than {run.max_length - 1} "
+            f"tokens ([SEP] included) is cut into pieces that each start with [CLS] at position 0, and pieces are "
+            f"packed by best fit in corpus order. {stats['documents']:,} documents, {stats['all']['pieces']:,} pieces, "
             f"{train_blocks:,} training blocks of {run.max_length} tokens; packing efficiency "
             f"{stats['all']['efficiency']:.1%} (tokens that are not padding / block tokens; "
             f"{stats['all']['content_share']:.1%} document tokens). Validation: the text of every "
