@@ -143,6 +143,34 @@ def test_compare_documents_pairs_on_the_same_blocks(short_docs: Path, tmp_path: 
     assert summary["paired"]["validation"]["blocks"] == valid
     assert summary["stats"]["unigram_loss"] is not None
     assert json.loads((tmp_path / "cmp" / "compare_run.json").read_text())["packing"] == "documents"
+    # once the model keeps attention inside documents (issue 36, items 1-2), the paired recomputation (each piece
+    # scored alone) equals each run's own final evaluation (packed rows with position_ids), as for stream runs
+    from tupe.analysis.curves import read_metrics
+    from tupe.evaluation.evaluate import load_model
+
+    model = load_model(tmp_path / "cmp" / "tupe-a").model
+    ids = torch.tensor([[1, 50, 60, 2, 1, 70, 80, 2]])
+    honoured = not torch.equal(
+        model(ids).logits, model(ids, position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])).logits
+    )
+    if honoured:
+        for s in ("bert-a", "tupe-a"):
+            own = read_metrics(tmp_path / "cmp" / s)[1][-1]["eval_loss"]
+            assert summary["paired"][s]["value"] == pytest.approx(own, rel=1e-5)
+
+
+def test_demo_passes_packing_on(monkeypatch, tmp_path: Path) -> None:  # noqa: ANN001
+    import tupe.comparison.compare as compare_module
+
+    seen = {}
+
+    def fake_compare(base, schemes, parallel=1, log=print):  # noqa: ANN001, ANN202
+        seen["packing"] = base.packing
+        raise TupeError("stop here")
+
+    monkeypatch.setattr(compare_module, "compare", fake_compare)
+    assert main(["demo", "--packing", "documents", "--out", str(tmp_path / "d"), "--no-eval-text"]) == 2
+    assert seen == {"packing": "documents"}
 
 
 def test_paired_scoring_of_a_document_block_is_per_piece() -> None:
