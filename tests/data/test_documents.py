@@ -288,3 +288,15 @@ def test_packings_named_alike_everywhere() -> None:
     assert PACKINGS == documents.PACKINGS and documents.DEFAULT_PACKING == PACKINGS[0] == "stream"
     with pytest.raises(TupeError, match="unknown --packing 'rows'"):
         documents.check_packing("rows")
+
+
+def test_token_counts_are_those_of_the_blocks(stream_and_blocks) -> None:  # noqa: ANN001
+    """What the unigram baseline counts: every token of the given blocks but their [CLS]s."""
+    _, blocks, _ = stream_and_blocks
+    rng = np.random.default_rng(0)
+    for idx in (np.arange(len(blocks)), rng.permutation(len(blocks))[:9], np.asarray([3, 3 + 1, 0])):
+        want = np.zeros(400, dtype=np.int64)
+        for i in idx:
+            ids = blocks.block(int(i))
+            want += np.bincount(ids[ids != CLS_ID], minlength=400)
+        assert np.array_equal(blocks.token_counts(idx, 400), want)

@@ -330,13 +330,21 @@ class DocumentBlocks:
     def token_counts(self, block_indices: np.ndarray, vocab_size: int) -> np.ndarray:
         """Occurrences of every token id in the stream tokens of the given blocks (no [CLS]; the [SEP]s that end
         documents counted, as `tupe.analysis.baseline` counts a stream block)."""
+        blocks = np.asarray(block_indices, dtype=np.int64)
+        first, last = self.block_ptr[blocks], self.block_ptr[blocks + 1]
+        sizes = last - first
+        pieces = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        pieces += np.repeat(first, sizes)
+        starts = np.asarray(self.piece_start)[pieces]
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], starts[order] + np.asarray(self.piece_len)[pieces][order]
+        # pieces that follow one another in the stream are one slice of it (bincount per run, not per piece)
+        new_run = np.ones(len(starts), dtype=bool)
+        new_run[1:] = starts[1:] != ends[:-1]
+        run_start, run_end = starts[new_run], ends[np.r_[new_run[1:], True]]
         counts = np.zeros(vocab_size, dtype=np.int64)
-        for i in np.asarray(block_indices, dtype=np.int64).tolist():
-            starts, lens = self._pieces(i)
-            for s, n in zip(starts.tolist(), lens.tolist()):
-                counts += np.bincount(np.asarray(self.packed.stream[s : s + n]), minlength=vocab_size)[
-                    :vocab_size
-                ]
+        for a, b in zip(run_start.tolist(), run_end.tolist()):
+            counts += np.bincount(np.asarray(self.packed.stream[a:b]), minlength=vocab_size)[:vocab_size]
         return counts
 
 
