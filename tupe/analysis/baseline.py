@@ -25,7 +25,7 @@ def block_token_counts(
     packed: PackedCorpus | DocumentBlocks, block_indices: np.ndarray, vocab_size: int
 ) -> np.ndarray:
     """Occurrences of every token id in the given blocks (the [CLS] that starts each block not counted; document
-    blocks: their document tokens, no [CLS] or [SEP])."""
+    blocks: the [CLS] of each piece not counted)."""
     if isinstance(packed, DocumentBlocks):
         return packed.token_counts(block_indices, vocab_size)
     c = packed.content_len

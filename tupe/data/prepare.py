@@ -84,6 +84,7 @@ def prepare_data(
 
     `corpus`: a `Corpus`, or paths / folders / globs / saved `datasets` folders (None: the built-in corpus).
     """
+    check_packing(packing)  # before any work
     if not isinstance(corpus, Corpus):
         corpus = resolve_corpus(corpus, text_column, skip_bad_text=skip_bad_text)
     cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
@@ -94,7 +95,6 @@ def prepare_data(
         tok = get_or_train_tokenizer(
             corpus, cache_dir, vocab_size, max_bytes=max_bytes, log=log, progress=progress
         )
-    check_packing(packing)
     packed = load_or_build_packed(corpus, tok, max_length, cache_dir, progress=progress, log=log)
     if packing == "documents":
         packed = load_or_build_documents(packed, max_length, valid_every, cache_dir, log=log)

@@ -297,8 +297,8 @@ def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: di
             f"packed by best fit in corpus order. {stats['documents']:,} documents, {stats['all']['pieces']:,} pieces, "
             f"{train_blocks:,} training blocks of {run.max_length} tokens; packing efficiency "
             f"{stats['all']['efficiency']:.1%} (tokens that are not padding / block tokens; "
-            f"{stats['all']['content_share']:.1%} document tokens). Validation: the text of every "
-            f"{run.valid_every}th block of the stream packing, packed the same way."
+            f"{stats['all']['content_share']:.1%} document tokens). Validation: the text of the stream packing's "
+            f"validation blocks (1 in {run.valid_every}), packed the same way."
         )
     metrics = {
         "steps": summary["steps"],
