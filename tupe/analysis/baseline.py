@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tupe.data.documents import DocumentBlocks
 from tupe.data.packing import PackedCorpus
 from tupe.data.tokenizer import SPECIAL_TOKENS
 from tupe.errors import TupeError
@@ -20,8 +21,13 @@ from tupe.errors import TupeError
 NUM_SPECIAL = len(SPECIAL_TOKENS)
 
 
-def block_token_counts(packed: PackedCorpus, block_indices: np.ndarray, vocab_size: int) -> np.ndarray:
-    """Occurrences of every token id in the given blocks (the [CLS] that starts each block not counted)."""
+def block_token_counts(
+    packed: PackedCorpus | DocumentBlocks, block_indices: np.ndarray, vocab_size: int
+) -> np.ndarray:
+    """Occurrences of every token id in the given blocks (the [CLS] that starts each block not counted; document
+    blocks: the [CLS] of each piece not counted)."""
+    if isinstance(packed, DocumentBlocks):
+        return packed.token_counts(block_indices, vocab_size)
     c = packed.content_len
     counts = np.zeros(vocab_size, dtype=np.int64)
     blocks = np.asarray(block_indices, dtype=np.int64)
@@ -57,7 +63,9 @@ def unigram_loss(log_probs: np.ndarray, targets: np.ndarray, num_special: int = 
     return float(-log_probs[t].mean())
 
 
-def train_valid_unigram(packed: PackedCorpus, valid_every: int, vocab_size: int) -> dict[str, float | int]:
+def train_valid_unigram(
+    packed: PackedCorpus | DocumentBlocks, valid_every: int, vocab_size: int
+) -> dict[str, float | int]:
     """Unigram loss of the training blocks' token frequencies on every non-special token of the validation
     blocks: the expected unigram loss on the validation masked targets, whatever the masks' seed."""
     train_idx, valid_idx = packed.split(valid_every)
@@ -70,14 +78,17 @@ def train_valid_unigram(packed: PackedCorpus, valid_every: int, vocab_size: int)
     return {"unigram_loss": loss, "valid_tokens": total}
 
 
-def open_run_blocks(run_dir: str | Path) -> tuple[dict, PackedCorpus]:
+def open_run_blocks(run_dir: str | Path) -> tuple[dict, PackedCorpus | DocumentBlocks]:
     """A finished `tupe pretrain` run's identity (`tupe_run.json`) and its packed blocks, from the data cache
-    named in its `pretrain_summary.json`."""
+    named in its `pretrain_summary.json` (and, for `--packing documents`, its document layout)."""
     run_dir = Path(run_dir)
     try:
         run = json.loads((run_dir / "tupe_run.json").read_text())
         summary = json.loads((run_dir / "pretrain_summary.json").read_text())
-        return run, PackedCorpus.open(summary["data_cache"], int(run["data"]["max_length"]))
+        packed = PackedCorpus.open(summary["data_cache"], int(run["data"]["max_length"]))
+        if run["data"].get("packing", "stream") == "documents":
+            return run, DocumentBlocks.open(summary["documents_cache"], packed)
+        return run, packed
     except (OSError, KeyError, ValueError) as err:
         raise TupeError(
             f"{run_dir}: not a finished `tupe pretrain` run with its data cache ({err})"

@@ -20,7 +20,8 @@ A one-line warning (stderr, and `warning` in the summary) says when the validati
 reported: fewer than 100 validation blocks (`tupe.comparison.paired.MIN_VALID_BLOCKS`), or, with one seed, a
 paired difference whose 95% interval includes 0.
 
-With `--resume`, finished runs are kept and interrupted ones continue from their latest checkpoint.
+With `--resume`, finished runs are kept and interrupted ones continue from their latest checkpoint; a
+comparison of other schemes, seeds, steps or `--packing` is refused.
 """
 
 from __future__ import annotations
@@ -255,15 +256,16 @@ def _is_legacy_compare_output(path: Path) -> bool:
 
 
 def _check_comparison(out: Path, identity: dict[str, Any], base: PretrainConfig) -> None:
-    """`--resume` continues the same comparison only: other schemes, seeds or steps are refused like `tupe
-    pretrain --resume` refuses another run (finished runs of another length would be compared silently)."""
+    """`--resume` continues the same comparison only: other schemes, seeds, steps or `--packing` are refused like
+    `tupe pretrain --resume` refuses another run (finished runs of another length would be compared silently)."""
     path = out / COMPARE_RUN_FILE
     if base.resume and not base.overwrite and os.path.lexists(path):
         old = read_json(path, "comparison record")
+        # --packing is recorded only when it is not the default, so older records read as stream
         diffs = [
-            f"{k}: {old.get(k)!r} -> {identity[k]!r}"
-            for k in ("schemes", "seeds", "max_steps")
-            if old.get(k) != identity[k]
+            f"{k}: {old.get(k, default)!r} -> {identity.get(k, default)!r}"
+            for k, default in (("schemes", None), ("seeds", None), ("max_steps", None), ("packing", "stream"))
+            if old.get(k, default) != identity.get(k, default)
         ]
         if diffs:
             raise TupeError(
@@ -300,7 +302,10 @@ def _compare(
     # what this comparison writes at the top of --out; a user's file there stops it before any work
     outputs = OutputFolder(out, "tupe compare", legacy=_is_legacy_compare_output)
     outputs.claim(*dict.fromkeys(schemes), *COMPARE_FILES)
-    _check_comparison(out, {"schemes": schemes, "seeds": seeds, "max_steps": max_steps}, base)
+    identity: dict[str, Any] = {"schemes": schemes, "seeds": seeds, "max_steps": max_steps}
+    if base.packing != "stream":
+        identity["packing"] = base.packing
+    _check_comparison(out, identity, base)
     jobs = []
     for (scheme, seed), run_dir in dirs.items():
         name = scheme if len(seeds) == 1 else f"{scheme}/seed-{seed}"
@@ -428,7 +433,7 @@ def _paired_or_size(
 def run(args: argparse.Namespace) -> int:
     schemes = parse_schemes(args.schemes)
     for scheme in schemes:  # a kernel that cannot run one of them: refused before the first run starts
-        check_scheme(scheme, args.attention_kernel)
+        check_scheme(scheme, args.attention_kernel, args.packing)
     seeds = parse_seeds(args.seeds) if args.seeds else None
     if args.parallel < 1:
         raise TupeError(f"--parallel must be at least 1, got {args.parallel}")

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         preset="mini",
         max_steps=steps,
         seed=args.seed,
+        packing=args.packing,
         cache_dir=args.cache_dir,
         resume=not args.overwrite,
         overwrite=args.overwrite,
@@ -117,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
     paired = summary["paired"]  # one seed: compare measured the paired intervals
     uni = stats["unigram_loss"]
     print()
-    print(f"Validation masked-LM loss after {steps:,} steps (nats per masked token, 95% bootstrap CI):")
+    packing = "" if args.packing == "stream" else f", --packing {args.packing}"
+    print(
+        f"Validation masked-LM loss after {steps:,} steps{packing} (nats per masked token, 95% bootstrap CI):"
+    )
     if uni is not None:
         print(f"  {'unigram baseline':<22}{uni:8.3f}   (token frequencies of the training blocks)")
     for scheme in schemes:

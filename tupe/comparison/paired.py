@@ -25,9 +25,10 @@ MIN_VALID_BLOCKS = 100
 
 def validation_block_losses(run_dir: str | Path, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray, int]:
     """(per validation block: sum of -log p over masked targets, masked-target count, number of blocks) of a
-    finished run's final model, with the masks its own evaluation used (run seed, validation keys)."""
+    finished run's final model, with the masks its own evaluation used (run seed, validation keys). Document
+    blocks (`--packing documents`) are scored one document piece at a time, each from position 0."""
     from tupe.analysis.baseline import NUM_SPECIAL, open_run_blocks
-    from tupe.data.mlm import VALID_SPLIT, MaskedLMCollator
+    from tupe.data.mlm import MaskedLMCollator
     from tupe.evaluation.evaluate import load_model
 
     run, packed = open_run_blocks(run_dir)
@@ -44,10 +45,20 @@ def validation_block_losses(run_dir: str | Path, batch_size: int = 32) -> tuple[
     with torch.inference_mode():
         for start in range(0, len(valid_idx), batch_size):
             rows = range(start, min(start + batch_size, len(valid_idx)))
-            batch = collator(
-                [{"input_ids": packed.block(int(valid_idx[k])), "mask_key": (VALID_SPLIT, k)} for k in rows]
-            )
-            if not bool(batch["attention_mask"].all()):  # a short last block: score it alone, unpadded
+            batch = collator([block_example(packed, int(valid_idx[k]), k) for k in rows])
+            if "position_ids" in batch:  # document blocks: each document piece scored alone, from position 0
+                nll = torch.stack(
+                    [
+                        _pieces_nll(model, ids[: int(m.sum())], lab[: int(m.sum())], pos[: int(m.sum())])
+                        for ids, lab, pos, m in zip(
+                            batch["input_ids"],
+                            batch["labels"],
+                            batch["position_ids"],
+                            batch["attention_mask"],
+                        )
+                    ]
+                )
+            elif not bool(batch["attention_mask"].all()):  # a short last block: score it alone, unpadded
                 nll = torch.cat(
                     [
                         model.target_nll(
@@ -61,6 +72,23 @@ def validation_block_losses(run_dir: str | Path, batch_size: int = 32) -> tuple[
             num[start : start + len(rows)] = nll.numpy()
             den[start : start + len(rows)] = (batch["labels"] != -100).sum(dim=1).numpy()
     return num, den, len(valid_idx)
+
+
+def block_example(packed: Any, i: int, key: int) -> dict[str, Any]:
+    """Validation block `i` as the collator takes it, with mask key `key` (and its position ids for document
+    blocks), as the run's own evaluation made it (`tupe.data.mlm.BlockDataset`)."""
+    from tupe.data.mlm import VALID_SPLIT, BlockDataset
+
+    return BlockDataset(packed, np.asarray([i]), VALID_SPLIT)[0] | {"mask_key": (VALID_SPLIT, key)}
+
+
+def _pieces_nll(model: Any, ids: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Sum of -log p over the masked targets of one document block, each document piece (from a position 0 to
+    the next) scored as a row of its own: what the packed row gives when attention stays inside each document."""
+    starts = torch.nonzero(positions == 0).flatten().tolist() + [int(ids.shape[0])]
+    return sum(
+        model.target_nll(ids[None, a:b], labels[None, a:b])[0] for a, b in zip(starts[:-1], starts[1:])
+    )
 
 
 def paired_comparison(

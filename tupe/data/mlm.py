@@ -8,6 +8,11 @@ Every random choice is a pure function of (seed, split, example key), where the 
 position in the sampler's stream (epoch * num_blocks + block). So the masks do not depend on the batch size, on the
 number of processes, on data-loader prefetching or on where a run was resumed: a resumed run and a 2-process run see
 exactly the masks the single uninterrupted run saw, and each epoch masks a block differently (dynamic masking).
+
+Document blocks (`--packing documents`, `tupe.data.documents`) carry `position_ids` (0 at each document's [CLS]);
+the collator keeps them through masking and padding (a padded slot continues the last document's positions, with
+attention mask 0), and the extra [CLS] and [SEP] inside a block are special tokens like the first: never
+selected, never put in place of a token.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from tupe.data.documents import DocumentBlocks
 from tupe.data.packing import PackedCorpus
 from tupe.data.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS
 
@@ -24,9 +30,12 @@ TRAIN_SPLIT, VALID_SPLIT = 0, 1
 
 
 class BlockDataset(torch.utils.data.Dataset):
-    """`epochs` passes over the given blocks; item `k` is block `indices[k % n]` with mask key `k`."""
+    """`epochs` passes over the given blocks; item `k` is block `indices[k % n]` with mask key `k` (and, for
+    document blocks, its `position_ids`)."""
 
-    def __init__(self, packed: PackedCorpus, indices: np.ndarray, split: int, epochs: int = 1) -> None:
+    def __init__(
+        self, packed: PackedCorpus | DocumentBlocks, indices: np.ndarray, split: int, epochs: int = 1
+    ) -> None:
         self.packed = packed
         self.indices = np.asarray(indices, dtype=np.int64)
         self.split = split
@@ -36,8 +45,11 @@ class BlockDataset(torch.utils.data.Dataset):
         return len(self.indices) * self.epochs
 
     def __getitem__(self, k: int) -> dict:
-        block = self.packed.block(int(self.indices[k % len(self.indices)]))
-        return {"input_ids": block, "mask_key": (self.split, int(k))}
+        i = int(self.indices[k % len(self.indices)])
+        item = {"input_ids": self.packed.block(i), "mask_key": (self.split, int(k))}
+        if isinstance(self.packed, DocumentBlocks):
+            item["position_ids"] = self.packed.positions(i)
+        return item
 
 
 class EpochShuffleSampler(torch.utils.data.Sampler[int]):
@@ -62,7 +74,9 @@ class EpochShuffleSampler(torch.utils.data.Sampler[int]):
 
 
 class MaskedLMCollator:
-    """Pads blocks (right, with [PAD]) and masks them; deterministic per example (see module docstring)."""
+    """Pads blocks (right, with [PAD]) and masks them; deterministic per example (see module docstring).
+
+    Examples with `position_ids` (all of a batch or none) give a `position_ids` (b, n) LongTensor too."""
 
     def __init__(
         self,
@@ -110,14 +124,29 @@ class MaskedLMCollator:
         input_ids = np.full((b, length), PAD_ID, dtype=np.int64)
         labels = np.full((b, length), -100, dtype=np.int64)
         attention = np.zeros((b, length), dtype=np.int64)
+        with_positions = sum("position_ids" in e for e in examples)
+        if with_positions not in (0, b):
+            raise ValueError(f"{with_positions} of {b} examples have position_ids: all or none must")
+        positions = np.zeros((b, length), dtype=np.int64) if with_positions else None
         for r, ex in enumerate(examples):
             ids = np.asarray(ex["input_ids"], dtype=np.int64)
             masked, lab = self.mask_one(ids, ex["mask_key"])
             input_ids[r, : len(ids)] = masked
             labels[r, : len(ids)] = lab
             attention[r, : len(ids)] = 1
-        return {
+            if positions is not None:
+                pos = np.asarray(ex["position_ids"], dtype=np.int64)
+                if pos.shape != ids.shape:
+                    raise ValueError(f"position_ids of shape {pos.shape} for input_ids of shape {ids.shape}")
+                positions[r, : len(ids)] = pos
+                # padding continues the last document's positions: a pad never looks like a new document
+                last = pos[-1] if len(pos) else -1
+                positions[r, len(ids) :] = np.arange(last + 1, last + 1 + length - len(ids))
+        batch = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention),
             "labels": torch.from_numpy(labels),
         }
+        if positions is not None:
+            batch["position_ids"] = torch.from_numpy(positions)
+        return batch

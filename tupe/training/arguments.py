@@ -17,7 +17,13 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
-from tupe.training.flags import LR_SCHEDULERS, add_training_flags, checkpointing_argument, precision_flags
+from tupe.training.flags import (
+    LR_SCHEDULERS,
+    PACKINGS,
+    add_training_flags,
+    checkpointing_argument,
+    precision_flags,
+)
 from tupe.training.optimizers import OPTIMIZERS
 from tupe.training.presets import PRESETS, get_preset
 from tupe.training.reporting import (
@@ -40,6 +46,7 @@ class PretrainConfig:
     tokenizer: str | None = None
     vocab_size: int | None = None
     tokenizer_max_mb: float | None = None
+    packing: str = "stream"  # tupe.data.documents.PACKINGS: "stream" (FULL-SENTENCES) or "documents"
     max_length: int | None = None
     max_position_embeddings: int | None = None  # None: max_length
     hidden_size: int | None = None
@@ -120,7 +127,9 @@ class ResolvedConfig(PretrainConfig):
     def __post_init__(self) -> None:
         from tupe.training.model import check_scheme
 
-        check_scheme(self.scheme, self.attention_kernel)
+        check_scheme(self.scheme, self.attention_kernel, self.packing)
+        if self.packing not in PACKINGS:
+            raise TupeError(f"unknown --packing {self.packing!r}; choose one of: {', '.join(PACKINGS)}")
         if self.lr_scheduler not in LR_SCHEDULERS:
             raise TupeError(
                 f"unknown --lr-scheduler {self.lr_scheduler!r}; choose one of: {', '.join(LR_SCHEDULERS)}"
@@ -281,10 +290,24 @@ def _add_data_arguments(g: Any) -> None:
         + ", ".join(f"{name} {get_preset(name)['valid_every']}" for name in PRESETS)
         + ")",
     )
+    add_packing_argument(g)
     g.add_argument("--mlm-probability", type=V.open_prob, help="fraction of tokens to predict (default 0.15)")
     g.add_argument(
         "--cache-dir",
         help="where tokenizers and packed data are cached (default $TUPE_CACHE or ~/.cache/tupe)",
+    )
+
+
+def add_packing_argument(g: Any) -> None:
+    """`--packing` (`tupe pretrain`, `compare`, `demo`)."""
+    g.add_argument(
+        "--packing",
+        choices=PACKINGS,
+        default="stream",
+        help="how documents become blocks: stream (default; RoBERTa's FULL-SENTENCES: one [CLS], then the "
+        "documents run on, each ended by [SEP]) or documents (each document from its own [CLS] at position 0, "
+        "attention kept inside it, short ones packed together by best fit, long ones cut into pieces; the "
+        "batches carry position_ids; docs/pretraining.md). Part of the run: --resume refuses a change",
     )
 
 
@@ -554,6 +577,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
         "--text-column", default="text", help="column of a parquet/JSON/`datasets` corpus (default: text)"
     )
     p.add_argument("--seed", type=V.seed_int, default=0, help="seed of both runs (default 0)")
+    add_packing_argument(p)
     p.add_argument(
         "--cache-dir",
         type=V.nonempty_path,

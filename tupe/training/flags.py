@@ -20,6 +20,8 @@ from typing import Any
 from tupe import validators as V
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# `--packing` (tupe.data.documents.PACKINGS, repeated here: building the parsers imports no data module)
+PACKINGS = ("stream", "documents")
 # transformers' SchedulerType names that need no further argument (tests/training/test_flags.py checks them)
 LR_SCHEDULERS = (
     "linear",

@@ -21,11 +21,17 @@ def pretrain_schemes() -> tuple[str, ...]:
     return (*POSITION_SCHEMES, HF_BERT)
 
 
-def check_scheme(scheme: str, attention_kernel: str | None = None) -> None:
-    """An unknown scheme, or an `--attention-kernel` that cannot run it, refused before any work."""
+def check_scheme(scheme: str, attention_kernel: str | None = None, packing: str = "stream") -> None:
+    """An unknown scheme, an `--attention-kernel` that cannot run it, or `--packing documents` with hf-bert (whose
+    attention crosses documents whatever the position ids say), refused before any work."""
     schemes = pretrain_schemes()
     if scheme not in schemes:
         raise TupeError(f"unknown scheme {scheme!r}; choose one of: {', '.join(schemes)}")
+    if packing == "documents" and scheme == HF_BERT:
+        raise TupeError(
+            "--packing documents keeps attention inside each document, which hf-bert (transformers' "
+            "BertForMaskedLM) cannot do: its attention crosses documents; use --packing stream for hf-bert"
+        )
     if attention_kernel is not None and scheme != HF_BERT:
         from tupe.modeling.kernels import check_kernel_for_scheme
         from tupe.modeling.positional import scheme_class

@@ -1,6 +1,7 @@
 """Pre-train one positional scheme with masked LM on a corpus (the recipe of Ke et al., ICLR 2021, Table 2).
 
-Corpus -> byte-level BPE (trained once and cached, or given) -> RoBERTa full-sentences blocks (cached) -> masked LM
+Corpus -> byte-level BPE (trained once and cached, or given) -> RoBERTa full-sentences blocks (cached; or document
+blocks with `--packing documents`, tupe/data/documents.py) -> masked LM
 (15%, 80/10/10, sparse prediction) on the `transformers` Trainer: AdamW (0.9, 0.999, eps 1e-6), warm-up then
 linear decay, weight decay, clipping, accumulation, bf16/fp16 on GPUs, checkpoints (atomic), `--resume`,
 `metrics.jsonl` and TensorBoard logs. Multi-process with `torchrun --nproc_per_node N -m tupe pretrain ...`.
@@ -190,11 +191,16 @@ def _prepare_data(run: ResolvedConfig, log: _Log, progress: bool) -> Any:
         skip_bad_text=run.skip_bad_text,
         log=log,
         progress=progress,
+        packing=run.packing,
     )
     log(
         f"data: {len(data.packed):,} blocks of {run.max_length} tokens: {len(data.train_idx):,} train, "
         f"{len(data.valid_idx):,} valid"
     )
+    if data.packing == "documents":
+        from tupe.data.documents import describe_packing
+
+        log(describe_packing(data.packed))
     return data
 
 
@@ -236,17 +242,32 @@ def _finish(
         "train_blocks": int(len(data.train_idx)),
         "valid_blocks": int(len(data.valid_idx)),
         "corpus": data.corpus.describe(),
-        "data_cache": str(data.packed.path),
+        "data_cache": str(data.stream_path),
         "tokenize_pack_tokens_per_second": data.packed.meta.get("tokens_per_second"),
         "nonfinite_skipped": trainer.nonfinite_skipped,
     }
+    if data.packing == "documents":  # recorded only then: a stream run's summary is what it always was
+        stats = data.packed.stats
+        summary.update(
+            packing="documents",
+            documents_cache=str(data.packed.path),
+            packing_efficiency=stats["all"]["efficiency"],
+            packing_stats=stats,
+        )
     if init is not None:
         summary["init_from"] = init.summary()
     if main:
         record_written(out, "README.md", SUMMARY_FILE)
         _write_card(run, data.corpus, len(data.train_idx), summary, init.card() if init else "")
         atomic_write_text(out / SUMMARY_FILE, json.dumps(summary, indent=1))  # last: marks the run finished
-        log(f"done: {summary['steps']} steps, validation loss {final_eval:.4f}; model saved to {out}")
+        packing = (
+            f" (--packing documents, packing efficiency {summary['packing_efficiency']:.1%})"
+            if data.packing == "documents"
+            else ""
+        )
+        log(
+            f"done: {summary['steps']} steps, validation loss {final_eval:.4f}{packing}; model saved to {out}"
+        )
     return summary
 
 
@@ -265,8 +286,23 @@ def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: di
         f"{train_blocks:,} training blocks of {run.max_length} tokens (1 block in {run.valid_every} held out "
         "for validation)."
     )
+    if run.packing == "documents":
+        recipe["packing"] = "documents"
+        stats = summary["packing_stats"]
+        data = (
+            f"{corpus.describe()}; byte-level BPE tokenizer ({run.vocab_size} entries). Packing: documents "
+            f"(`--packing documents`): every document starts with its own [CLS] at position 0 and ends with [SEP], "
+            f"attention stays inside it (position_ids restart at 0), a document of more than {run.max_length - 1} "
+            f"tokens ([SEP] included) is cut into pieces that each start with [CLS] at position 0, and pieces are "
+            f"packed by best fit in corpus order. {stats['documents']:,} documents, {stats['all']['pieces']:,} pieces, "
+            f"{train_blocks:,} training blocks of {run.max_length} tokens; packing efficiency "
+            f"{stats['all']['efficiency']:.1%} (tokens that are not padding / block tokens; "
+            f"{stats['all']['content_share']:.1%} document tokens). Validation: the text of the stream packing's "
+            f"validation blocks (1 in {run.valid_every}), packed the same way."
+        )
     metrics = {
         "steps": summary["steps"],
+        "packing efficiency": summary.get("packing_efficiency"),  # --packing documents only (None: no row)
         "validation masked-LM loss": summary["final_eval_loss"],
         "validation perplexity": math.exp(min(50.0, summary["final_eval_loss"])),
         "training loss (mean over the run)": summary["train_loss"],

@@ -112,14 +112,22 @@ def is_owned(name: str, recorded: set[str] | None) -> bool:
     return m is not None and (m["name"] in recorded or m["name"] == WRITTEN_FILE)
 
 
+# Identity values recorded only when they are not the default (runs made before the option keep their identity):
+# a record without one reads as the default
+_IDENTITY_DEFAULTS = {("data", "packing"): "stream"}
+_IDENTITY_FLAGS = {("data", "packing"): "--packing"}  # named as the user gives them
+
+
 def _identity_diff(old: dict, new: dict) -> list[str]:
     diffs = []
     for section in ("scheme", "model", "data", "optim", "init_from"):
         a, b = old.get(section), new.get(section)
         if isinstance(a, dict) and isinstance(b, dict):
             for k in sorted(set(a) | set(b)):
-                if a.get(k) != b.get(k):
-                    diffs.append(f"{section}.{k}: {a.get(k)!r} -> {b.get(k)!r}")
+                default = _IDENTITY_DEFAULTS.get((section, k))
+                if a.get(k, default) != b.get(k, default):
+                    name = _IDENTITY_FLAGS.get((section, k), f"{section}.{k}")
+                    diffs.append(f"{name}: {a.get(k, default)!r} -> {b.get(k, default)!r}")
         elif a != b:
             diffs.append(f"{section}: {a!r} -> {b!r}")
     return diffs
@@ -155,6 +163,8 @@ def run_identity(run: Any, model: dict[str, Any], corpus: str, tokenizer: str) -
         "optim": {k: getattr(run, k) for k in _OPTIM_KEYS} | {"seed": run.seed, "grad_accum": run.grad_accum},
     }
     # recorded only when set, so runs made before these options existed keep their identity
+    if run.packing != "stream":
+        identity["data"]["packing"] = run.packing
     if run.lr_scheduler != "linear":
         identity["optim"]["lr_scheduler"] = run.lr_scheduler
     if run.optimizer != DEFAULT_OPTIMIZER:

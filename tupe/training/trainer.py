@@ -243,14 +243,16 @@ class PretrainTrainer(Trainer):
         selected = labels != -100
         sparse = getattr(self.accelerator.unwrap_model(model).config, "sparse_prediction", True)
         count = selected.sum()
+        # document blocks (--packing documents) carry position_ids; stream blocks none (the call is unchanged)
+        extra = {"position_ids": inputs["position_ids"]} if "position_ids" in inputs else {}
         if sparse:
             outputs = model(
-                input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels
+                input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], labels=labels, **extra
             )
             # the model's loss is the mean over these masked tokens (0 when there are none): reuse it rather
             # than a second cross-entropy over the (num_masked, vocab) logits
             return outputs.loss.float() * count, count, outputs
-        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], **extra)
         logits = outputs.logits[selected]
         return F.cross_entropy(logits.float(), labels[selected], reduction="sum"), count, outputs
 

@@ -1,0 +1,33 @@
+"""docs/benchmarks/packing_step.py (issue 36's documents-vs-stream step benchmark) runs and reports what it says."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_packing_step_benchmark_runs_at_a_tiny_shape(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    spec = importlib.util.spec_from_file_location(
+        "packing_step", ROOT / "docs" / "benchmarks" / "packing_step.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rng = random.Random(0)
+    words = "the a man woman dog cat saw met found left near by house river town".split()
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 20))) + "." for _ in range(600)]
+    (tmp_path / "docs.txt").write_text("\n\n".join(docs) + "\n")
+    result = script.main(
+        ["--corpus", str(tmp_path / "docs.txt"), "--cache-dir", str(tmp_path / "cache"), "--rounds", "2",
+         "--warmup", "0", "--batch-size", "4", "--max-seq-len", "32", "--vocab-size", "300", "--hidden-size", "32",
+         "--valid-every", "20", "--json", str(tmp_path / "out.json")]
+    )  # fmt: skip
+    assert json.loads((tmp_path / "out.json").read_text()) == result
+    assert set(result["median_step_s"]) == {"stream", "documents"} and result["rounds"] == 2
+    assert result["ratio_documents_to_stream"] > 0 and 0 < result["packing_efficiency"] <= 1
+    assert 0 <= result["documents_padding_share"] < 1
+    assert isinstance(result["position_ids_honoured"], bool)
+    assert "x target)" in capsys.readouterr().out
