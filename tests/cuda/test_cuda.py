@@ -385,7 +385,7 @@ def test_glue_first_batch_check_on_the_device(device, tmp_path: Path) -> None:
     from transformers import DataCollatorWithPadding
 
     from tests.glue.fixtures import make_checkpoint, make_tokenizer
-    from tupe.glue.trainer import check_finite_start
+    from tupe.training.finetuning import check_finite_start
     from tupe.modeling import TupeForSequenceClassification
 
     folder = make_checkpoint(tmp_path / "ckpt", scheme="tupe-a")
