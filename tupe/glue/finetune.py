@@ -148,13 +148,6 @@ def _is_legacy_glue_output(path: Path) -> bool:
 # --------------------------------------------------------------------------------------------------------- CLI
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
