@@ -595,9 +595,8 @@ class TaskFamily:
     name: str  # results.json's `task`
     metrics: tuple[str, ...]  # the first picks the learning rate (unless `main_metric` says otherwise)
     aggregate: ClassVar[str] = "mean"  # a key of AGGREGATES
-    outputs: ClassVar[
-        tuple[str, ...]
-    ] = ()  # what the family writes at the top of --out beside results.json, runs
+    # what the family writes at the top of --out beside results.json and runs/
+    outputs: ClassVar[tuple[str, ...]] = ()
     card_kind: ClassVar[str] = "text-classification"  # the pipeline tag of a saved model's card
 
     @property
