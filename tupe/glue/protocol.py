@@ -1,8 +1,9 @@
 """The paper's GLUE protocol as data: the grid, the settings of one run, and how a grid's scores are summarised.
 
 Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds; a learning rate's score is the median of its seeds' dev
-scores (tupe/training/finetuning.py `summarize_grid`, aggregate "median"), and the best learning rate is reported (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md). A model narrower than
-512 gets `SMALL_MODEL_LRS` and 3 epochs by default instead (docs/glue.md, "Small models"). `tupe report` reads this module too.
+scores (tupe/training/finetuning.py `summarize_grid`, aggregate "median"), and the best learning rate is reported
+(Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md). A model narrower than 512 gets `SMALL_MODEL_LRS`
+and 3 epochs by default instead (docs/glue.md, "Small models"). `tupe report` reads this module too.
 """
 
 from __future__ import annotations
