@@ -75,10 +75,10 @@ def run_grid(
     """
     opts = GridOptions(**{**options, "report_to": options.get("report_to") or []})
     with folder_lock(out_dir, "tupe glue"):
-        return _run_grid(Path(model_dir), settings, Path(out_dir), (data_dir, train_file, dev_files), opts)
+        return _glue_grid(Path(model_dir), settings, Path(out_dir), (data_dir, train_file, dev_files), opts)
 
 
-def _run_grid(
+def _glue_grid(
     model_dir: Path,
     settings: GlueSettings,
     out_dir: Path,
