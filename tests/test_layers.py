@@ -186,14 +186,6 @@ def test_architecture_doc_lists_the_layers_in_this_order() -> None:
     assert documented == LAYERS
 
 
-# (importing module, imported private name): left to the GLUE restructuring under way (issue 25, item 5)
-_PRIVATE_IMPORTS_PENDING = {
-    ("tupe.glue.finetune", "_load_data"),
-    ("tupe.glue.finetune", "_subsample"),
-    ("tupe.glue.finetune", "_RUN_SUMMARY_KEYS"),
-}
-
-
 def test_no_module_imports_another_modules_private_names() -> None:
     """A `_name` is its module's own business: another module that needs it gets a public name."""
     found = set()
@@ -202,7 +194,7 @@ def test_no_module_imports_another_modules_private_names() -> None:
         for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("tupe")):
                 found |= {(module, a.name) for a in node.names if a.name.startswith("_") and a.name[1] != "_"}
-    assert found - _PRIVATE_IMPORTS_PENDING == set()
+    assert found == set()
 
 
 # ---- a positional scheme is one class -----------------------------------------------------------------------------

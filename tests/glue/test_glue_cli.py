@@ -8,7 +8,7 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score
 
-import tupe.glue.finetune as ft
+import tupe.training.finetuning as ft
 from tupe.cli import main
 from tupe.glue.finetune import read_predictions
 from tupe.io.checkpoints import pretrain_steps_of
@@ -29,16 +29,16 @@ def _glue(model, data, out, *extra):
 def count_runs(monkeypatch):
     """Count (and optionally interrupt) the training runs the grid starts."""
     calls = []
-    real = ft.train_one
+    real = ft.train_run
 
     def wrapper(*args, **kwargs):
-        calls.append((args[3], args[4]))  # (lr, seed)
+        calls.append((args[1], args[2]))  # (lr, seed)
         if wrapper.interrupt_at == len(calls):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     wrapper.interrupt_at = None
-    monkeypatch.setattr(ft, "train_one", wrapper)
+    monkeypatch.setattr(ft, "train_run", wrapper)
     wrapper.calls = calls
     return wrapper
 
@@ -262,7 +262,7 @@ def test_sigterm_says_what_was_kept(tiny_model, glue_dir, tmp_path, monkeypatch,
     import os
     import signal
 
-    real = ft.train_one
+    real = ft.train_run
     calls = []
 
     def wrapper(*args, **kwargs):
@@ -271,7 +271,7 @@ def test_sigterm_says_what_was_kept(tiny_model, glue_dir, tmp_path, monkeypatch,
             os.kill(os.getpid(), signal.SIGTERM)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ft, "train_one", wrapper)
+    monkeypatch.setattr(ft, "train_run", wrapper)
     out = tmp_path / "mrpc"
     with pytest.raises(SystemExit) as exc:
         _glue(tiny_model, glue_dir, out, "--task", "mrpc", "--lrs", "1e-4", "--seeds", "1,2", "--quiet")
@@ -287,7 +287,7 @@ def test_hub_flags_reach_each_runs_trainer_arguments(tiny_model, glue_dir, tmp_p
     """--push-to-hub / --hub-model-id are passed to the Trainer's own arguments, one Hub repository per run (the
     push itself needs the network and a login: only the plumbing is tested)."""
     from tupe.glue.protocol import GlueSettings
-    from tupe.glue.trainer import training_arguments
+    from tupe.training.finetuning import training_arguments
 
     settings = GlueSettings(task="RTE", lrs=[2e-5], seeds=[1])
     targs = training_arguments(
@@ -300,11 +300,11 @@ def test_hub_flags_reach_each_runs_trainer_arguments(tiny_model, glue_dir, tmp_p
 
     seen = []
 
-    def fake_train_one(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - record, do not train
+    def fake_training_arguments(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - record, do not train
         seen.append((kwargs["push_to_hub"], kwargs["hub_model_id"]))
         raise SystemExit(0)
 
-    monkeypatch.setattr(ft, "train_one", fake_train_one)
+    monkeypatch.setattr(ft, "training_arguments", fake_training_arguments)
     out = tmp_path / "rte-hub"
     args = (
         "--task",

@@ -208,22 +208,22 @@ def test_json_records(tmp_path):
 
 
 def test_train_and_dev_files_instead_of_a_folder(glue_dir):
-    from tupe.glue.finetune import _load_data
+    from tupe.glue.encoding import load_data
 
     mnli = get_task("MNLI")
-    one = _load_data(
+    one = load_data(
         mnli, None, str(glue_dir / "MNLI" / "train.tsv"), [str(glue_dir / "MNLI" / "dev_matched.tsv")]
     )
     assert list(one.dev) == ["dev_matched"] and len(one.train) == 48
     both = [str(glue_dir / "MNLI" / f) for f in ("dev_matched.tsv", "dev_mismatched.tsv")]
-    assert list(_load_data(mnli, None, str(glue_dir / "MNLI" / "train.tsv"), both).dev) == [
+    assert list(load_data(mnli, None, str(glue_dir / "MNLI" / "train.tsv"), both).dev) == [
         "dev_matched",
         "dev_mismatched",
     ]
     with pytest.raises(TupeError, match="2 --dev-file given; RTE has 1 dev split"):
-        _load_data(get_task("RTE"), None, str(glue_dir / "RTE" / "train.tsv"), both)
+        load_data(get_task("RTE"), None, str(glue_dir / "RTE" / "train.tsv"), both)
     with pytest.raises(TupeError, match="go together"):
-        _load_data(get_task("RTE"), None, str(glue_dir / "RTE" / "train.tsv"), None)
+        load_data(get_task("RTE"), None, str(glue_dir / "RTE" / "train.tsv"), None)
 
 
 def test_last_row_without_newline_and_empty_sentence(tmp_path):
@@ -275,7 +275,7 @@ def test_train_and_dev_parquet_files(tmp_path, glue_dir, monkeypatch):
     """`--train-file`/`--dev-file` take single parquet files of the `datasets` GLUE too (e.g. copied out of the
     Hub cache's `mrpc/train-00000-of-00001.parquet`)."""
     datasets = pytest.importorskip("datasets")
-    from tupe.glue.finetune import _load_data
+    from tupe.glue.encoding import load_data
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")  # its Arrow copies
 
@@ -287,7 +287,7 @@ def test_train_and_dev_parquet_files(tmp_path, glue_dir, monkeypatch):
         datasets.Dataset.from_dict(
             {"sentence1": split.text_a, "sentence2": split.text_b, "label": split.labels, "idx": split.index}
         ).to_parquet(str(files[name]))
-    got = _load_data(mrpc, None, str(files["train"]), [str(files["validation"])])
+    got = load_data(mrpc, None, str(files["train"]), [str(files["validation"])])
     assert got.train.text_b == tsv.train.text_b and got.dev["dev"].labels == tsv.dev["dev"].labels
     bad = tmp_path / "test.parquet"
     datasets.Dataset.from_dict(

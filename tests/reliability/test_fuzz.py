@@ -393,12 +393,12 @@ def glue_tsv(draw: st.DrawFn) -> bytes:
 
 
 def test_fuzz_glue_rows(glue_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tupe.glue.finetune as finetune
+    import tupe.training.finetuning as finetune
 
     def reached(*a: object, **k: object) -> None:
         raise _Reached
 
-    monkeypatch.setattr(finetune, "train_one", reached)
+    monkeypatch.setattr(finetune, "train_run", reached)
 
     @settings(FUZZ, max_examples=max(10, N // 2))
     @given(train=glue_tsv(), dev=glue_tsv())

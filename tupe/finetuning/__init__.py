@@ -1,2 +1,2 @@
 """`tupe finetune`: fine-tuning on users' own files (named entities, question answering, multiple choice, sentence
-classification) with the grid machinery `tupe glue` uses (tupe/training/finetuning.py)."""
+classification) on the fine-tuning pipeline `tupe glue` runs on (tupe/training/finetuning.py)."""

@@ -63,6 +63,7 @@ class ChoiceFamily(Family):
     metrics = ("accuracy",)
     report_columns = (("MC acc", "accuracy"),)
     auto_class = "AutoModelForMultipleChoice"
+    card_kind = "multiple-choice"
 
     def read(self, path: Path) -> list[Choice]:
         if path.is_dir():

@@ -1,7 +1,8 @@
-"""Sentence (or sentence-pair) classification of users' own files: GLUE's family (tupe/glue) on a task made from
-the files themselves. The text is the `text` column (or `sentence`, `text_a`, `sentence1`, `premise`, `question`),
-a second text `text_b` (or `sentence2`, `hypothesis`) makes pairs, and the label set is the training file's
-`label` values. Files: .csv, .tsv (quoting off), .json/.jsonl, .parquet, or a saved `datasets` split.
+"""Sentence (or sentence-pair) classification of users' own files: GLUE's readers and `[CLS] A [SEP] B [SEP]`
+encoding (tupe/glue) on a task made from the files themselves, run by the pipeline `tupe glue` runs on
+(tupe/training/finetuning.py) and summarised, like every `tupe finetune` family, by the mean over seeds. The text
+is the `text` column (or `sentence`, `text_a`, `sentence1`, `premise`, `question`), a second text `text_b` (or
+`sentence2`, `hypothesis`) makes pairs, and the label set is the training file's `label` values. Files: .csv, .tsv (quoting off), .json/.jsonl, .parquet, or a saved `datasets` split.
 """
 
 from __future__ import annotations

@@ -1,21 +1,18 @@
 """Fine-tune a pre-trained checkpoint on your own files: named entities (CoNLL), extractive question answering
 (SQuAD), multiple choice (SWAG) or sentence classification, over a learning-rate x seed grid (docs/finetuning.md).
 
-The grid, its resume and its Trainer runs are the machinery `tupe glue` uses (tupe/training/finetuning.py); a task
-family (ner.py, qa.py, choice.py, classification.py) brings its reader, encoding, head and metric. Everything the
-files or flags get wrong is refused in one line before anything is written. `OUT/results.json` holds the best
-learning rate's mean over seeds of every metric (x 100) at the top level, each seed's below, and every run;
-`OUT/predictions.jsonl` the validation predictions of the best run.
+This module is the command: its flags, reading and checking the files (everything the files or flags get wrong is
+refused in one line before anything is written), the folder and its lock. The runs, the grid, its resume and
+results.json are the pipeline `tupe glue` shares (tupe/training/finetuning.py `run_finetuning`), with a task
+family (ner.py, qa.py, choice.py, classification.py) bringing its reader, encoding, head and metric.
+`OUT/results.json` holds the best learning rate's mean over seeds of every metric (x 100) at the top level, each
+seed's below, and every run; `OUT/predictions.jsonl` the validation predictions of the best run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +20,6 @@ from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.finetuning.arguments import FinetuneSettings, add_arguments, settings_from  # noqa: F401 (cli)
 from tupe.finetuning.family import Family
-
-RESULTS_FORMAT = 1
 
 
 def family_for(settings: FinetuneSettings) -> Family:
@@ -47,38 +42,6 @@ def _subset(examples: list[Any], n: int | None) -> list[Any]:
     return [examples[i] for i in rows]
 
 
-def summarize(family: Family, runs: list[dict], lrs: list[float], seeds: list[int]) -> dict[str, Any]:
-    """Per learning rate the mean (and standard deviation) over its seeds of every metric; the best learning
-    rate by the mean main metric, its means at the top level and its seeds' scores."""
-    per_lr: dict[str, Any] = {}
-    for lr in lrs:
-        mine = sorted((r for r in runs if r["lr"] == lr), key=lambda r: r["seed"])
-        if not mine:
-            continue
-        names = list(mine[0]["scores"])
-        per_lr[f"{lr:g}"] = {
-            "lr": lr,
-            "seeds": [r["seed"] for r in mine],
-            "n_seeds": len(mine),
-            "complete": all(any(r["seed"] == s for r in mine) for s in seeds),
-            "mean": {m: statistics.fmean(r["scores"][m] for r in mine) for m in names},
-            "std": {
-                m: statistics.stdev(r["scores"][m] for r in mine) if len(mine) > 1 else None for m in names
-            },
-            "per_seed": {str(r["seed"]): r["scores"] for r in mine},
-        }
-    if not per_lr:
-        return {"per_lr": per_lr, "best": None}
-    best = max(per_lr.values(), key=lambda v: v["mean"][family.main_metric])
-    return {  # the family's metrics first, then any others its scores have (SQuAD v2.0's HasAns_*, NoAns_*)
-        **{m: best["mean"][m] for m in family.metrics},
-        **best["mean"],
-        "best": {k: best[k] for k in ("lr", "n_seeds", "seeds", "mean", "std")},
-        "per_seed": best["per_seed"],
-        "per_lr": per_lr,
-    }
-
-
 def run(args: argparse.Namespace) -> int:
     V.check_out_folder("--out", args.out)
     for flag, value in (("--train", args.train), ("--validation", args.validation)):
@@ -88,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     V.apply_threads(args.threads)
     quiet = args.quiet
-    from tupe.glue.finetune import stop_on_sigterm
     from tupe.runtime import console_log, hushed_libraries
+    from tupe.training.finetuning import stop_on_sigterm
     from tupe.training.reporting import parse_report_to
 
     log = console_log(quiet)
@@ -138,41 +101,28 @@ def finetune(
     train = _subset(_read(family, train_path, "--train"), settings.max_train_samples)
     dev = _subset(_read(family, dev_path, "--validation"), settings.max_eval_samples)
     family.check(train, dev, train_path, dev_path)
+    family.use(train, dev, (train_path, dev_path))
 
-    from tupe.glue.finetune import converted_if_bert
     from tupe.io.files import folder_lock
     from tupe.io.outputs import OutputFolder
+    from tupe.training.finetuning import GridOptions, open_checkpoint, run_finetuning
 
+    options = GridOptions(
+        scheme=scheme,
+        tokenizer_dir=tokenizer_dir,
+        save_models=save_models,
+        overwrite=overwrite,
+        progress=progress,
+        log=log,
+        report_to=report_to or [],
+    )
     created = not out_dir.exists()
     try:
         with folder_lock(out_dir, "tupe finetune"):
             try:
-                # what the command writes at the top of --out; anything there that it did not write stops it here
                 outputs = OutputFolder(out_dir, "tupe finetune")
-                outputs.claim(
-                    "results.json",
-                    "predictions.jsonl",
-                    "runs",
-                    *(["tensorboard"] if "tensorboard" in (report_to or []) else []),
-                )
-                model_dir = converted_if_bert(model_dir, out_dir, tokenizer_dir, log, outputs)
-                return _run(
-                    model_dir,
-                    family,
-                    settings,
-                    train,
-                    dev,
-                    (train_path, dev_path),
-                    out_dir,
-                    scheme,
-                    tokenizer_dir,
-                    save_models,
-                    overwrite,
-                    progress,
-                    log,
-                    outputs,
-                    report_to or [],
-                )
+                checkpoint = open_checkpoint(model_dir, out_dir, outputs, family.outputs, options)
+                return run_finetuning(family, settings, checkpoint, out_dir, outputs, options).to_json()
             except TupeError:
                 _forget_new_folder(out_dir, created)
                 raise
@@ -210,229 +160,3 @@ def _forget_new_folder(out_dir: Path, created: bool) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
-
-
-def _run(
-    model_dir: Path,
-    family: Family,
-    settings: FinetuneSettings,
-    train: list[Any],
-    dev: list[Any],
-    paths: tuple[Path, Path],
-    out_dir: Path,
-    scheme: str | None,
-    tokenizer_dir: str | None,
-    save_models: bool,
-    overwrite: bool,
-    progress: bool,
-    log: Callable[[str], None],
-    outputs: Any,
-    report_to: list[str],
-) -> dict[str, Any]:
-    from tupe.io.checkpoints import inspect_checkpoint, load_tokenizer
-    from tupe.io.files import atomic_write_json, atomic_write_text
-    from tupe.runtime import tupe_version
-    from tupe.training.finetuning import plan_grid, run_grid, run_name
-
-    info, config = inspect_checkpoint(model_dir, scheme)
-    tokenizer = load_tokenizer(tokenizer_dir or model_dir, config, explicit=tokenizer_dir is not None)
-    train_ds = family.encode_train(tokenizer, train)
-    eval_ds, aux = family.encode_eval(tokenizer, dev)
-    grid = plan_grid(
-        out_dir,
-        settings,
-        len(train_ds),
-        info.weights_sha256,
-        family.fingerprint(train, dev),
-        overwrite,
-        outputs,
-    )
-    log(
-        f"{family.name}: {len(train)} train / {len(dev)} validation examples ({len(train_ds)} / {len(eval_ds)} "
-        f"model inputs) from {paths[0]}, {paths[1]}; model {model_dir} (scheme {info.scheme})"
-    )
-    log(grid.describe(settings, len(train_ds)))
-    baseline = family.baseline(train, dev)
-
-    def run_one(lr: float, seed: int, run_dir: Path, callbacks: list[Any]) -> dict:
-        from tupe.training.finetuning import (
-            finish_run,
-            load_head,
-            loss_curve,
-            make_trainer,
-            training_arguments,
-        )
-
-        model = load_head(
-            family.model_class(), str(model_dir), seed, settings.dropout, **family.model_kwargs()
-        )
-        for key, value in family.config_extras().items():
-            setattr(model.config, key, value)
-        args = training_arguments(
-            settings,
-            lr,
-            seed,
-            run_dir / "trainer",
-            len(train_ds),
-            report_to,
-            early_stopping=settings.early_stopping,
-        )
-        trainer = make_trainer(
-            model,
-            args,
-            train_ds,
-            family.collator(tokenizer),
-            tokenizer,
-            callbacks,
-            eval_ds=eval_ds,
-            early_stopping=settings.early_stopping,
-            logging_dir=out_dir / "tensorboard" / run_name(lr, seed) if "tensorboard" in report_to else None,
-            stopped_message=lambda: (
-                f"run lr={lr:g} seed={seed} stopped; the finished runs (their result.json) are kept: free space "
-                "and rerun the same command"
-            ),
-        )
-        t0 = time.time()
-        out = trainer.train()
-        train_seconds = time.time() - t0
-        scores, rows = family.score(trainer.predict(eval_ds), aux, dev)
-        atomic_write_text(run_dir / "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-        used = finish_run(trainer, run_dir, save_models, f"run lr={lr:g} seed={seed} is redone next time")
-        if save_models:
-            _write_card(
-                run_dir / "model", family, settings, info, paths, lr, seed, scores, len(train), len(dev)
-            )
-        return {
-            "lr": lr,
-            "seed": seed,
-            "scores": scores,
-            "main": scores[family.main_metric],
-            "train_loss": float(out.training_loss),
-            "loss_curve": loss_curve(trainer),
-            "steps": int(trainer.state.global_step),
-            "epochs_trained": float(trainer.state.epoch or 0.0),
-            "trainer": used,
-            "train_seconds": round(train_seconds, 2),
-            "seconds": round(time.time() - t0, 2),
-        }
-
-    state: dict[str, Any] = {}
-
-    def on_update(runs: list[dict]) -> None:
-        summary = summarize(family, runs, settings.lrs, settings.seeds)
-        best_run = None
-        if summary["best"] is not None:
-            mine = [r for r in runs if r["lr"] == summary["best"]["lr"]]
-            best_run = max(mine, key=lambda r: r["main"])
-        results = {
-            "format": RESULTS_FORMAT,
-            "command": "finetune",
-            "task": family.name,
-            "metrics": list(family.metrics),
-            "main_metric": family.main_metric,
-            "scale": 100,
-            "columns": [[col, metric] for col, metric in family.report_columns],
-            **summary,
-            "best_run": None if best_run is None else run_name(best_run["lr"], best_run["seed"]),
-            "baseline": baseline,
-            "label_names": family.label_names(),
-            "model": asdict(info),
-            "scheme": info.scheme,
-            "pretrain_steps": info.pretrain_steps,
-            "data": {
-                "train": str(paths[0]),
-                "validation": str(paths[1]),
-                "train_examples": len(train),
-                "validation_examples": len(dev),
-                "train_features": len(train_ds),
-                "validation_features": len(eval_ds),
-                **family.describe_data(train, dev),
-                "sha256": grid.fingerprint["data_sha256"],
-            },
-            "settings": asdict(settings),
-            "protocol": "mean over seeds per learning rate; best learning rate by the mean main metric; scores on "
-            "the validation file after the last epoch"
-            + (" (the best epoch by validation loss: early stopping)" if settings.early_stopping else ""),
-            "engine": {"trainer": "transformers.Trainer", "tupe": tupe_version()},
-            "complete": all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid.runs),
-            "runs": sorted(
-                ({k: v for k, v in r.items() if k not in ("fingerprint", "loss_curve")} for r in runs),
-                key=lambda r: (r["lr"], r["seed"]),
-            ),
-        }
-        if best_run is not None:
-            src = out_dir / "runs" / run_name(best_run["lr"], best_run["seed"]) / "predictions.jsonl"
-            atomic_write_text(out_dir / "predictions.jsonl", src.read_text(encoding="utf-8"))
-        atomic_write_json(out_dir / "results.json", results, indent=2, clean=True)
-        state["results"] = results
-
-    def describe(r: dict) -> str:
-        return ", ".join(f"{m}={r['scores'][m]:.2f}" for m in family.metrics)
-
-    run_grid(grid, run_one, on_update, f"{family.name} grid", progress, log, describe)
-    results = state["results"]
-    if results["best"] is not None:
-        b = results["best"]
-        log(
-            f"best lr {b['lr']:g}: mean {family.main_metric} {b['mean'][family.main_metric]:.2f} over "
-            f"{b['n_seeds']} seeds -> {out_dir / 'results.json'}"
-        )
-    return results
-
-
-# a task family -> the pipeline tag of its fine-tuned models (their model card's kind)
-CARD_KINDS = {
-    "ner": "token-classification",
-    "qa": "question-answering",
-    "multiple-choice": "multiple-choice",
-    "classification": "text-classification",
-}
-
-
-def _write_card(
-    folder: Path,
-    family: Family,
-    settings: FinetuneSettings,
-    info: Any,
-    paths: tuple[Path, Path],
-    lr: float,
-    seed: int,
-    scores: dict[str, float],
-    n_train: int,
-    n_dev: int,
-) -> None:
-    """README.md of one run's saved model: scheme, recipe, data, validation scores, how to load it (for NER with
-    the pipeline aggregation strategy that matches its training labels)."""
-    from tupe.io.model_card import write_model_card
-
-    recipe = {
-        "task": family.name,
-        "pre-trained model": f"{info.path} ({info.pretrain_steps or 'unknown'} pre-training steps)",
-        "learning rate": f"{lr:g}",
-        "seed": seed,
-        "epochs": settings.epochs if settings.max_steps is None else None,
-        "max steps": settings.max_steps,
-        "batch size": settings.batch_size,
-        "gradient accumulation": settings.grad_accum if settings.grad_accum > 1 else None,
-        "max sequence length": settings.max_seq_len,
-        "dropout": settings.dropout,
-        "labels": "every sub-token (--label-all-tokens)"
-        if settings.label_all_tokens
-        else ("a word's first sub-token" if family.name == "ner" else None),
-    }
-    extras = family.config_extras()
-    write_model_card(
-        folder,
-        kind=CARD_KINDS.get(family.name, "text-classification"),
-        scheme=info.scheme,
-        recipe=recipe,
-        data=f"Training file {paths[0]} ({n_train:,} examples); validation file {paths[1]} ({n_dev:,}).",
-        metrics={f"validation {m}": v for m, v in scores.items()},
-        aggregation_strategy=extras.get("aggregation_strategy", "first"),
-        notes=(
-            f"The labels were trained on {recipe['labels']}: read words with the pipeline's "
-            f'`aggregation_strategy="{extras["aggregation_strategy"]}"` (also in config.json).'
-            if "aggregation_strategy" in extras
-            else ""
-        ),
-    )

@@ -1,5 +1,6 @@
-"""What a task family of `tupe finetune` provides to the shared grid: its reader, its encoding for the model, its
-head, its metrics and its predictions. One subclass per family (ner.py, qa.py, choice.py, classification.py)."""
+"""What a task family of `tupe finetune` provides to the shared pipeline (tupe/training/finetuning.py
+`TaskFamily`): its reader, its encoding for the model, its head, its metrics and its predictions, on one training
+and one validation file. One subclass per family (ner.py, qa.py, choice.py, classification.py)."""
 
 from __future__ import annotations
 
@@ -10,23 +11,30 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tupe.errors import TupeError
+from tupe.training.finetuning import GridResults, TaskFamily, run_name
 
 
-class Family:
-    """A task family: the files it reads, how it encodes them, its head and how it scores predictions."""
+class Family(TaskFamily):
+    """A task family: the files it reads, how it encodes them, its head and how it scores predictions. Its scores
+    are x 100 and summarised by the mean over seeds; the validation predictions of a run are
+    `predictions.jsonl`, and those of the best run are copied to OUT/predictions.jsonl."""
 
     name: ClassVar[str]
     metrics: ClassVar[tuple[str, ...]]  # reported in results.json, x 100; the first picks the learning rate
     # (column, metric) of `tupe report`
     report_columns: ClassVar[tuple[tuple[str, str], ...]]
     auto_class: ClassVar[str]  # the transformers Auto class of the head
+    outputs: ClassVar[tuple[str, ...]] = ("predictions.jsonl",)
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
+        self.train: list[Any] = []
+        self.dev: list[Any] = []
+        self.paths: tuple[Path, Path] = (Path(), Path())
 
-    @property
-    def main_metric(self) -> str:
-        return self.metrics[0]
+    def use(self, train: list[Any], dev: list[Any], paths: tuple[Path, Path]) -> None:
+        """The examples the grid trains and scores on, read (and checked) from the files at `paths`."""
+        self.train, self.dev, self.paths = train, dev, paths
 
     # -- data
     def read(self, path: Path) -> list[Any]:
@@ -35,9 +43,6 @@ class Family:
 
     def check(self, train: list[Any], dev: list[Any], train_path: Path, dev_path: Path) -> None:
         """Refuse what cannot be scored (a validation label never seen in training)."""
-
-    def label_names(self) -> list[str] | None:
-        return None
 
     def fingerprint(self, train: list[Any], dev: list[Any]) -> str:
         """A hash of the exact examples, so resumed runs are known to be comparable."""
@@ -50,6 +55,9 @@ class Family:
                 record.pop("line", None)
                 h.update(json.dumps(record, sort_keys=True).encode() + b"\n")
         return h.hexdigest()
+
+    def data_fingerprint(self) -> str:
+        return self.fingerprint(self.train, self.dev)
 
     # -- model
     def model_class(self) -> Any:
@@ -69,16 +77,6 @@ class Family:
             "label2id": {n: i for i, n in enumerate(names)},
         }
 
-    def config_extras(self) -> dict[str, Any]:
-        """Values set on the fine-tuned model's config (saved in its config.json), e.g. NER's pipeline
-        aggregation strategy."""
-        return {}
-
-    def collator(self, tokenizer: Any) -> Any:
-        from transformers import DataCollatorWithPadding
-
-        return DataCollatorWithPadding(tokenizer)
-
     # -- encoding and scoring
     def encode_train(self, tokenizer: Any, examples: list[Any]) -> Any:
         """A `datasets.Dataset` of model inputs with labels."""
@@ -88,9 +86,26 @@ class Family:
         """(a `datasets.Dataset` with labels, for the validation loss, whatever `score` needs to map back)."""
         raise NotImplementedError
 
+    def encode(self, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
+        self._train_ds = self.encode_train(tokenizer, self.train)
+        self._eval_ds, self._aux = self.encode_eval(tokenizer, self.dev)
+        return self._train_ds, {"validation": self._eval_ds}
+
     def score(self, output: Any, aux: Any, examples: list[Any]) -> tuple[dict[str, float], list[dict]]:
         """(metrics x 100, one prediction record per validation example) from `Trainer.predict`'s output."""
         raise NotImplementedError
+
+    def evaluate(
+        self, trainer: Any, evals: dict[str, Any], run_dir: Path
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        from tupe.io.files import atomic_write_text
+
+        scores, rows = self.score(trainer.predict(evals["validation"]), self._aux, self.dev)
+        atomic_write_text(run_dir / "predictions.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        return scores, {"validation": "predictions.jsonl"}
+
+    def describe_run(self, scores: dict[str, Any]) -> str:
+        return ", ".join(f"{m}={scores[m]:.2f}" for m in self.metrics)
 
     def baseline(self, train: list[Any], dev: list[Any]) -> dict[str, Any]:
         """A trivial predictor's scores on the validation set, to read small models by."""
@@ -98,6 +113,108 @@ class Family:
 
     def describe_data(self, train: list[Any], dev: list[Any]) -> dict[str, Any]:
         return {}
+
+    # -- the grid's record
+    def introduce(self, model_dir: Path, info: Any, n_train: int) -> str:
+        return (
+            f"{self.name}: {len(self.train)} train / {len(self.dev)} validation examples ({n_train} / "
+            f"{len(self._eval_ds)} model inputs) from {self.paths[0]}, {self.paths[1]}; model {model_dir} (scheme "
+            f"{info.scheme})"
+        )
+
+    def data_summary(self) -> dict[str, Any]:
+        return {
+            "train": str(self.paths[0]),
+            "validation": str(self.paths[1]),
+            "train_examples": len(self.train),
+            "validation_examples": len(self.dev),
+            "train_features": len(self._train_ds),
+            "validation_features": len(self._eval_ds),
+            **self.describe_data(self.train, self.dev),
+        }
+
+    def protocol(self) -> str:
+        return (
+            "mean over seeds per learning rate; best learning rate by the mean main metric; scores on the validation "
+            "file after the last epoch"
+            + (" (the best epoch by validation loss: early stopping)" if self.settings.early_stopping else "")
+        )
+
+    def results_fields(self, summary: dict[str, Any], runs: list[dict]) -> dict[str, Any]:
+        """The best learning rate's mean of every metric at the top level (the family's metrics first, then any
+        others its scores have: SQuAD v2.0's HasAns_*, NoAns_*), its seeds' scores, its best run, the baseline."""
+        best = summary["best"]
+        best_run = None
+        if best is not None:
+            mine = [r for r in runs if r["lr"] == best["lr"]]
+            best_run = max(mine, key=lambda r: r["main"])
+        if not hasattr(self, "_baseline"):
+            self._baseline = self.baseline(self.train, self.dev)
+        return {
+            "command": "finetune",
+            "scale": 100,
+            "columns": [[col, metric] for col, metric in self.report_columns],
+            "headline": {}
+            if best is None
+            else {**{m: best["mean"][m] for m in self.metrics}, **best["mean"]},
+            "per_seed": None if best is None else summary["per_lr"][f"{best['lr']:g}"]["per_seed"],
+            "best_run": None if best_run is None else run_name(best_run["lr"], best_run["seed"]),
+            "baseline": self._baseline,
+        }
+
+    def publish(self, out_dir: Path, results: GridResults, info: Any) -> None:
+        """OUT/predictions.jsonl: the validation predictions of the best run."""
+        from tupe.io.files import atomic_write_text
+
+        if results.best_run is not None:
+            src = out_dir / "runs" / results.best_run / "predictions.jsonl"
+            atomic_write_text(out_dir / "predictions.jsonl", src.read_text(encoding="utf-8"))
+
+    def best_line(self, results: GridResults, out_dir: Path) -> str:
+        b = results.best
+        return (
+            f"best lr {b['lr']:g}: mean {self.main_metric} {b['mean'][self.main_metric]:.2f} over {b['n_seeds']} "
+            f"seeds -> {out_dir / 'results.json'}"
+        )
+
+    def write_run_card(self, folder: Path, info: Any, lr: float, seed: int, scores: dict[str, Any]) -> None:
+        """README.md of one run's saved model: scheme, recipe, data, validation scores, how to load it (for NER
+        with the pipeline aggregation strategy that matches its training labels)."""
+        from tupe.io.model_card import write_model_card
+
+        settings = self.settings
+        recipe = {
+            "task": self.name,
+            "pre-trained model": f"{info.path} ({info.pretrain_steps or 'unknown'} pre-training steps)",
+            "learning rate": f"{lr:g}",
+            "seed": seed,
+            "epochs": settings.epochs if settings.max_steps is None else None,
+            "max steps": settings.max_steps,
+            "batch size": settings.batch_size,
+            "gradient accumulation": settings.grad_accum if settings.grad_accum > 1 else None,
+            "max sequence length": settings.max_seq_len,
+            "dropout": settings.dropout,
+            "labels": "every sub-token (--label-all-tokens)"
+            if settings.label_all_tokens
+            else ("a word's first sub-token" if self.name == "ner" else None),
+        }
+        extras = self.config_extras()
+        write_model_card(
+            folder,
+            kind=self.card_kind,
+            scheme=info.scheme,
+            recipe=recipe,
+            data=f"Training file {self.paths[0]} ({len(self.train):,} examples); validation file {self.paths[1]} "
+            f"({len(self.dev):,}).",
+            metrics={f"validation {m}": v for m, v in scores.items()},
+            aggregation_strategy=extras.get("aggregation_strategy", "first"),
+            notes=(
+                f"The labels were trained on {recipe['labels']}: read words with the pipeline's "
+                f'`aggregation_strategy="{extras["aggregation_strategy"]}"` (also in config.json).'
+                if "aggregation_strategy" in extras
+                else ""
+            ),
+        )
 
 
 def one_split(path: Path, what: str) -> Any:

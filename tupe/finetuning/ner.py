@@ -142,6 +142,7 @@ class NerFamily(Family):
     metrics = ("f1", "precision", "recall", "accuracy")
     report_columns = (("NER F1", "f1"),)
     auto_class = "AutoModelForTokenClassification"
+    card_kind = "token-classification"
 
     def read(self, path: Path) -> list[Sentence]:
         if path.is_dir():

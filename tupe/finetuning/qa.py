@@ -227,6 +227,7 @@ class QaFamily(Family):
     metrics = ("f1", "exact_match")
     report_columns = (("QA EM", "exact_match"), ("QA F1", "f1"))
     auto_class = "AutoModelForQuestionAnswering"
+    card_kind = "question-answering"
 
     def read(self, path: Path) -> list[Question]:
         if path.is_dir() or path.suffix.lower() not in {".json", ""}:

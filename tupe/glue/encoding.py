@@ -75,7 +75,7 @@ def data_fingerprint(data: TaskData) -> str:
     return h.hexdigest()
 
 
-def _load_data(
+def load_data(
     task: GlueTask, data_dir: str | None, train_file: str | None, dev_files: Sequence[str] | None
 ) -> TaskData:
     if train_file or dev_files:
@@ -97,7 +97,7 @@ def _load_data(
     return load_task(task, data_dir)
 
 
-def _subsample(split: Split, n: int | None) -> Split:
+def subsample(split: Split, n: int | None) -> Split:
     """A fixed random subset (seed 0, the same for every run of the grid), kept in file order."""
     if n is None or n >= len(split):
         return split

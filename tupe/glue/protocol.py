@@ -1,22 +1,20 @@
 """The paper's GLUE protocol as data: the grid, the settings of one run, and how a grid's scores are summarised.
 
 Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds; a learning rate's score is the median of its seeds' dev
-scores, and the best learning rate is reported (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md). A model narrower than
-512 gets `SMALL_MODEL_LRS` and 3 epochs by default instead (docs/glue.md, "Small models"). `tupe report` reads this module too.
+scores (tupe/training/finetuning.py `summarize_grid`, aggregate "median"), and the best learning rate is reported
+(Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md). A model narrower than 512 gets `SMALL_MODEL_LRS`
+and 3 epochs by default instead (docs/glue.md, "Small models"). `tupe report` reads this module too.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from tupe.errors import TupeError
 from tupe.glue.tasks import GlueTask
-from tupe.training.finetuning import GridSettings, run_name  # noqa: F401  (run_name: re-exported)
+from tupe.training.finetuning import GridSettings, run_name, summarize_grid  # noqa: F401  (run_name: re-exported)
 
 PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 PAPER_SEEDS = (1, 2, 3, 4, 5)
@@ -26,18 +24,6 @@ PAPER_SEEDS = (1, 2, 3, 4, 5)
 SMALL_MODEL_WIDTH = 512
 SMALL_MODEL_LRS = (5e-5, 1e-4, 3e-4)
 SMALL_MODEL_EPOCHS = 3.0
-RESULTS_FORMAT = 1
-_RUN_SUMMARY_KEYS = (
-    "lr",
-    "seed",
-    "scores",
-    "main",
-    "train_loss",
-    "steps",
-    "train_seconds",
-    "seconds",
-    "trainer",
-)
 
 
 def is_small_model(hidden_size: int | None) -> bool:
@@ -74,15 +60,6 @@ def lr_key(lr: float) -> str:
 # ------------------------------------------------------------------------------------------------------ summary
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    """Median where a missing/NaN score (e.g. an undefined correlation) counts as the lowest."""
-    if not values:
-        return None
-    arr = np.array([-np.inf if v is None or not math.isfinite(v) else v for v in values], dtype=np.float64)
-    m = float(np.median(arr))
-    return m if math.isfinite(m) else None
-
-
 def main_score(task: GlueTask, scores: dict[str, dict[str, float | None]]) -> float | None:
     """The paper's number for a run: the main metric on the first dev split (MNLI: matched)."""
     first = next(iter(task.hf_dev_splits))
@@ -90,35 +67,6 @@ def main_score(task: GlueTask, scores: dict[str, dict[str, float | None]]) -> fl
 
 
 def summarize(task: GlueTask, runs: list[dict[str, Any]], lrs: Sequence[float], seeds: Sequence[int]) -> dict:
-    """Median over seeds of every metric for each learning rate, and the best learning rate by the main metric."""
-    per_lr: dict[str, Any] = {}
-    # MNLI given only its matched dev file has no mismatched scores
-    splits = [s for s in task.hf_dev_splits if runs and all(s in r["scores"] for r in runs)]
-    for lr in lrs:
-        mine = sorted((r for r in runs if r["lr"] == lr), key=lambda r: r["seed"])
-        if not mine:
-            continue
-        medians = {
-            split: {m: _median([r["scores"][split][m] for r in mine]) for m in task.metrics}
-            for split in splits
-        }
-        per_lr[lr_key(lr)] = {
-            "lr": lr,
-            "seeds": [r["seed"] for r in mine],
-            "n_seeds": len(mine),
-            "complete": all(any(r["seed"] == s for r in mine) for s in seeds),
-            "main_scores": [main_score(task, r["scores"]) for r in mine],
-            "main_median": _median([main_score(task, r["scores"]) for r in mine]),
-            "median": medians,
-        }
-    best = None
-    ranked = [v for v in per_lr.values() if v["main_median"] is not None]
-    if ranked:
-        b = max(ranked, key=lambda v: v["main_median"])
-        best = {
-            "lr": b["lr"],
-            "main_median": b["main_median"],
-            "median": b["median"],
-            "n_seeds": b["n_seeds"],
-        }
-    return {"per_lr": per_lr, "best": best}
+    """Median over seeds of every metric for each learning rate, and the best learning rate by the main metric (the
+    shared summary, `summarize_grid`, with the paper's median; an undefined score counts as the lowest)."""
+    return summarize_grid(runs, lrs, seeds, "median", lambda scores: main_score(task, scores))

@@ -18,6 +18,7 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
+from tupe.training.finetuning import GridResults
 
 
 def task_columns() -> list[tuple[str, str, str, str]]:
@@ -142,14 +143,12 @@ def find_results(paths: list[str]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(path: Path) -> GridResults:
+    """The results record of a results.json written by `tupe glue` or `tupe finetune` (any version)."""
     from tupe.io.reading import RESULTS_LIMIT, read_json
 
     data = read_json(path, "GLUE results", RESULTS_LIMIT)  # a FIFO, /dev/zero or a list: one line naming it
-    for key in ("task", "model", "best", "scheme"):
-        if key not in data:
-            raise TupeError(f"{path}: missing {key!r}; not a `tupe glue` results.json")
-    return data
+    return GridResults.from_json(data, path)
 
 
 def build_rows(paths: list[Path]) -> list[Row]:
@@ -179,24 +178,24 @@ _MAJORITY: dict[str, float] = {}
 _EXTRA_COLUMNS: list[str] = []  # columns of `tupe finetune` results, named in their results.json
 
 
-def _add_finetune(row: Row, data: dict[str, Any]) -> None:
+def _add_finetune(row: Row, data: GridResults) -> None:
     """A `tupe finetune` results.json: its columns (`columns`: [column, metric]) hold the best learning rate's
     mean over seeds, already x 100; the trivial baseline it records (all-O for NER, the most frequent training
     label for classification and multiple choice) goes to the baseline row."""
-    best = data.get("best")
-    for col, metric in data.get("columns") or []:
+    best = data.best
+    for col, metric in data.columns or []:
         if col not in _EXTRA_COLUMNS:
             _EXTRA_COLUMNS.append(col)
-        for scores in (data.get("baseline") or {}).values():
+        for scores in (data.baseline or {}).values():
             if metric in scores:
                 _MAJORITY[col] = float(scores[metric])
         if best is None or metric not in best["mean"]:
             continue
         row.cells[col] = float(best["mean"][metric])
-        if not data.get("complete", False):
+        if not data.complete:
             row.incomplete.add(col)
-        if metric == data.get("main_metric"):
-            row.seed_scores[col] = [float(s[metric]) for s in (data.get("per_seed") or {}).values()]
+        if metric == data.main_metric:
+            row.seed_scores[col] = [float(s[metric]) for s in (data.per_seed or {}).values()]
     if best is not None:
         # one seed has no spread: "n/a", not a standard deviation of 0.00 that reads as a measured one
         one = int(best.get("n_seeds", 0)) < 2
@@ -205,50 +204,48 @@ def _add_finetune(row: Row, data: dict[str, Any]) -> None:
             sd = best.get("std", {}).get(m)
             return "sd n/a" if one or sd is None else f"± {sd:.2f}"
 
-        shown = ", ".join(f"{m} {best['mean'][m]:.2f} {spread(m)}" for m in data.get("metrics", []))
+        shown = ", ".join(f"{m} {best['mean'][m]:.2f} {spread(m)}" for m in data.metrics)
         seeds = "1 seed" if one else f"mean ± sd of {best['n_seeds']} seeds"
-        row.details[data["task"]] = (
+        row.details[data.task] = (
             f"best lr {best['lr']:g}, {seeds}: {shown} "
-            f"({data.get('data', {}).get('validation', '')})"
-            + ("" if data.get("complete", False) else " (grid not finished)")
+            f"({data.data.get('validation', '')})" + ("" if data.complete else " (grid not finished)")
         )
 
 
 def _add_row(path: Path, rows: dict[str, Row], seen: dict[tuple[str, str], Path]) -> None:
     """Add one results.json to the rows (its model's row, its task's cells)."""
     data = _load(path)
-    model = data["model"]
+    model = data.model
     key = model.get("weights_sha256") or model["path"]
-    if (key, data["task"]) in seen:
+    if (key, data.task) in seen:
         raise TupeError(
-            f"{path}: a second {data['task']} result for {model['path']} (first: {seen[(key, data['task'])]}); "
+            f"{path}: a second {data.task} result for {model['path']} (first: {seen[(key, data.task)]}); "
             "name one of them"
         )
-    seen[(key, data["task"])] = path
+    seen[(key, data.task)] = path
     row = rows.get(key)
     if row is None:
-        steps = data.get("pretrain_steps")
-        name = scheme_display_name(data["scheme"])
-        row = rows[key] = Row(name, data["scheme"], steps, "ours", model["path"])
-    if data.get("command") == "finetune":
+        name = scheme_display_name(data.scheme)
+        row = rows[key] = Row(name, data.scheme, data.pretrain_steps, "ours", model["path"])
+    if data.command == "finetune":
         _add_finetune(row, data)
         return
     _add_majority(data)
-    best = data["best"]
+    best = data.best
     if best is None:
         return
-    subset = any((data.get("settings") or {}).get(k) for k in ("max_train_samples", "max_eval_samples"))
-    best_lr = next((e for e in (data.get("per_lr") or {}).values() if e.get("lr") == best["lr"]), None)
+    subset = any(data.settings.get(k) for k in ("max_train_samples", "max_eval_samples"))
+    best_lr = next((e for e in data.per_lr.values() if e.get("lr") == best["lr"]), None)
     for col, task, split, metric in task_columns():
-        if task == data["task"]:
+        if task == data.task:
             value = best["median"].get(split, {}).get(metric)
             if value is not None:
                 row.cells[col] = 100.0 * value
-                if not data.get("complete", False):
+                if not data.complete:
                     row.incomplete.add(col)
                 if subset:  # an MNLI subset is not MNLI-m: the cell says so
                     row.incomplete.add(col + "#subset")
-            main = (split, metric) == (data.get("main_split"), data.get("main_metric"))
+            main = (split, metric) == (data.main_split, data.main_metric)
             if main and best_lr and best_lr.get("main_scores"):
                 row.seed_scores[col] = [None if v is None else 100.0 * v for v in best_lr["main_scores"]]
     others = [
@@ -257,22 +254,22 @@ def _add_row(path: Path, rows: dict[str, Row], seen: dict[tuple[str, str], Path]
         for m, v in ms.items()
         if v is not None
     ]
-    diffs = protocol_differences(data)
+    diffs = protocol_differences(data.to_json())
     if diffs:
-        row.off_protocol.add(data["task"])
-    row.details[data["task"]] = (
+        row.off_protocol.add(data.task)
+    row.details[data.task] = (
         f"best lr {best['lr']:g}, median of {best['n_seeds']} seeds: {', '.join(others)}"
-        + ("" if data.get("complete", False) else " (grid not finished)")
+        + ("" if data.complete else " (grid not finished)")
         + (f"; differs from the paper's protocol: {'; '.join(diffs)}" if diffs else "")
     )
 
 
-def _add_majority(data: dict[str, Any]) -> None:
+def _add_majority(data: GridResults) -> None:
     """The majority-class baseline of a task's dev split(s): always predicting the most frequent dev label gives
     its accuracy, MCC 0 (CoLA); STS-B (regression) has none."""
-    majority = (data.get("data") or {}).get("dev_majority_accuracy") or {}
+    majority = data.data.get("dev_majority_accuracy") or {}
     for col, task, split, metric in task_columns():
-        if task != data["task"]:
+        if task != data.task:
             continue
         acc = majority.get(split)
         if metric == "accuracy" and acc is not None:

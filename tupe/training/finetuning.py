@@ -1,22 +1,30 @@
-"""Fine-tuning machinery shared by `tupe glue` and `tupe finetune`: one run (a fresh task head on a pre-trained
-checkpoint, trained by the `transformers` Trainer) and the learning-rate x seed grid around it.
+"""The one fine-tuning pipeline of `tupe glue` and `tupe finetune`: a task family (`TaskFamily`: GLUE's tasks, or
+a `tupe finetune` family) brings its data, head and metrics; everything else is here, once: the recipe
+(`GridSettings`) and its flags, one run (a fresh task head on a pre-trained checkpoint, trained by the
+`transformers` Trainer with the collator of `data_collator`: `train_run`), the learning-rate x seed grid around it
+(`plan_grid`, `run_grid`), the summary over seeds (`summarize_grid`: mean or median, as the family's protocol asks)
+and the results record (`GridResults`, written as results.json and read by `tupe report`), all joined by
+`run_finetuning`.
 
 A grid lives in one folder: each finished run writes `runs/lr<LR>_seed<S>/result.json` atomically and last, with
 the fingerprint of everything that determines its score (settings, model weights, data), so the same command
-started again skips the runs that finished and refuses a folder made with other settings. What a run trains (its
-head, data and metrics) is the caller's: GLUE's sentence classification, or a `tupe finetune` task family.
+started again skips the runs that finished and refuses a folder made with other settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shutil
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from tupe.errors import TupeError
 from tupe.io.files import atomic_write_json
@@ -566,3 +574,630 @@ def run_grid(
     finally:
         bar.close()
     return runs
+
+
+def hub_run_id(hub_model_id: str | None, out_dir: Path, lr: float, seed: int) -> str:
+    """The Hub repository of one run's model: `--hub-model-id` (default: the --out folder's name) with the run's
+    name appended, so the grid's runs do not overwrite one another: `me/tupe-a-rte-lr2e-05_seed1`."""
+    base = hub_model_id or Path(out_dir).resolve().name
+    return f"{base}-{run_name(lr, seed)}"
+
+
+# ------------------------------------------------------------------------------------------------ task family
+
+
+class TaskFamily:
+    """What a task brings to the shared pipeline: its data (read and checked by its command before anything is
+    written), its encoding, head and collator, how it scores a run and writes its predictions, and how its grid is
+    summarised (`aggregate`: "mean" over seeds, or "median" where the paper's protocol asks for it, GLUE's).
+    GLUE's tasks: tupe/glue/family.py; `tupe finetune`'s families: tupe/finetuning/family.py."""
+
+    name: str  # results.json's `task`
+    metrics: tuple[str, ...]  # the first picks the learning rate (unless `main_metric` says otherwise)
+    aggregate: ClassVar[str] = "mean"  # a key of AGGREGATES
+    # what the family writes at the top of --out beside results.json and runs/
+    outputs: ClassVar[tuple[str, ...]] = ()
+    card_kind: ClassVar[str] = "text-classification"  # the pipeline tag of a saved model's card
+
+    @property
+    def main_metric(self) -> str:
+        return self.metrics[0]
+
+    # -- the model
+    def model_class(self) -> Any:
+        """The head's class (an Auto class or a tupe class), loaded with `from_pretrained`."""
+        raise NotImplementedError
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """`from_pretrained`'s keyword arguments for the head (its labels)."""
+        return {}
+
+    def config_extras(self) -> dict[str, Any]:
+        """Values set on the fine-tuned model's config (saved in its config.json), e.g. NER's pipeline
+        aggregation strategy."""
+        return {}
+
+    def label_names(self) -> list[str] | None:
+        return None
+
+    def collator(self, tokenizer: Any) -> Any:
+        """The family's batches, padded to the longest sequence (read through `data_collator`)."""
+        from transformers import DataCollatorWithPadding
+
+        return DataCollatorWithPadding(tokenizer)
+
+    # -- the data
+    def data_fingerprint(self) -> str:
+        """A hash of the exact examples, so resumed runs are known to be comparable (part of every run's
+        fingerprint: it must not change for the same examples)."""
+        raise NotImplementedError
+
+    def encode(self, tokenizer: Any) -> tuple[Any, dict[str, Any]]:
+        """(the training `datasets.Dataset`, the evaluation sets by name); the first evaluation set gives the
+        validation loss (--eval-steps, --early-stopping)."""
+        raise NotImplementedError
+
+    def introduce(self, model_dir: Path, info: Any, n_train: int) -> str:
+        """The line a command prints before its grid: the examples, where they come from, the model."""
+        raise NotImplementedError
+
+    def data_summary(self) -> dict[str, Any]:
+        """results.json's `data` (its `sha256` is added)."""
+        return {}
+
+    # -- scoring
+    def evaluate(
+        self, trainer: Any, evals: dict[str, Any], run_dir: Path
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """(the run's scores, its prediction files by evaluation set, relative to `run_dir`) after training."""
+        raise NotImplementedError
+
+    def main_score(self, scores: dict[str, Any]) -> float | None:
+        """The number that picks the learning rate, from one run's scores."""
+        return scores[self.main_metric]
+
+    def describe_run(self, scores: dict[str, Any]) -> str:
+        """One finished run, for the log."""
+        return ", ".join(f"{m}={v:.4f}" if v is not None else f"{m}=nan" for m, v in scores.items())
+
+    # -- results
+    def protocol(self) -> str:
+        """results.json's `protocol`: how the grid's scores were summarised."""
+        return f"{self.aggregate} over seeds per learning rate; best learning rate by the {self.aggregate} main metric"
+
+    def results_fields(self, summary: dict[str, Any], runs: list[dict]) -> dict[str, Any]:
+        """The family's own fields of the results record (`GridResults`), from the grid's summary."""
+        return {}
+
+    def publish(self, out_dir: Path, results: GridResults, info: Any) -> None:
+        """What the family writes beside results.json after each run (a model card, the best run's predictions)."""
+
+    def write_run_card(self, folder: Path, info: Any, lr: float, seed: int, scores: dict[str, Any]) -> None:
+        """README.md of one run's saved model (--save-models)."""
+
+    def best_line(self, results: GridResults, out_dir: Path) -> str:
+        best = results.best
+        agg = self.aggregate
+        return (
+            f"best lr {best['lr']:g}: {agg} {self.main_metric} {best[f'main_{agg}']:.4f} over {best['n_seeds']} "
+            f"seeds -> {out_dir / 'results.json'}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------- summary
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """Median where a missing/NaN score (e.g. an undefined correlation) counts as the lowest."""
+    import numpy as np
+
+    if not values:
+        return None
+    arr = np.array([-np.inf if v is None or not math.isfinite(v) else v for v in values], dtype=np.float64)
+    m = float(np.median(arr))
+    return m if math.isfinite(m) else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    """Mean; None if a score is undefined."""
+    if not values or any(v is None for v in values):
+        return None
+    return statistics.fmean(values)  # type: ignore[arg-type]
+
+
+def _stdev(values: Sequence[float | None]) -> float | None:
+    """Sample standard deviation; None for one seed or an undefined score."""
+    if len(values) < 2 or any(v is None for v in values):
+        return None
+    return statistics.stdev(values)  # type: ignore[arg-type]
+
+
+# how the seeds of a learning rate are summarised: the mean (with its standard deviation), or the TUPE paper's
+# median (GLUE)
+AGGREGATES: dict[str, Callable[[Sequence[float | None]], float | None]] = {"mean": _mean, "median": _median}
+
+
+def _aggregate_tree(fn: Callable[[Sequence[Any]], Any], trees: list[dict[str, Any]]) -> dict[str, Any]:
+    """`fn` over the runs of every score the runs all have, nested as the scores are ({split: {metric}} for GLUE)."""
+    out: dict[str, Any] = {}
+    for key, value in trees[0].items():
+        if not all(key in t for t in trees):
+            continue
+        values = [t[key] for t in trees]
+        out[key] = _aggregate_tree(fn, values) if isinstance(value, dict) else fn(values)
+    return out
+
+
+def summarize_grid(
+    runs: list[dict[str, Any]],
+    lrs: Sequence[float],
+    seeds: Sequence[int],
+    aggregate: str,
+    main_score: Callable[[dict[str, Any]], float | None],
+) -> dict[str, Any]:
+    """Per learning rate, the `aggregate` ("mean" or "median") over its seeds of every score (the mean with its
+    standard deviation `std`), of the main score (`main_<aggregate>`) and the main scores themselves; the best
+    learning rate by the aggregated main score (an undefined one never wins). Returns {"per_lr", "best"}."""
+    if aggregate not in AGGREGATES:
+        raise TupeError(f"unknown aggregate {aggregate!r} (known: {', '.join(AGGREGATES)})")
+    fn = AGGREGATES[aggregate]
+    per_lr: dict[str, Any] = {}
+    for lr in lrs:
+        mine = sorted((r for r in runs if r["lr"] == lr), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        mains = [main_score(r["scores"]) for r in mine]
+        entry: dict[str, Any] = {
+            "lr": lr,
+            "seeds": [r["seed"] for r in mine],
+            "n_seeds": len(mine),
+            "complete": all(any(r["seed"] == s for r in mine) for s in seeds),
+            "main_scores": mains,
+            f"main_{aggregate}": fn(mains),
+            aggregate: _aggregate_tree(fn, [r["scores"] for r in mine]),
+        }
+        if aggregate == "mean":
+            entry["std"] = _aggregate_tree(_stdev, [r["scores"] for r in mine])
+        entry["per_seed"] = {str(r["seed"]): r["scores"] for r in mine}
+        per_lr[f"{lr:g}"] = entry
+    ranked = [v for v in per_lr.values() if v[f"main_{aggregate}"] is not None]
+    best = None
+    if ranked:
+        b = max(ranked, key=lambda v: v[f"main_{aggregate}"])
+        keep = ("lr", "n_seeds", "seeds", f"main_{aggregate}", aggregate, "std")
+        best = {k: b[k] for k in keep if k in b}
+    return {"per_lr": per_lr, "best": best}
+
+
+# ------------------------------------------------------------------------------------------------ the records
+
+RESULTS_FORMAT = 1
+
+
+@dataclass
+class RunResult:
+    """One finished run, written to `runs/<run>/result.json` with the grid's fingerprint (added by `run_grid`)."""
+
+    lr: float
+    seed: int
+    scores: dict[str, Any]  # GLUE: {dev split: {metric: value}}; tupe finetune: {metric: value x 100}
+    main: float | None
+    predictions: dict[str, str]  # evaluation set -> its predictions file in the run's folder
+    train_loss: float
+    loss_curve: list[tuple[int, float]]
+    steps: int
+    epochs_trained: float
+    trainer: dict[str, Any]  # what the Trainer used (`trainer_used`)
+    train_seconds: float
+    seconds: float  # training and evaluation
+
+
+# optional fields of GridResults that a family leaves out of its results.json when it has none
+_OPTIONAL = ("command", "main_split", "dev_splits", "scale", "columns", "best_run", "baseline", "per_seed")
+
+
+@dataclass
+class GridResults:
+    """A grid's results.json, the same record for every task family, rewritten after every run and read by `tupe
+    report` (`from_json`, which also reads the files written before the families shared it)."""
+
+    task: str
+    metrics: list[str]
+    main_metric: str
+    model: dict[str, Any]  # the checkpoint (`ModelInfo`)
+    scheme: str
+    pretrain_steps: int | None
+    best: dict[str, Any] | None  # the best learning rate (`summarize_grid`)
+    per_lr: dict[str, Any] = field(default_factory=dict)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # every finished run, without its loss curve
+    complete: bool = False  # whether every (lr, seed) of the grid has finished
+    aggregate: str = "median"  # over seeds: "median" (GLUE, the paper's) or "mean"
+    label_names: list[str] | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    protocol: str = ""
+    engine: dict[str, Any] = field(default_factory=dict)
+    format: int = RESULTS_FORMAT
+    command: str | None = None  # "finetune" for `tupe finetune`'s files; GLUE's have none
+    # GLUE's: the split whose main metric picks the learning rate, and every dev split scored
+    main_split: str | None = None
+    dev_splits: list[str] | None = None
+    # tupe finetune's: the scale of its scores, its `tupe report` columns ([column, metric]), the best learning
+    # rate's mean of every metric (at the top level of the file) and its seeds' scores, the run whose predictions
+    # are OUT/predictions.jsonl, a trivial predictor's scores
+    scale: int | None = None
+    columns: list[list[str]] | None = None
+    headline: dict[str, float] = field(default_factory=dict)
+    per_seed: dict[str, Any] | None = None
+    best_run: str | None = None
+    baseline: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """results.json: the fields by name (`headline`'s metrics at the top level), optional ones only if set."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "headline"}
+        order = [
+            "format",
+            "command",
+            "task",
+            "metrics",
+            "main_metric",
+            "main_split",
+            "dev_splits",
+            "scale",
+            "columns",
+        ]
+        out = {k: d.pop(k) for k in order}
+        out.update(self.headline)
+        out.update(d)
+        return {k: v for k, v in out.items() if not (k in _OPTIONAL and v is None)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: Path | str) -> GridResults:
+        """The record of a results.json (any written by `tupe glue` or `tupe finetune`); one missing what every
+        such file has is an error naming it."""
+        for key in ("task", "model", "best", "scheme"):
+            if key not in data:
+                raise TupeError(
+                    f"{where}: missing {key!r}; not a `tupe glue` or `tupe finetune` results.json"
+                )
+        names = {f.name for f in fields(cls)} - {"headline"}
+        known = {k: v for k, v in data.items() if k in names}
+        known.setdefault("metrics", [])
+        known.setdefault("main_metric", "")
+        known.setdefault("pretrain_steps", None)
+        for key in ("per_lr", "data", "settings", "engine"):  # hand-edited to null: read as empty
+            known[key] = known.get(key) or {}
+        known["runs"] = known.get("runs") or []
+        if "aggregate" not in data:  # written before the record named it
+            known["aggregate"] = "mean" if data.get("command") == "finetune" else "median"
+        headline = {k: v for k, v in data.items() if k not in names and isinstance(v, float | int)}
+        return cls(**known, headline=headline)
+
+
+# -------------------------------------------------------------------------------------------------- one run
+
+
+def data_collator(family: TaskFamily, tokenizer: Any) -> Any:
+    """The batches of every run of every family: the one place that decides how examples become a batch."""
+    return family.collator(tokenizer)
+
+
+def check_finite_start(model: Any, train_ds: Any, collator: Any, model_dir: str) -> None:
+    """Refuse a model whose weights or first-batch loss are not finite (NaN weights, a broken config): training it
+    would "succeed" with loss 0.0 and majority-class scores."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            raise TupeError(
+                f"{model_dir}: weight {name} is not finite (NaN or inf); refusing to fine-tune this model"
+            )
+    n = min(8, len(train_ds))
+    if n == 0:
+        return
+    keep = ("input_ids", "attention_mask", "labels", "label")
+    batch = collator([{k: v for k, v in train_ds[i].items() if k in keep} for i in range(n)])
+    device = next(model.parameters()).device  # on a GPU the model is there already, the batch is not
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        loss = model(
+            **{k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+        ).loss
+    model.train(was_training)
+    if loss is not None and not torch.isfinite(loss):
+        raise TupeError(
+            f"{model_dir}: the loss on the first training batch is {loss.item()} (not finite): the model's weights "
+            "or config are broken; refusing to fine-tune it"
+        )
+
+
+@dataclass
+class GridOptions:
+    """How a grid runs and what it keeps, the same for every family: the command's machine and output flags."""
+
+    scheme: str | None = None  # the expected position scheme (--scheme)
+    tokenizer_dir: str | None = None
+    save_models: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    log: Callable[[str], None] = print
+    report_to: list[str] = field(default_factory=list)
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+
+
+@dataclass
+class Checkpoint:
+    """The pre-trained checkpoint of a grid: its folder (converted to bert-a if it was a BERT), what results record
+    about it (`ModelInfo`) and its config."""
+
+    path: Path
+    info: Any
+    config: Any
+
+
+@dataclass
+class GridJob:
+    """Everything a run of the grid needs, built once by `run_finetuning`."""
+
+    family: TaskFamily
+    settings: GridSettings
+    checkpoint: Checkpoint
+    out_dir: Path
+    options: GridOptions
+    tokenizer: Any
+    train: Any  # the training dataset
+    evals: dict[str, Any]  # the evaluation datasets by name
+
+
+def train_run(job: GridJob, lr: float, seed: int, run_dir: Path, callbacks: list[Any]) -> dict[str, Any]:
+    """One (lr, seed) run: a fresh head on the checkpoint (initialised from the seed), trained, scored on every
+    evaluation set (predictions written in `run_dir`), its model kept with --save-models. Returns its `RunResult`
+    as a dict."""
+    family, settings, opts = job.family, job.settings, job.options
+    model = load_head(
+        family.model_class(), str(job.checkpoint.path), seed, settings.dropout, **family.model_kwargs()
+    )
+    for key, value in family.config_extras().items():
+        setattr(model.config, key, value)
+    early_stopping = getattr(settings, "early_stopping", None)
+    args = training_arguments(
+        settings,
+        lr,
+        seed,
+        run_dir / "trainer",
+        len(job.train),
+        opts.report_to,
+        push_to_hub=opts.push_to_hub,
+        hub_model_id=hub_run_id(opts.hub_model_id, job.out_dir, lr, seed) if opts.push_to_hub else None,
+        early_stopping=early_stopping,
+    )
+    collator = data_collator(family, job.tokenizer)
+    trainer = make_trainer(
+        model,
+        args,
+        job.train,
+        collator,
+        job.tokenizer,
+        callbacks,
+        # --eval-steps, --early-stopping: the validation loss on the first evaluation set
+        eval_ds=next(iter(job.evals.values())),
+        early_stopping=early_stopping,
+        logging_dir=job.out_dir / "tensorboard" / run_name(lr, seed),
+        stopped_message=lambda: (
+            f"run lr={lr:g} seed={seed} stopped; the finished runs (their result.json) are kept: free "
+            "space and rerun the same command"
+        ),
+    )
+    check_finite_start(model, job.train, collator, str(job.checkpoint.path))
+    t0 = time.time()
+    out = trainer.train()
+    train_seconds = time.time() - t0
+    scores, predictions = family.evaluate(trainer, job.evals, run_dir)
+    redo = (
+        f"run lr={lr:g} seed={seed} has no result.json and is redone next time; the finished runs are kept: "
+        "free space and rerun the same command"
+    )
+    used = finish_run(trainer, run_dir, opts.save_models, redo)
+    if opts.save_models:
+        family.write_run_card(run_dir / "model", job.checkpoint.info, lr, seed, scores)
+    return asdict(
+        RunResult(
+            lr=lr,
+            seed=seed,
+            scores=scores,
+            main=family.main_score(scores),
+            predictions=predictions,
+            train_loss=float(out.training_loss),
+            loss_curve=loss_curve(trainer),
+            steps=int(trainer.state.global_step),
+            epochs_trained=float(trainer.state.epoch or 0.0),
+            trainer=used,
+            train_seconds=round(train_seconds, 2),
+            seconds=round(time.time() - t0, 2),
+        )
+    )
+
+
+# --------------------------------------------------------------------------------------------- the pipeline
+
+
+def open_checkpoint(
+    model_dir: Path, out_dir: Path, outputs: OutputFolder, written: Sequence[str], options: GridOptions
+) -> Checkpoint:
+    """Claim what the grid writes at the top of `out_dir` (results.json, runs, what the family writes beside them:
+    `written`, TensorBoard's folder; anything there the command did not write stops it here), convert a `transformers` BERT folder to bert-a there, and read the checkpoint."""
+    from tupe.io.checkpoints import inspect_checkpoint
+
+    tensorboard = ["tensorboard"] if "tensorboard" in options.report_to else []
+    outputs.claim("results.json", *written, "runs", *tensorboard)
+    model_dir = converted_if_bert(Path(model_dir), out_dir, options.tokenizer_dir, options.log, outputs)
+    info, config = inspect_checkpoint(model_dir, options.scheme)
+    return Checkpoint(model_dir, info, config)
+
+
+def run_finetuning(
+    family: TaskFamily,
+    settings: GridSettings,
+    checkpoint: Checkpoint,
+    out_dir: Path,
+    outputs: OutputFolder,
+    options: GridOptions,
+) -> GridResults:
+    """The grid of `family` in `out_dir` (under the caller's lock, `settings` resolved): encode, plan (the runs
+    finished there are kept), run what is left, and rewrite results.json after every run. Returns the results."""
+    from tupe.io.checkpoints import load_tokenizer
+
+    log = options.log
+    tokenizer = load_tokenizer(
+        options.tokenizer_dir or checkpoint.path,
+        checkpoint.config,
+        explicit=options.tokenizer_dir is not None,
+    )
+    train, evals = family.encode(tokenizer)
+    info = checkpoint.info
+    grid = plan_grid(
+        out_dir,
+        settings,
+        len(train),
+        info.weights_sha256,
+        family.data_fingerprint(),
+        options.overwrite,
+        outputs,
+    )
+    log(family.introduce(checkpoint.path, info, len(train)))
+    log(grid.describe(settings, len(train)))
+    job = GridJob(family, settings, checkpoint, out_dir, options, tokenizer, train, evals)
+    state: dict[str, GridResults] = {}
+
+    def on_update(runs: list[dict]) -> None:
+        results = grid_results(job, grid, runs)
+        atomic_write_json(out_dir / "results.json", results.to_json(), indent=2, clean=True)
+        family.publish(out_dir, results, info)
+        state["results"] = results
+
+    run_grid(
+        grid,
+        lambda lr, seed, run_dir, callbacks: train_run(job, lr, seed, run_dir, callbacks),
+        on_update,
+        f"{family.name} grid",
+        options.progress,
+        log,
+        lambda r: family.describe_run(r["scores"]),
+    )
+    results = state["results"]
+    if results.best is not None:
+        log(family.best_line(results, out_dir))
+    return results
+
+
+def grid_results(job: GridJob, grid: Grid, runs: list[dict]) -> GridResults:
+    """The results record of the runs finished so far."""
+    family, info, settings = job.family, job.checkpoint.info, job.settings
+    summary = summarize_grid(runs, settings.lrs or [], settings.seeds, family.aggregate, family.main_score)
+
+    def listed(r: dict) -> dict:  # a run in results.json: its prediction files relative to --out
+        out = {k: v for k, v in r.items() if k not in ("fingerprint", "loss_curve")}
+        if "predictions" in r:
+            out["predictions"] = {
+                s: f"runs/{run_name(r['lr'], r['seed'])}/{p}" for s, p in r["predictions"].items()
+            }
+        return out
+
+    return GridResults(
+        task=family.name,
+        metrics=list(family.metrics),
+        main_metric=family.main_metric,
+        model=asdict(info),
+        scheme=info.scheme,
+        pretrain_steps=info.pretrain_steps,
+        best=summary["best"],
+        per_lr=summary["per_lr"],
+        runs=sorted((listed(r) for r in runs), key=lambda r: (r["lr"], r["seed"])),
+        complete=all(g in {(r["lr"], r["seed"]) for r in runs} for g in grid.runs),
+        aggregate=family.aggregate,
+        label_names=family.label_names(),
+        data={**family.data_summary(), "sha256": grid.fingerprint["data_sha256"]},
+        settings=asdict(settings),
+        protocol=family.protocol(),
+        engine={"trainer": "transformers.Trainer", **_versions()},
+        **family.results_fields(summary, runs),
+    )
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    from tupe.runtime import tupe_version
+
+    return {"tupe": tupe_version(), "transformers": transformers.__version__, "torch": torch.__version__}
+
+
+def converted_if_bert(
+    model_dir: Path,
+    out_dir: Path,
+    tokenizer_dir: str | None,
+    log: Callable[[str], None],
+    outputs: OutputFolder,
+) -> Path:
+    """A `transformers` BERT folder (BertForMaskedLM / BertModel) converted to `bert-a` in OUT/converted-bert-a
+    (once; with its tokenizer), with a one-line notice; any other folder is returned as is."""
+    from tupe.io.checkpoints import load_model, load_tokenizer
+    from tupe.io.reading import CONFIG_LIMIT, read_json
+
+    config_file = model_dir / "config.json"
+    try:
+        model_type = read_json(config_file, "model config", CONFIG_LIMIT).get("model_type")
+    except TupeError:
+        return model_dir  # inspect_checkpoint gives the one-line error
+    if model_type != "bert":
+        return model_dir
+    outputs.claim("converted-bert-a", ".tmp-converted-bert-a")
+    target = out_dir / "converted-bert-a"
+    log(f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a in {target}")
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    model, _ = load_model(model_dir)
+    staging = out_dir / ".tmp-converted-bert-a"
+    outputs.remove(staging.name)
+    model.save_pretrained(str(staging))
+    if tokenizer_dir is None:
+        load_tokenizer(model_dir, model.config, explicit=False).save_pretrained(str(staging))
+    outputs.remove(target.name)
+    staging.rename(target)
+    return target
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM turned into an interruption, so the grid stops the way Ctrl-C stops it."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm(out: str | Path, command: str) -> Iterator[None]:
+    """SIGTERM (a scheduler's pre-emption) and Ctrl-C: say what was kept and how to continue, then exit 143 / 130."""
+    import signal
+    import threading
+
+    def on_term(signum, frame):  # noqa: ANN001, ARG001
+        raise _Stopped()
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if main_thread else None
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        what = "SIGTERM" if isinstance(err, _Stopped) else "Ctrl-C"
+        print(
+            f"{command}: stopped by {what}; the finished runs are kept in {Path(out) / 'runs'} (results.json "
+            "lists them) and the run in progress is discarded: run the same command again to continue",
+            file=sys.stderr,
+            flush=True,
+        )
+        if isinstance(err, _Stopped):
+            raise SystemExit(143) from None
+        raise  # the command line says "interrupted" and exits 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
