@@ -287,24 +287,24 @@ def test_hub_flags_reach_each_runs_trainer_arguments(tiny_model, glue_dir, tmp_p
     """--push-to-hub / --hub-model-id are passed to the Trainer's own arguments, one Hub repository per run (the
     push itself needs the network and a login: only the plumbing is tested)."""
     from tupe.glue.protocol import GlueSettings
-    from tupe.training.finetuning import training_arguments
+    from tupe.training.finetuning import finetune_training_arguments
 
     settings = GlueSettings(task="RTE", lrs=[2e-5], seeds=[1])
-    targs = training_arguments(
+    targs = finetune_training_arguments(
         settings, 2e-5, 1, tmp_path / "w", 64, ["tensorboard"], True, "me/rte-lr2e-05_seed1"
     )
     assert targs.push_to_hub is True and targs.hub_model_id == "me/rte-lr2e-05_seed1"
     assert targs.report_to == ["tensorboard"]
-    plain = training_arguments(settings, 2e-5, 1, tmp_path / "w", 64)
+    plain = finetune_training_arguments(settings, 2e-5, 1, tmp_path / "w", 64)
     assert plain.push_to_hub is False and plain.report_to in ([], "none")
 
     seen = []
 
-    def fake_training_arguments(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - record, do not train
+    def fake_finetune_training_arguments(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - record, do not train
         seen.append((kwargs["push_to_hub"], kwargs["hub_model_id"]))
         raise SystemExit(0)
 
-    monkeypatch.setattr(ft, "training_arguments", fake_training_arguments)
+    monkeypatch.setattr(ft, "finetune_training_arguments", fake_finetune_training_arguments)
     out = tmp_path / "rte-hub"
     args = (
         "--task",

@@ -86,10 +86,10 @@ def test_warmup_steps_reach_the_trainers_scheduler(build, tmp_path: Path) -> Non
     import torch
     from transformers import Trainer
 
-    from tupe.training.finetuning import training_arguments
+    from tupe.training.finetuning import finetune_training_arguments
 
     def warmup_factors(settings) -> list[float]:  # noqa: ANN001
-        targs = training_arguments(settings, 1e-3, 1, tmp_path / "w", 64)
+        targs = finetune_training_arguments(settings, 1e-3, 1, tmp_path / "w", 64)
         trainer = Trainer(model=torch.nn.Linear(2, 2), args=targs)
         trainer.create_optimizer_and_scheduler(num_training_steps=100)
         return [trainer.lr_scheduler.lr_lambdas[0](step) for step in (6, 7)]
@@ -101,11 +101,13 @@ def test_warmup_steps_reach_the_trainers_scheduler(build, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("build", [_glue, _finetune])
 def test_gradient_checkpointing_and_torch_compile_reach_the_training_arguments(build, tmp_path: Path) -> None:  # noqa: ANN001
-    from tupe.training.finetuning import training_arguments
+    from tupe.training.finetuning import finetune_training_arguments
 
-    on = training_arguments(build("--gradient-checkpointing", "--torch-compile"), 1e-3, 1, tmp_path / "w", 64)
+    on = finetune_training_arguments(
+        build("--gradient-checkpointing", "--torch-compile"), 1e-3, 1, tmp_path / "w", 64
+    )
     assert on.gradient_checkpointing is True and on.torch_compile is True
-    off = training_arguments(build(), 1e-3, 1, tmp_path / "w", 64)
+    off = finetune_training_arguments(build(), 1e-3, 1, tmp_path / "w", 64)
     assert off.gradient_checkpointing is False and off.torch_compile is False
 
 

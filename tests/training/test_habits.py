@@ -89,17 +89,17 @@ def test_one_tensorboard_value_per_quantity_and_step(finished_run: Path) -> None
 
 def test_report_to_and_hub_flags_reach_the_trainer(tmp_path: Path) -> None:
     from tupe.cli import build_parser
-    from tupe.training.arguments import config_from_args, training_arguments
+    from tupe.training.arguments import config_from_args, pretrain_training_arguments
 
     args = build_parser("pretrain").parse_args(
         ["pretrain", "--out", str(tmp_path / "o"), "--report-to", "tensorboard,mlflow", "--push-to-hub",
          "--hub-model-id", "me/tupe-a-mini"]
     )  # fmt: skip
     config = config_from_args(args)
-    targs = training_arguments(config.resolve())
+    targs = pretrain_training_arguments(config.resolve())
     assert targs.report_to == ["tensorboard", "mlflow"]
     assert targs.push_to_hub is True and targs.hub_model_id == "me/tupe-a-mini"
-    none = training_arguments(
+    none = pretrain_training_arguments(
         config_from_args(args, report_to="none", push_to_hub=False, hub_model_id=None).resolve()
     )
     assert none.report_to == [] or none.report_to == "none" and none.push_to_hub is False

@@ -138,7 +138,7 @@ class ResolvedConfig(PretrainConfig):
             raise TupeError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
         for key in _POSITIVE:
             if getattr(self, key) is not None and int(getattr(self, key)) <= 0:
-                raise TupeError(f"--{key.replace('_', '-')} must be positive, got {getattr(self, key)}")
+                raise TupeError(f"{_flag(key)} must be positive, got {getattr(self, key)}")
         if self.max_position_embeddings is not None and self.max_position_embeddings < self.max_length:
             raise TupeError(
                 f"--max-position-embeddings {self.max_position_embeddings} is smaller than --max-seq-len "
@@ -168,8 +168,12 @@ class ResolvedConfig(PretrainConfig):
         return self.batch_size // (self.world_size * self.grad_accum)
 
 
+_FLAG_NAMES = {"max_length": "--max-seq-len"}  # settings whose flag is not their name
+
+
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """The flag that sets the setting `name`, as `--help` shows it."""
+    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
 
 
 _POSITIVE = (
@@ -183,7 +187,7 @@ _POSITIVE = (
 )
 
 
-def training_arguments(run: ResolvedConfig):
+def pretrain_training_arguments(run: ResolvedConfig):
     """The Trainer's arguments for a run. Creating them also sets up torch.distributed under torchrun."""
     import torch
     from transformers import TrainingArguments
@@ -555,7 +559,7 @@ def add_eval_text_argument(p: argparse.ArgumentParser, default: list[str] | None
         )
 
 
-DEMO_STEPS = 1400  # fits 15 minutes on a quiet 2-core machine with two runs side by side (README)
+DEMO_STEPS = 1400  # `tupe demo` in about 8.5 minutes on a quiet 2-core CPU, both runs side by side (README)
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:

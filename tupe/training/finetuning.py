@@ -2,7 +2,7 @@
 a `tupe finetune` family) brings its data, head and metrics; everything else is here, once: the recipe
 (`GridSettings`) and its flags, one run (a fresh task head on a pre-trained checkpoint, trained by the
 `transformers` Trainer with the collator of `data_collator`: `train_run`), the learning-rate x seed grid around it
-(`plan_grid`, `run_grid`), the summary over seeds (`summarize_grid`: mean or median, as the family's protocol asks)
+(`plan_grid`, `train_grid`), the summary over seeds (`summarize_grid`: mean or median, as the family's protocol asks)
 and the results record (`GridResults`, written as results.json and read by `tupe report`), all joined by
 `run_finetuning`.
 
@@ -257,7 +257,7 @@ def progress_callback(bar: Any, label: str) -> Any:
     return GridProgress()
 
 
-def training_arguments(
+def finetune_training_arguments(
     settings: Any,
     lr: float,
     seed: int,
@@ -526,7 +526,7 @@ def plan_grid(
     return Grid(out_dir, runs, done, fingerprint, steps, outputs)
 
 
-def run_grid(
+def train_grid(
     grid: Grid,
     run_one: Callable[[float, int, Path, list[Any]], dict],
     on_update: Callable[[list[dict]], None],
@@ -776,7 +776,7 @@ RESULTS_FORMAT = 1
 
 @dataclass
 class RunResult:
-    """One finished run, written to `runs/<run>/result.json` with the grid's fingerprint (added by `run_grid`)."""
+    """One finished run, written to `runs/<run>/result.json` with the grid's fingerprint (added by `train_grid`)."""
 
     lr: float
     seed: int
@@ -962,7 +962,7 @@ def train_run(job: GridJob, lr: float, seed: int, run_dir: Path, callbacks: list
     for key, value in family.config_extras().items():
         setattr(model.config, key, value)
     early_stopping = getattr(settings, "early_stopping", None)
-    args = training_arguments(
+    args = finetune_training_arguments(
         settings,
         lr,
         seed,
@@ -1077,7 +1077,7 @@ def run_finetuning(
         family.publish(out_dir, results, info)
         state["results"] = results
 
-    run_grid(
+    train_grid(
         grid,
         lambda lr, seed, run_dir, callbacks: train_run(job, lr, seed, run_dir, callbacks),
         on_update,

@@ -76,11 +76,11 @@ def model_config(run: Any, tokenizer: Any) -> dict[str, Any]:
 
 
 def build_model(config: Any, model_kwargs: dict[str, Any]):
-    """A freshly initialised masked-LM model for the run (`config`: its `PretrainConfig`)."""
+    """A freshly initialised masked-LM model for the run (`config`: its `ResolvedConfig`, whose scheme, kernel and
+    packing `check_scheme` has checked) from its `model_config` values."""
     from tupe.modeling import TupeConfig, TupeForMaskedLM
     from tupe.modeling.kernels import AUTO
 
-    check_scheme(config.scheme)
     if config.scheme == HF_BERT:
         from transformers import BertConfig, BertForMaskedLM
 

@@ -35,7 +35,7 @@ from tupe.training.arguments import (  # noqa: F401  (re-exported: `tupe compare
     add_arguments,
     add_model_data_arguments,
     config_from_args,
-    training_arguments,
+    pretrain_training_arguments,
 )
 from tupe.training.checkpointing import ResumePoint, select_resume_checkpoint
 from tupe.training.init_from import load_source, with_source
@@ -127,7 +127,7 @@ def _pretrain(run: ResolvedConfig) -> dict[str, Any]:
     if run.threads:
         torch.set_num_threads(int(run.threads))
     # the Trainer's arguments first: they set up torch.distributed under torchrun (main_process_first needs it)
-    args = training_arguments(run)
+    args = pretrain_training_arguments(run)
     state = PartialState()
     main, out = state.is_main_process, run.out_dir
     log = _Log(run.quiet, main)
