@@ -11,7 +11,7 @@ import torch
 
 from tupe import TupeForMaskedLM
 from tupe.analysis import decompose, head_patterns
-from tupe.analysis.loading import read_text, text_blocks
+from tupe.analysis.loading import read_text_sample, text_blocks
 from tupe.cli import main
 from tupe.io.checkpoints import load_tokenizer
 
@@ -48,7 +48,7 @@ def test_analyze_transformers_bert_directory(bert_dir, text_file, tmp_path, caps
     from transformers import BertForMaskedLM
 
     bert = BertForMaskedLM.from_pretrained(bert_dir).eval()
-    blocks = text_blocks(read_text(text_file), load_tokenizer(bert_dir), 32, 6)
+    blocks = text_blocks(read_text_sample(text_file), load_tokenizer(bert_dir), 32, 6)
     h = bert.config.num_attention_heads
     with torch.no_grad():
         x = bert.bert.embeddings(input_ids=blocks)
@@ -108,7 +108,7 @@ def test_analyze_tupe_a_patterns_and_bert_r_both(tupe_dir, text_file, tmp_path):
     result = json.loads((out_r / "analysis.json").read_text())
     assert "decomposition" in result and "patterns" in result
     model = TupeForMaskedLM.from_pretrained(r_dir)
-    blocks = text_blocks(read_text(text_file), load_tokenizer(r_dir), 20, 4)
+    blocks = text_blocks(read_text_sample(text_file), load_tokenizer(r_dir), 20, 4)
     dec = decompose(model, blocks)
     for name, stats in dec.stats.items():
         assert result["decomposition"]["stats"][name]["row_std"] == pytest.approx(stats["row_std"], rel=1e-6)
@@ -163,7 +163,7 @@ def test_bare_bert_model_directory_keeps_its_weights(tmp_path, tokenizer, text_f
     tokenizer.save_pretrained(tmp_path / "bare")
     encoder, description = load_encoder(tmp_path / "bare")
     assert "BERT" in description
-    ids = text_blocks(read_text(text_file), tokenizer, 16, 2)
+    ids = text_blocks(read_text_sample(text_file), tokenizer, 16, 2)
     terms, _ = first_layer_terms(encoder, ids)
     with torch.no_grad():
         x = bert.embeddings(input_ids=ids)

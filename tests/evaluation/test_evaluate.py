@@ -21,7 +21,7 @@ from tupe.evaluation.evaluate import (
     bootstrap,
     bootstrap_rng,
     evaluate,
-    load_model,
+    load_eval_model,
     make_blocks,
     sample_pppl_positions,
 )
@@ -32,7 +32,7 @@ FAST = dict(bootstrap=0, pppl_tokens=0, progress=False)
 
 
 def run(paths, text, **settings):
-    models = [load_model(p) for p in paths]
+    models = [load_eval_model(p) for p in paths]
     return evaluate(models, resolve_corpus([str(text)]), Settings(**{**FAST, **settings}), log=lambda m: None)
 
 
@@ -89,7 +89,7 @@ def test_loss_equals_the_models_own_masked_lm_loss(tmp_path, tokenizer, text_fil
     bert_path = save_bert(tmp_path / "bert", seed=2)
     result = run([tupe_path, bert_path], text_file, max_blocks=20)
     for path, entry in zip([tupe_path, bert_path], result["models"]):
-        m = load_model(path)
+        m = load_eval_model(path)
         assert (m.kind == "bert") == (path == bert_path)
         if m.kind == "bert":
             assert isinstance(m.model, BertForMaskedLM)  # transformers' own model, not a conversion
@@ -154,7 +154,7 @@ def test_masks_are_pre_trainings_for_the_project_tokenizer(tokenizer):
 
 
 def test_bert_wordpiece_masking_keeps_its_own_special_ids(tmp_path):
-    m = load_model(save_bert(tmp_path / "bert"))
+    m = load_eval_model(save_bert(tmp_path / "bert"))
     tok = m.tokenizer
     assert (tok.cls_token_id, tok.sep_token_id, tok.mask_token_id) == (4, 5, 6)  # not the project's 1, 2, 3
     masker = Masker(tok, seed=0)
@@ -180,7 +180,9 @@ def test_bert_folder_loads_and_evaluates(tmp_path, text_file):
     assert m["kind"] == "bert" and "BertForMaskedLM" in m["description"]
     assert g["block_length"] == 32 and g["blocks"] > 10 and g["pppl_tokens"] == 40
     assert 0 < m["loss"]["low"] < m["loss"]["value"] < m["loss"]["high"]
-    blocks = make_blocks(resolve_corpus([str(text_file)]), load_model(path).tokenizer, 32, log=lambda _: None)
+    blocks = make_blocks(
+        resolve_corpus([str(text_file)]), load_eval_model(path).tokenizer, 32, log=lambda _: None
+    )
     first = blocks.ids(0)
     assert first[0] == 4 and (first[1:] != 1).all()  # BERT's [CLS]; no stray project [CLS] id
     sep_positions = [blocks.ids(k) for k in range(len(blocks))]
@@ -239,7 +241,7 @@ def test_pseudo_perplexity_is_salazar_on_every_token(tmp_path, tokenizer):
     text = small_text(tmp_path / "small.txt")
     path = save_tupe(tmp_path / "m", tokenizer, seed=4)
     result = run([path], text, max_length=6, pppl_tokens=10**6)
-    m = load_model(path)
+    m = load_eval_model(path)
     blocks = make_blocks(resolve_corpus([str(text)]), m.tokenizer, 6, log=lambda _: None)
     nll = []
     with torch.no_grad():

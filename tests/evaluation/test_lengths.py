@@ -11,7 +11,7 @@ import torch
 
 from tupe.cli import main
 from tupe.data.corpus import resolve_corpus
-from tupe.evaluation.evaluate import Settings, evaluate, load_model
+from tupe.evaluation.evaluate import Settings, evaluate, load_eval_model
 from tupe.evaluation.lengths import at_length, evaluate_lengths, extend_table, plot_lengths, table_key
 from tupe.modeling.positional import SCHEMES
 
@@ -50,7 +50,7 @@ def test_extend_table_against_naive_interpolation_and_longformer_copy():
 @pytest.mark.parametrize("scheme", ["tupe-a", "bert-a", "tupe-r", "bert-a-d"])
 @pytest.mark.parametrize("method", ["interpolate", "repeat"])
 def test_extension_changes_only_the_position_table(tmp_path, tokenizer, scheme, method):
-    m = load_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=32))
+    m = load_eval_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=32))
     before = {k: v.clone() for k, v in m.model.state_dict().items()}
     longer, note = at_length(m, 80, method)
     after = longer.model.state_dict()
@@ -69,7 +69,7 @@ def test_extension_changes_only_the_position_table(tmp_path, tokenizer, scheme, 
 
 
 def test_bert_folder_table_extends_the_same_way(tmp_path, text_file):
-    m = load_model(save_bert(tmp_path / "bert", max_len=32))
+    m = load_eval_model(save_bert(tmp_path / "bert", max_len=32))
     assert table_key(m) == "bert.embeddings.position_embeddings.weight"
     assert at_length(m, 64, "none") == (None, "no positions beyond 32 (--extend-positions extends the table)")
     longer, _ = at_length(m, 64, "interpolate")
@@ -82,8 +82,8 @@ def test_bert_folder_table_extends_the_same_way(tmp_path, text_file):
 
 
 def test_beyond_the_table_is_a_per_model_message_and_rope_runs_on(tmp_path, tokenizer, text_file):
-    a = load_model(save_tupe(tmp_path / "a", tokenizer, "tupe-a", max_len=32))
-    rope = load_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
+    a = load_eval_model(save_tupe(tmp_path / "a", tokenizer, "tupe-a", max_len=32))
+    rope = load_eval_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
     assert table_key(rope) is None
     r = evaluate_lengths([a, rope], resolve_corpus([str(text_file)]), [32, 64], Settings(**FAST), **QUIET)
     entries = {(e["model"], e["length"]): e for e in r["by_length"]}
@@ -100,7 +100,7 @@ def test_lengths_at_or_below_the_models_own_equal_a_plain_evaluation(tmp_path, t
     paths = [
         save_tupe(tmp_path / s, tokenizer, s, seed=i, max_len=32) for i, s in enumerate(["bert-a", "tupe-a"])
     ]
-    models = [load_model(p) for p in paths]
+    models = [load_eval_model(p) for p in paths]
     corpus = resolve_corpus([str(text_file)])
     r = evaluate_lengths(models, corpus, [16, 32], Settings(**FAST), "interpolate", **QUIET)
     for length in (16, 32):
@@ -116,7 +116,7 @@ def test_lengths_at_or_below_the_models_own_equal_a_plain_evaluation(tmp_path, t
 
 
 def test_rows_beyond_the_training_length_are_flagged_or_rebuilt(tmp_path, tokenizer):
-    m = load_model(save_tupe(tmp_path / "a", tokenizer, "tupe-a", max_len=32))
+    m = load_eval_model(save_tupe(tmp_path / "a", tokenizer, "tupe-a", max_len=32))
     m.train_length = (
         16  # as read from tupe_run.json for a run with --max-position-embeddings 32 --max-seq-len 16
     )
@@ -187,7 +187,7 @@ def test_cli_lengths_option_errors(tmp_path, tokenizer, text_file, capsys):
 
 
 def test_plot_draws_every_model(tmp_path, tokenizer, text_file):
-    m = load_model(save_tupe(tmp_path / "a", tokenizer, "tupe-a", max_len=32))
+    m = load_eval_model(save_tupe(tmp_path / "a", tokenizer, "tupe-a", max_len=32))
     r = evaluate_lengths([m], resolve_corpus([str(text_file)]), [16, 32], Settings(**FAST), **QUIET)
     assert plot_lengths(r, tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -197,7 +197,7 @@ def test_table_row_0_is_never_used_under_the_cls_reset_and_extension_keeps_it(tm
     """docs/evaluation.md: with the [CLS] reset, row 0 gets no gradient (it never reaches the output), and the
     extension methods leave it where it is instead of mixing it into stream positions."""
     assert SCHEMES[scheme].resets_cls
-    m = load_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=32))
+    m = load_eval_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=32))
     ids = torch.randint(5, len(tokenizer), (2, 32))
     ids[:, 0] = tokenizer.cls_token_id
     m.model.train()
@@ -214,7 +214,7 @@ def test_table_row_0_is_never_used_under_the_cls_reset_and_extension_keeps_it(tm
 )
 def test_every_scheme_runs_at_twice_its_length_or_says_why(tmp_path, tokenizer, scheme):
     """Asked of the class: with a learned table, `none` refuses and `interpolate` runs; without one it runs."""
-    m = load_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=16))
+    m = load_eval_model(save_tupe(tmp_path / scheme, tokenizer, scheme, max_len=16))
     ids = torch.randint(5, len(tokenizer), (1, 32))
     ids[:, 0] = tokenizer.cls_token_id
     plain, note = at_length(m, 32, "none")
@@ -228,7 +228,7 @@ def test_every_scheme_runs_at_twice_its_length_or_says_why(tmp_path, tokenizer, 
 
 
 def test_a_length_longer_than_the_text_is_a_note_and_the_other_lengths_go_on(tmp_path, tokenizer, text_file):
-    rope = load_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
+    rope = load_eval_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
     r = evaluate_lengths([rope], resolve_corpus([str(text_file)]), [32, 100_000], Settings(**FAST), **QUIET)
     ok, too_long = r["by_length"]
     assert ok["evaluated"] and not too_long["evaluated"]

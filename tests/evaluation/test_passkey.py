@@ -13,7 +13,7 @@ import torch
 from tupe.cli import main
 from tupe.data.corpus import resolve_corpus
 from tupe.errors import TupeError
-from tupe.evaluation.evaluate import EvalModel, load_model
+from tupe.evaluation.evaluate import EvalModel, load_eval_model
 from tupe.evaluation.passkey import (
     FILLER_AROUND,
     PasskeySettings,
@@ -124,7 +124,7 @@ def _probe(models, text_file, **over):
 
 
 def test_the_probe_tells_a_copying_model_from_one_that_guesses(tmp_path, tokenizer, text_file):
-    base = load_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=256))
+    base = load_eval_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=256))
     sentence = key_sentence(tokenizer, TEMPLATE, 4)
     p = int(sentence.positions[0])
     copier = Copier(
@@ -147,8 +147,8 @@ def test_the_probe_tells_a_copying_model_from_one_that_guesses(tmp_path, tokeniz
 
 
 def test_models_that_cannot_reach_a_distance_say_why_and_rope_extends(tmp_path, tokenizer, text_file):
-    table = load_model(save_tupe(tmp_path / "tupe-a", tokenizer, "tupe-a", max_len=128))
-    rope = load_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=128))
+    table = load_eval_model(save_tupe(tmp_path / "tupe-a", tokenizer, "tupe-a", max_len=128))
+    rope = load_eval_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=128))
     result = _probe([table, rope], text_file, distances=(0, 100), blocks=5, bootstrap=0, extend="yarn")
     by = {(e["model"], e["distance"]): e for e in result["by_distance"]}
     assert by[(table.name, 0)]["evaluated"] and by[(table.name, 0)]["block_length"] <= 128
@@ -231,7 +231,7 @@ def test_a_tiny_rope_model_trained_to_copy_passes_and_its_untrained_start_does_n
         opt.step()
     model.eval().save_pretrained(tmp_path / "trained")
     tokenizer.save_pretrained(tmp_path / "trained")
-    models = [load_model(tmp_path / "trained"), load_model(tmp_path / "untrained")]
+    models = [load_eval_model(tmp_path / "trained"), load_eval_model(tmp_path / "untrained")]
     result = _probe(models, text, distances=(8, 20), blocks=60, key_digits=3)
     by = {(e["model"], e["distance"]): e for e in result["by_distance"]}
     for d in (8, 20):

@@ -13,7 +13,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tupe.data.corpus import resolve_corpus
 from tupe.errors import TupeError
-from tupe.evaluation.evaluate import load_model
+from tupe.evaluation.evaluate import load_eval_model
 from tupe.evaluation.lengths import at_length, evaluate_lengths, rope_frequencies
 
 from .conftest import save_tupe
@@ -77,7 +77,7 @@ def test_at_or_below_the_training_length_nothing_changes():
 
 @pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
 def test_the_evaluated_rope_copy_rotates_by_the_scaled_frequencies(tmp_path, tokenizer, method):
-    m = load_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
+    m = load_eval_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
     longer, note = at_length(m, 128, method)
     assert (
         longer is not m and longer.max_length == 128 and note == f"rotary {method}, scale 4 over 32 positions"
@@ -95,9 +95,9 @@ def test_the_evaluated_rope_copy_rotates_by_the_scaled_frequencies(tmp_path, tok
 
 
 def test_rotary_methods_are_refused_by_name_where_they_do_not_apply(tmp_path, tokenizer, text_file):
-    table = load_model(save_tupe(tmp_path / "tupe-a", tokenizer, "tupe-a", max_len=32))
-    alibi = load_model(save_tupe(tmp_path / "alibi", tokenizer, "alibi", max_len=32))
-    rope = load_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
+    table = load_eval_model(save_tupe(tmp_path / "tupe-a", tokenizer, "tupe-a", max_len=32))
+    alibi = load_eval_model(save_tupe(tmp_path / "alibi", tokenizer, "alibi", max_len=32))
+    rope = load_eval_model(save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=32))
     assert at_length(table, 64, "yarn") == (
         None,
         "no positions beyond 32 (--extend-positions extends the table: yarn applies to rotary schemes only)",

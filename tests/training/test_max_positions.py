@@ -14,7 +14,7 @@ def test_table_larger_than_the_blocks_trains_and_evaluate_flags_untrained_rows(
     tmp_path, tiny_run, tiny_corpus
 ):
     from tupe.data.corpus import resolve_corpus
-    from tupe.evaluation.evaluate import Settings, load_model
+    from tupe.evaluation.evaluate import Settings, load_eval_model
     from tupe.evaluation.lengths import evaluate_lengths
     from tupe.training.pretrain import pretrain
 
@@ -22,9 +22,9 @@ def test_table_larger_than_the_blocks_trains_and_evaluate_flags_untrained_rows(
     pretrain(tiny_run(out, max_position_embeddings=48, max_steps=2, eval_steps=2, save_steps=2))
     assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 48
     assert json.loads((out / "tupe_run.json").read_text())["data"]["max_length"] == 32
-    m = load_model(out)
+    m = load_eval_model(out)
     assert (m.max_length, m.train_length) == (48, 32)
-    assert load_model(out / "checkpoint-2").train_length == 32  # read from the run folder above it
+    assert load_eval_model(out / "checkpoint-2").train_length == 32  # read from the run folder above it
     settings = Settings(bootstrap=0, pppl_tokens=0, progress=False, max_blocks=4)
     from tupe.evaluation.evaluate import evaluate
 

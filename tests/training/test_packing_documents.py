@@ -146,9 +146,9 @@ def test_compare_documents_pairs_on_the_same_blocks(short_docs: Path, tmp_path: 
     # once the model keeps attention inside documents (issue 36, items 1-2), the paired recomputation (each piece
     # scored alone) equals each run's own final evaluation (packed rows with position_ids), as for stream runs
     from tupe.analysis.curves import read_metrics
-    from tupe.evaluation.evaluate import load_model
+    from tupe.evaluation.evaluate import load_eval_model
 
-    model = load_model(tmp_path / "cmp" / "tupe-a").model
+    model = load_eval_model(tmp_path / "cmp" / "tupe-a").model
     ids = torch.tensor([[1, 50, 60, 2, 1, 70, 80, 2]])
     honoured = not torch.equal(
         model(ids).logits, model(ids, position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])).logits

@@ -109,7 +109,7 @@ def analyze(
 
     from .decomposition import TERMS, decompose
     from .figures import decomposition_figure, offset_profile_figure, pattern_grid_figure
-    from .loading import load_encoder, read_text, text_blocks
+    from .loading import load_encoder, read_text_sample, text_blocks
     from .patterns import DEFAULT_THRESHOLDS, head_patterns, offset_profile
     from .report import render_html
 
@@ -148,7 +148,7 @@ def analyze(
     figures: dict[str, bytes] = {}
     if text is not None:
         tok = load_tokenizer(tokenizer or model_dir, explicit=tokenizer is not None)
-        raw = read_text(text, max_chars=max(200_000, num_blocks * n * 12))
+        raw = read_text_sample(text, max_chars=max(200_000, num_blocks * n * 12))
         blocks = text_blocks(raw, tok, n, num_blocks, source=str(text))
         if int(blocks.max()) >= config.vocab_size:
             raise TupeError(

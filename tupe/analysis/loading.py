@@ -48,7 +48,7 @@ def text_blocks(text: str, tokenizer, length: int, max_blocks: int, source: str 
     return torch.tensor(blocks, dtype=torch.long)
 
 
-def read_text(path: str | Path, max_chars: int = 2_000_000) -> str:
+def read_text_sample(path: str | Path, max_chars: int = 2_000_000) -> str:
     """At most `max_chars` characters of text from a file or a folder's `.txt` files, read incrementally (never
     more than about 4 bytes per character), regular files only; a file with NUL bytes is not text and is refused."""
     from tupe.io.reading import check_regular

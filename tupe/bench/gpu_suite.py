@@ -183,7 +183,7 @@ def _child_env(threads: int | None = None) -> dict:
     return env
 
 
-def write_json(path: Path, value: dict) -> None:
+def _write_json(path: Path, value: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(value, indent=2, default=str))
     tmp.replace(path)
@@ -278,7 +278,7 @@ def stage_steps(args: argparse.Namespace, out: Path, timeout: float) -> dict:
                 continue
             result["shapes"].append(entry)
             break
-        write_json(out / "steps.json", result)
+        _write_json(out / "steps.json", result)
     return result
 
 
@@ -413,7 +413,7 @@ def profile_child(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         result["rows"].append(row)
-        write_json(out / "profile.json", result)
+        _write_json(out / "profile.json", result)
         busy = row.get("gpu_busy_ms")
         print(
             f"profile: {label:24s} "
@@ -536,7 +536,7 @@ def long_child(args: argparse.Namespace) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             result["rows"].append(row)
-            write_json(out / "long.json", result)
+            _write_json(out / "long.json", result)
             mem = row.get("peak_bytes")
             print(
                 f"long: {scheme:15s} n={n:5d} kernel={row.get('kernel', '-'):6s} "
@@ -828,7 +828,7 @@ def write_summary(out: Path, env: dict, stages: dict) -> None:
                 md.append(f"error: {st['error']}")
         md.append("")
     (out / "summary.md").write_text("\n".join(md))
-    write_json(out / "summary.json", {"environment": env, "stages": stages})
+    _write_json(out / "summary.json", {"environment": env, "stages": stages})
 
 
 # ---- the command -----------------------------------------------------------------------------------------------
@@ -904,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     env = environment(args.device)
     print("environment:", json.dumps(env, indent=1), flush=True)
-    write_json(out / "environment.json", env)
+    _write_json(out / "environment.json", env)
     stages: dict = {}
     shares = {s: SHARES[s] * args.budget / sum(SHARES.values()) for s in args.stages}
     for i, name in enumerate(args.stages):

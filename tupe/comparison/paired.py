@@ -29,11 +29,11 @@ def validation_block_losses(run_dir: str | Path, batch_size: int = 32) -> tuple[
     blocks (`--packing documents`) are scored one document piece at a time, each from position 0."""
     from tupe.analysis.baseline import NUM_SPECIAL, open_run_blocks
     from tupe.data.mlm import MaskedLMCollator
-    from tupe.evaluation.evaluate import load_model
+    from tupe.evaluation.evaluate import load_eval_model
 
     run, packed = open_run_blocks(run_dir)
     _, valid_idx = packed.split(int(run["data"]["valid_every"]))
-    model = load_model(run_dir)
+    model = load_eval_model(run_dir)
     collator = MaskedLMCollator(
         int(run["model"]["vocab_size"]),
         seed=int(run["optim"]["seed"]),

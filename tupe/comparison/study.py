@@ -204,7 +204,7 @@ def _glue(runs: dict[str, Path], out: Path, args: argparse.Namespace, log) -> No
 
 def run(args: argparse.Namespace) -> int:
     from tupe.comparison.compare import compare, parse_schemes, parse_seeds
-    from tupe.evaluation.evaluate import Settings, load_model
+    from tupe.evaluation.evaluate import Settings, load_eval_model
     from tupe.evaluation.lengths import evaluate_lengths, plot_lengths
     from tupe.evaluation.runs import evaluate_runs, resolve_text
     from tupe.modeling import POSITION_SCHEMES
@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         def models_for(method: str) -> list[Any]:
             if not loaded:
                 for name, d in runs.items():
-                    m = load_model(d)
+                    m = load_eval_model(d)
                     m.name = name
                     loaded.append(m)
             return [m for m in loaded if _applies(m, method)]

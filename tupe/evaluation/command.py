@@ -331,7 +331,7 @@ def plot_path(args: argparse.Namespace) -> Path | None:
 def _run(args: argparse.Namespace) -> int:
     from tupe.runtime import hushed_libraries
 
-    from .evaluate import Settings, evaluate, format_report, load_model
+    from .evaluate import Settings, evaluate, format_report, load_eval_model
     from .runs import resolve_text
 
     def log(msg: str) -> None:
@@ -343,7 +343,7 @@ def _run(args: argparse.Namespace) -> int:
     models = []
     with hushed_libraries(args.progress and not args.quiet, args.quiet):
         for path in args.model:
-            models.append(load_model(path, args.tokenizer))
+            models.append(load_eval_model(path, args.tokenizer))
             log(
                 f"model: {path}: {models[-1].description}, {models[-1].num_parameters / 1e6:.2f} M parameters"
             )

@@ -77,7 +77,7 @@ class EvalModel:
 _TIED = {"lm_head.decoder.weight", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}
 
 
-def load_model(
+def load_eval_model(
     path: str | Path, tokenizer_dir: str | Path | None = None, device: str | torch.device | None = None
 ) -> EvalModel:
     """Load a `tupe pretrain` checkpoint (TupeForMaskedLM) or a `transformers` BERT folder (BertForMaskedLM, run

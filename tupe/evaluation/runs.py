@@ -40,12 +40,12 @@ def evaluate_runs(
 ) -> dict[str, Any]:
     """`tupe evaluate` of each run folder (named by `runs`' keys, first = reference) on `texts`: its JSON result
     with `names` mapping the run folders back to those keys."""
-    from .evaluate import Settings, evaluate, load_model
+    from .evaluate import Settings, evaluate, load_eval_model
 
     corpus = resolve_text(texts, text_column)
     models = []
     for name, path in runs.items():
-        m = load_model(path)
+        m = load_eval_model(path)
         m.name = name
         models.append(m)
     settings = Settings(

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tupe.errors import TupeError
-from tupe.finetuning.family import Family, csv_records, json_records, one_split, read_text
+from tupe.finetuning.family import Family, csv_records, json_records, one_split, read_data_file
 from tupe.finetuning.metrics import accuracy
 
 _ENDING = re.compile(r"^ending(\d+)$")
@@ -71,12 +71,12 @@ class ChoiceFamily(Family):
             return _from_records([(f"{path} row {i}", dict(r)) for i, r in enumerate(ds)], path)
         suffix = path.suffix.lower()
         if suffix in {".json", ".jsonl"}:
-            return _from_records(json_records(path, read_text(path)), path)
+            return _from_records(json_records(path, read_data_file(path)), path)
         if suffix != ".csv":
             raise TupeError(
                 f"{path}: multiple choice reads SWAG-style .csv, .json/.jsonl or a saved dataset folder"
             )
-        return _from_records(csv_records(path, read_text(path)), path)
+        return _from_records(csv_records(path, read_data_file(path)), path)
 
     def check(self, train: list[Choice], dev: list[Choice], train_path: Path, dev_path: Path) -> None:
         if len(train[0].endings) != len(dev[0].endings):

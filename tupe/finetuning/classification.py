@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tupe.errors import TupeError
-from tupe.finetuning.family import Family, read_text
+from tupe.finetuning.family import Family, read_data_file
 from tupe.finetuning.metrics import accuracy
 from tupe.glue.encoding import encode_split, to_dataset
 from tupe.glue.tasks import ANY_LABEL, GlueTask, Split, read_split_file
@@ -33,7 +33,7 @@ def _columns(path: Path) -> list[str]:
         from tupe.io.reading import check_parquet
 
         return check_parquet(path, "data file")  # the footer's column names; no row read yet
-    text = read_text(path)
+    text = read_data_file(path)
     if suffix in {".json", ".jsonl"}:
         from tupe.finetuning.family import json_records
 

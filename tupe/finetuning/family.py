@@ -241,7 +241,7 @@ def one_split(path: Path, what: str) -> Any:
 DATA_LIMIT = 4 * 1024**3  # a training file larger than this is not a text file of examples
 
 
-def read_text(path: Path) -> str:
+def read_data_file(path: Path) -> str:
     """A data file's text (a regular file, UTF-8, byte-order mark dropped, every line ending as "\n": `\n`,
     `\r\n` and CR-only `\r` files read the same); empty or unreadable is one line."""
     from tupe.io.reading import line_ends

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tupe.errors import TupeError
-from tupe.finetuning.family import Family, csv_records, json_records, one_split, read_text
+from tupe.finetuning.family import Family, csv_records, json_records, one_split, read_data_file
 from tupe.finetuning.metrics import entity_scores
 
 _TAG = re.compile(r"^(O|[BIES]-\S+)$")
@@ -48,7 +48,7 @@ def _check_tags(tags: list[str], where: str) -> None:
 
 def read_conll(path: Path) -> list[Sentence]:
     """A CoNLL file: one token per line, the token first and its tag last; sentences end at blank lines."""
-    text = read_text(path)
+    text = read_data_file(path)
     sentences: list[Sentence] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -149,9 +149,9 @@ class NerFamily(Family):
             return _from_dataset(path)
         suffix = path.suffix.lower()
         if suffix in {".json", ".jsonl"}:
-            return _from_records(json_records(path, read_text(path)), path)
+            return _from_records(json_records(path, read_data_file(path)), path)
         if suffix == ".csv":
-            return _from_records(csv_records(path, read_text(path)), path)
+            return _from_records(csv_records(path, read_data_file(path)), path)
         return read_conll(path)
 
     def check(self, train: list[Sentence], dev: list[Sentence], train_path: Path, dev_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tupe.errors import TupeError
-from tupe.finetuning.family import Family, read_text
+from tupe.finetuning.family import Family, read_data_file
 from tupe.finetuning.metrics import squad_scores
 from tupe.io.reading import json_type_name
 
@@ -41,7 +41,7 @@ class Question:
 
 def read_squad(path: Path, with_negative: bool) -> list[Question]:
     """The questions of an official SQuAD JSON file; every answer is checked to be at its `answer_start`."""
-    text = read_text(path)
+    text = read_data_file(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tupe import validators as V
 from tupe.errors import TupeError
 from tupe.io.reading import (
     CONFIG_LIMIT,
@@ -47,10 +48,6 @@ _TUPE_CODE = ("configuration_tupe.", "modeling_tupe.")
 _TUPE_TOKENIZER = "FairseqMosesBPETokenizer"
 _TUPE_TOKENIZER_CODE = (f"tokenization_fairseq.{_TUPE_TOKENIZER}", f"fairseq_tokenizer.{_TUPE_TOKENIZER}")
 
-MAX_VOCAB = 1 << 22
-MAX_WIDTH = 1 << 16
-MAX_LAYERS = 1024
-MAX_POSITIONS = 1 << 20
 DTYPES = ("float32", "float16", "bfloat16", "float64", "auto", "fp32", "fp16", "bf16")
 
 
@@ -236,12 +233,13 @@ def validate_config(
         )
     if model_type not in model_types:
         raise TupeError(f"{path}: model_type {_show(model_type)} is not supported (expected {expected})")
-    _int(cfg, "vocab_size", 1, MAX_VOCAB, path)
-    _int(cfg, "hidden_size", 1, MAX_WIDTH, path)
-    _int(cfg, "num_hidden_layers", 1, MAX_LAYERS, path)
-    _int(cfg, "num_attention_heads", 1, MAX_WIDTH, path)
-    _int(cfg, "intermediate_size", 1, 16 * MAX_WIDTH, path)
-    _int(cfg, "max_position_embeddings", 1, MAX_POSITIONS, path)
+    # the bounds the command-line flags have (tupe/validators.py)
+    _int(cfg, "vocab_size", 1, V.MAX_VOCAB, path)
+    _int(cfg, "hidden_size", 1, V.MAX_WIDTH, path)
+    _int(cfg, "num_hidden_layers", 1, V.MAX_LAYERS, path)
+    _int(cfg, "num_attention_heads", 1, V.MAX_WIDTH, path)
+    _int(cfg, "intermediate_size", 1, 16 * V.MAX_WIDTH, path)
+    _int(cfg, "max_position_embeddings", 1, V.MAX_LENGTH, path)
     _int(cfg, "type_vocab_size", 0, 1 << 16, path)
     hidden, heads = cfg.get("hidden_size", 768), cfg.get("num_attention_heads", 12)
     if hidden % heads:
