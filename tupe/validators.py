@@ -89,7 +89,6 @@ nonneg_int = int_range(0)
 seed_int = int_range(0, 2**32 - 1)  # numpy's and torch's seeding accept no more
 positive_float = float_range(0, lo_open=True)
 nonneg_float = float_range(0)
-prob = float_range(0, 1)  # a probability, 0 and 1 included
 open_prob = float_range(0, 1, lo_open=True, hi_open=True)  # strictly between 0 and 1
 unit_interval = float_range(0, 1, hi_open=True)  # 0 <= x < 1 (dropout, Adam betas)
 

@@ -63,15 +63,6 @@ DENSE_BF16_PEAKS = (
 LONG_ORDER = ("bert-a", "tupe-a", "rope", "deberta", "alibi", "t5", "tupe-r", "bert-r", "bert-a-d")
 LONG_LENGTHS = (1024, 2048, 4096, 8192)
 
-# targets of issue 39 (ratios of tokens/s at base/512, bf16, in one run)
-TARGETS = {
-    "every scheme >= 0.85 x bert-a [sdpa-flash]": 0.85,
-    "tupe-a >= 0.95 x bert-a [sdpa-flash]": 0.95,
-    "bert-a >= 1.0 x hf-bert (SDPA)": 1.0,
-    "bert-a MFU >= 40% (dense bf16 peak)": 0.40,
-}
-
-
 def dense_bf16_peak(gpu_name: str | None) -> tuple[float | None, str]:
     """(FLOP/s, source) of the named GPU's dense bf16 peak, or (None, why) for a device not in the table."""
     for key, peak, source in DENSE_BF16_PEAKS:

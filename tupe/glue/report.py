@@ -29,7 +29,6 @@ def task_columns() -> list[tuple[str, str, str, str]]:
     return [(col, t.name, split, metric) for t in TASKS.values() for col, split, metric in t.report_columns]
 
 
-COLUMNS = task_columns()
 PAPER_COLUMNS = ["MNLI-m", "MNLI-mm", "QNLI", "QQP", "SST", "CoLA", "MRPC", "RTE", "STS"]  # Table 1
 
 # The paper's Table 1 (BERT-Base, GLUE dev), Ke et al., ICLR 2021, Table 1: (name, scheme, steps, the 9 numbers).

@@ -34,15 +34,9 @@ LEGACY_OWNER = "tupe pretrain"  # records written before owners were recorded we
 LOCK_NAMES = (".lock", ".lock.info")
 # atomic_write_*'s temporary file of NAME: ".NAME.tupe-XXXXXXXX.tmp" (mkstemp's 8 random characters), a name no
 # other program makes, so a user's ".README.md.draft.tmp" is never taken for tupe's
-TEMP_PREFIX_TAG = ".tupe-"
 TEMP_OF = re.compile(r"^\.(?P<name>.+)\.tupe-[a-z0-9_]{8}\.tmp$")
 # the record's own lock file and temp files are part of the record
 _RECORD_SELF = re.compile(r"^\.tupe_files\.json(\.tupe-[a-z0-9_]{8}\.tmp|\.lock(\.info)?)$")
-
-
-def temp_prefix(name: str) -> str:
-    """The mkstemp prefix of the temporary file that becomes `name` (see `TEMP_OF`)."""
-    return f".{name}{TEMP_PREFIX_TAG}"
 
 
 def read_record(folder: str | os.PathLike) -> dict[str, str] | None:
@@ -103,12 +97,6 @@ def update_record(folder: str | os.PathLike, add: dict[str, str] = {}, drop: Ite
         new = {n: o for n, o in record.items() if n not in set(drop)} | dict(add)
         if new != record or not (folder / RECORD_NAME).is_file():
             write_record(folder, new)
-
-
-def is_temp_of(name: str, owned: Callable[[str], bool]) -> bool:
-    """Whether `name` is tupe's temporary file of an entry that `owned` accepts."""
-    m = TEMP_OF.match(name)
-    return m is not None and (owned(m["name"]) or m["name"] == RECORD_NAME)
 
 
 class OutputFolder:

@@ -175,20 +175,6 @@ def iter_lines(
             yield lineno, line.rstrip(b"\r\n")
 
 
-def read_json_lines(
-    path: str | os.PathLike, what: str = "file", line_limit: int = LINE_LIMIT
-) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed value) of each line of a JSONL file that parses; lines that do not (a line cut by a
-    kill) are skipped. Blocking-free and bounded like `iter_lines`."""
-    for lineno, raw in iter_lines(path, what, line_limit):
-        if not raw.strip():
-            continue
-        try:
-            yield lineno, json.loads(raw)
-        except (ValueError, RecursionError):
-            continue
-
-
 def check_folder_files(folder: str | os.PathLike, names: tuple[str, ...], what: str = "model folder") -> None:
     """Every entry of `names` that exists in `folder` is a regular file (checked before a library opens it,
     since `transformers` and `tokenizers` would block on a FIFO or read a device without end)."""

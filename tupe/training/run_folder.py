@@ -31,7 +31,6 @@ WRITTEN_FILE = "tupe_files.json"  # the names tupe wrote at the top of the run f
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "pretrain_summary.json"
 RUN_FORMAT = 1
-WRITTEN_FORMAT = 1
 LOCK_FILES = (".lock", ".lock.info")
 
 # Known names: only for folders without a record (written by an older tupe), and to adopt such a folder's files
@@ -62,7 +61,6 @@ _RUN_ARTIFACT_NAMES = {
 _CHECKPOINT_NAME = re.compile(r"^(\.tmp-)?checkpoint-\d+(-old)?$")  # checkpoints and their staging folders
 # checkpoints, their staging folders, and atomic_write_text's temporary files (".NAME.tupe-XXXXXXXX.tmp")
 _RUN_ARTIFACT_PATTERN = re.compile(_CHECKPOINT_NAME.pattern + "|" + TEMP_OF.pattern)
-_TEMP_OF = TEMP_OF
 PRETRAIN = "tupe pretrain"  # the owner of this module's names in the shared record (tupe/io/outputs.py)
 
 
@@ -108,7 +106,7 @@ def is_owned(name: str, recorded: set[str] | None) -> bool:
         return is_run_artifact(name)
     if name in recorded:
         return True
-    m = _TEMP_OF.match(name)
+    m = TEMP_OF.match(name)
     return m is not None and (m["name"] in recorded or m["name"] == WRITTEN_FILE)
 
 
