@@ -63,6 +63,7 @@ DENSE_BF16_PEAKS = (
 LONG_ORDER = ("bert-a", "tupe-a", "rope", "deberta", "alibi", "t5", "tupe-r", "bert-r", "bert-a-d")
 LONG_LENGTHS = (1024, 2048, 4096, 8192)
 
+
 def dense_bf16_peak(gpu_name: str | None) -> tuple[float | None, str]:
     """(FLOP/s, source) of the named GPU's dense bf16 peak, or (None, why) for a device not in the table."""
     for key, peak, source in DENSE_BF16_PEAKS:

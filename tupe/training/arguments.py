@@ -276,7 +276,7 @@ def _add_data_arguments(g: Any) -> None:
     g.add_argument(
         "--vocab-size",
         type=V.int_range(8, V.MAX_VOCAB),
-        help="BPE vocabulary size to train (preset: 8192 mini, 32768 base/paper)",
+        help=f"BPE vocabulary size to train ({_preset_values('vocab_size')})",
     )
     g.add_argument(
         "--tokenizer-max-mb", type=V.positive_float, help="train the BPE on the first N MB of text only"
@@ -285,14 +285,12 @@ def _add_data_arguments(g: Any) -> None:
         g,
         ["max_seq_len"],
         dests={"max_seq_len": "max_length"},
-        helps={"max_seq_len": "the block length, [CLS] included; preset: 128 mini/small, 512 base/paper"},
+        helps={"max_seq_len": f"the block length, [CLS] included; {_preset_values('max_length')}"},
     )
     g.add_argument(
         "--valid-every",
         type=V.int_range(2),
-        help="1 block in N is validation (default: the preset's, "
-        + ", ".join(f"{name} {get_preset(name)['valid_every']}" for name in PRESETS)
-        + ")",
+        help=f"1 block in N is validation ({_preset_values('valid_every')})",
     )
     add_packing_argument(g)
     g.add_argument("--mlm-probability", type=V.open_prob, help="fraction of tokens to predict (default 0.15)")
@@ -313,6 +311,19 @@ def add_packing_argument(g: Any) -> None:
         "attention kept inside it, short ones packed together by best fit, long ones cut into pieces; the "
         "batches carry position_ids; docs/pretraining.md). Part of the run: --resume refuses a change",
     )
+
+
+def _preset_values(key: str) -> str:
+    """The default of a setting as `--help` says it, read from the presets: `default 0.9` where every preset has
+    the same value, else `preset: 128 mini/small, 512 base/paper`."""
+    groups: dict[str, list[str]] = {}
+    for name in PRESETS:
+        value = get_preset(name)[key]
+        shown = f"{value:,}" if isinstance(value, int) else f"{value:g}".replace("e-0", "e-")
+        groups.setdefault(shown, []).append(name)
+    if len(groups) == 1:
+        return f"default {next(iter(groups))}"
+    return "preset: " + ", ".join(f"{value} {'/'.join(names)}" for value, names in groups.items())
 
 
 def _add_model_arguments(m: Any) -> None:
@@ -358,7 +369,7 @@ def _add_model_arguments(m: Any) -> None:
 
 
 def _add_optimisation_arguments(o: Any) -> None:
-    add_training_flags(o, ["batch_size"], helps={"batch_size": "preset: 32 mini/small, 64 base, 256 paper"})
+    add_training_flags(o, ["batch_size"], helps={"batch_size": _preset_values("batch_size")})
     o.add_argument(
         "--grad-accum", type=V.positive_int, default=1, help="gradient accumulation steps (default 1)"
     )
@@ -373,7 +384,7 @@ def _add_optimisation_arguments(o: Any) -> None:
         o,
         ["warmup_steps", "warmup_ratio", "lr_scheduler"],
         helps={
-            "warmup_steps": "preset: 100 mini/small, 5k base, 10k paper",
+            "warmup_steps": _preset_values("warmup_steps"),
             "warmup_ratio": "instead of --warmup-steps",
             "lr_scheduler": "default linear, the paper's: linear decay to 0",
         },
@@ -397,10 +408,10 @@ def _add_optimisation_arguments(o: Any) -> None:
         ["adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "precision"],
         defaults={"precision": "auto"},
         helps={
-            "adam_beta1": "default 0.9",
-            "adam_beta2": "default 0.999",
-            "adam_epsilon": "default 1e-6, the paper's",
-            "max_grad_norm": "default 1.0",
+            "adam_beta1": _preset_values("adam_beta1"),
+            "adam_beta2": _preset_values("adam_beta2"),
+            "adam_epsilon": _preset_values("adam_epsilon") + ", the paper's",
+            "max_grad_norm": _preset_values("max_grad_norm"),
             "precision": "default auto",
         },
     )
