@@ -1,4 +1,4 @@
-"""The Python examples in the README, docs/model.md and docs/evaluation.md run as written."""
+"""The Python examples in the README, docs/model.md, docs/evaluation.md and docs/architecture.md run as written."""
 
 import re
 from pathlib import Path
