@@ -207,15 +207,7 @@ def run(args: argparse.Namespace) -> int:
         V.check_path_kind("--dev-file", value, "file")
     if args.tokenizer is not None:
         V.check_path_kind("--tokenizer", args.tokenizer, "folder")
-    for name in ("batch_size", "eval_batch_size"):
-        if getattr(args, name) <= 0:
-            raise TupeError(f"--{name.replace('_', '-')} must be positive")
-    if args.epochs is not None and args.epochs <= 0:
-        raise TupeError("--epochs must be positive")
-    if not (args.dropout < 0 or 0 <= args.dropout < 1):
-        raise TupeError(f"--dropout must be in [0, 1) (or -1 for the checkpoint's), got {args.dropout}")
-    if args.lrs is not None and any(lr <= 0 for lr in args.lrs):
-        raise TupeError(f"learning rates must be positive, got {args.lrs}")
+    # the values' ranges are the shared flags' types (add_grid_arguments), checked by the parser
     settings = settings_from_args(args)
     V.apply_threads(args.threads)
     quiet = args.quiet
