@@ -160,16 +160,29 @@ def test_compare_in_epochs_trains_every_run_the_steps_pretrain_would(tiny_run, t
     assert f"--epochs 0.3: {steps} steps per run ({blocks} training blocks)" in lines
 
 
-def test_valid_every_help_gives_each_presets_default() -> None:
-    """Issue 38: the help said "default 200" where the mini preset holds out 1 block in 50."""
+@pytest.mark.parametrize(
+    ("flag", "key"),
+    [("--valid-every", "valid_every"), ("--vocab-size", "vocab_size"), ("--max-seq-len", "max_length"),
+     ("--batch-size", "batch_size"), ("--warmup-steps", "warmup_steps")],
+)  # fmt: skip
+def test_per_preset_help_gives_each_presets_default(flag: str, key: str) -> None:
+    """Issue 38: the help said "default 200" where the mini preset holds out 1 block in 50. Each per-preset default
+    in `tupe pretrain --help` reads "preset: VALUE NAME/NAME, ...", and every preset's value is the one it holds."""
     import argparse
+    import re
 
     from tupe.training.arguments import add_pretrain_arguments
     from tupe.training.presets import PRESETS, get_preset
 
     p = argparse.ArgumentParser()
     add_pretrain_arguments(p)
-    (action,) = [a for a in p._actions if "--valid-every" in a.option_strings]
-    assert get_preset("mini")["valid_every"] == 50
-    for name in PRESETS:
-        assert f"{name} {get_preset(name)['valid_every']}" in action.help, action.help
+    (action,) = [a for a in p._actions if flag in a.option_strings]
+    listed = re.search(r"preset: ([^)]*)\)", action.help)
+    assert listed, action.help
+    shown = {}
+    for group in listed[1].split(", "):
+        value, names = group.split(" ")
+        shown.update({name: int(value.replace(",", "")) for name in names.split("/")})
+    assert shown == {name: get_preset(name)[key] for name in PRESETS}
+    if key == "valid_every":
+        assert shown["mini"] == 50
