@@ -252,3 +252,18 @@ def test_qa_answers_are_exact_spans_without_stripping(small_tokenizer, tmp_path:
         for a in answers:
             assert a["answer"] == context[a["start"] : a["end"]] and a["answer"]
             assert not a["answer"][0].isspace() and not a["answer"][-1].isspace(), a
+
+
+def test_the_fingerprint_ignores_truncation_and_padding_left_by_a_call(small_tokenizer) -> None:  # noqa: ANN001
+    """A call with truncation or padding leaves them set in the backend (its JSON holds them); the cache key must
+    not change with them, and a tokenizer as loaded keeps the key it always had (the hash of its JSON)."""
+    for tok in (_fresh(small_tokenizer), _before_the_fix(small_tokenizer)):
+        before = tokenizer_fingerprint(tok)
+        tok(SENTENCES[:2], truncation=True, max_length=5, padding="max_length")
+        state = json.loads(tok.backend_tokenizer.to_str())
+        # the state the key must ignore
+        assert state["truncation"] is not None and state["padding"] is not None
+        assert tokenizer_fingerprint(tok) == before
+    old = _before_the_fix(small_tokenizer)
+    as_loaded = hashlib.sha256(old.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+    assert tokenizer_fingerprint(old) == as_loaded
