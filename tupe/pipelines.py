@@ -394,3 +394,6 @@ def _strings(value: object, what: str) -> list[str]:
         f"question-answering pipeline: {what} must be a string or a non-empty list of strings, "
         f"got {type(value).__name__} {value!r:.60}"
     )
+
+
+register_pipelines()  # where the classes are defined: importing this module registers them (idempotent)
