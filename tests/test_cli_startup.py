@@ -47,6 +47,29 @@ def test_importing_transformers_after_tupe_registers_the_auto_classes():
     assert _python(code).stdout.strip().startswith("tupe.")
 
 
+def test_the_import_hook_leaves_nothing_changed_and_tupe_pipelines_imports_first():
+    """The hook (docs/architecture.md, "Registration with transformers") takes its wrapper off the loader of the
+    module it waited for and leaves sys.meta_path once both registrations ran; `import tupe.pipelines` in a fresh
+    process (it imports transformers' pipelines, which fires the hook) registers the pipelines (it failed with a
+    circular import before)."""
+    code = (
+        "import sys, tupe\n"
+        "import transformers.pipelines as p\n"
+        "hooks = [f for f in sys.meta_path if type(f).__name__ == '_AfterImport']\n"
+        "wrapped = [m for m in ('transformers', 'transformers.pipelines') "
+        "if 'exec_module' in vars(sys.modules[m].__spec__.loader)]\n"
+        "print(len(hooks), wrapped, p.PIPELINE_REGISTRY.supported_tasks['token-classification']['impl'].__module__)"
+    )
+    assert _python(code).stdout.split() == ["0", "[]", "tupe.pipelines"]
+    code = (
+        "import tupe.pipelines\n"
+        "from transformers.pipelines import PIPELINE_REGISTRY as r\n"
+        "print(r.supported_tasks['question-answering']['impl'].__module__, "
+        "r.supported_tasks['token-classification']['impl'].__module__)"
+    )
+    assert _python(code).stdout.split() == ["tupe.pipelines", "tupe.pipelines"]
+
+
 def test_version_flag_prints_the_package_version():
     from importlib.metadata import version
 

@@ -46,13 +46,24 @@ def _register() -> None:
 
 
 def _register_pipelines() -> None:
-    """pipeline("question-answering"), which transformers 5 removed (tupe/pipelines.py), once transformers'
-    pipelines module exists: registering needs it, and importing it for every `import tupe` would slow start-up."""
+    """tupe's pipelines (tupe/pipelines.py registers them where it defines them), once transformers' pipelines
+    module exists: registering needs it, and importing it for every `import tupe` would slow start-up. While
+    `tupe.pipelines` is being imported (it imports transformers' pipelines, which fires the hook) there is
+    nothing to do: it registers at its end."""
+    pipelines = sys.modules.get(f"{__name__}.pipelines")
+    if getattr(getattr(pipelines, "__spec__", None), "_initializing", False):
+        return
     importlib.import_module(f"{__name__}.pipelines").register_pipelines()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """One-shot import hook: once the module `fullname` has been executed, call `then`."""
+    """One-shot import hook: once the module `fullname` has been executed, call `then`.
+
+    Python has no public "after this module is imported" event, and `transformers` has no plugin entry point; this
+    finder is the only way to register when `transformers` is imported after `import tupe` without importing torch
+    and transformers at `import tupe` (docs/architecture.md, "Registration with transformers", has the measured
+    cost). It wraps the `exec_module` of the spec made for that one import and takes the wrapper off as soon as it
+    has run: nothing of transformers stays changed, and the finder leaves `sys.meta_path` on its first match."""
 
     def __init__(self, fullname: str, then: Any) -> None:
         self.fullname, self.then = fullname, then
@@ -69,6 +80,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         then = self.then
 
         def exec_then(module: Any) -> None:
+            del spec.loader.exec_module  # the loader's own method again
             exec_module(module)
             then()
 

@@ -29,6 +29,12 @@ def _words(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in re.finditer(r"\S+", text)]
 
 
+def _tagged_words(text: str) -> list[tuple[int, int]]:
+    """The words a CoNLL file (and tupe's pre-tokenizer) splits a text into: runs of letters, of digits, of other
+    characters that are not space ("Madrid", "." of "Madrid.")."""
+    return [m.span() for m in re.finditer(r"[^\W\d_]+|\d+|(?:[^\w\s]|_)+", text)]
+
+
 def _definition(tok) -> dict:  # noqa: ANN001
     """The backend's JSON definition, without the truncation and padding state earlier calls may have left."""
     return {**json.loads(tok.backend_tokenizer.to_str()), "truncation": None, "padding": None}
@@ -198,7 +204,8 @@ def _token_classifier(tok, labels: list[str], favourite: int):  # noqa: ANN001, 
 
 
 def test_ner_entities_are_exact_word_spans(wider_tokenizer, tmp_path: Path) -> None:  # noqa: ANN001
-    """Every token labelled B-PER: with a word-level strategy each entity is one word of the text, `word` equal to
+    """Every token labelled B-PER: with a word-level strategy each entity is one word of the text as CoNLL splits
+    it (punctuation apart: tupe's token-classification pipeline reads the tokenizer's words), `word` equal to
     `text[start:end]`; token by token ("simple") each entity is one token's exact span. A tokenizer saved before
     the fix, loaded by tupe, gives the same. (Single spaces: a run of spaces is a token of its own, which covers no
     text once trimmed.)"""
@@ -211,7 +218,7 @@ def test_ner_entities_are_exact_word_spans(wider_tokenizer, tmp_path: Path) -> N
         ner = pipeline("token-classification", model=model, tokenizer=tok, aggregation_strategy="first")
         for text in texts:
             got = [(e["word"], e["start"], e["end"]) for e in ner(text)]
-            assert got == [(text[a:b], a, b) for a, b in _words(text)]
+            assert got == [(text[a:b], a, b) for a, b in _tagged_words(text)]
         simple = pipeline("token-classification", model=model, tokenizer=tok, aggregation_strategy="simple")
         entities = simple(texts[0])
         assert len(entities) == len(tok.tokenize(texts[0]))  # one a token: sub-words too
@@ -245,3 +252,18 @@ def test_qa_answers_are_exact_spans_without_stripping(small_tokenizer, tmp_path:
         for a in answers:
             assert a["answer"] == context[a["start"] : a["end"]] and a["answer"]
             assert not a["answer"][0].isspace() and not a["answer"][-1].isspace(), a
+
+
+def test_the_fingerprint_ignores_truncation_and_padding_left_by_a_call(small_tokenizer) -> None:  # noqa: ANN001
+    """A call with truncation or padding leaves them set in the backend (its JSON holds them); the cache key must
+    not change with them, and a tokenizer as loaded keeps the key it always had (the hash of its JSON)."""
+    for tok in (_fresh(small_tokenizer), _before_the_fix(small_tokenizer)):
+        before = tokenizer_fingerprint(tok)
+        tok(SENTENCES[:2], truncation=True, max_length=5, padding="max_length")
+        state = json.loads(tok.backend_tokenizer.to_str())
+        # the state the key must ignore
+        assert state["truncation"] is not None and state["padding"] is not None
+        assert tokenizer_fingerprint(tok) == before
+    old = _before_the_fix(small_tokenizer)
+    as_loaded = hashlib.sha256(old.backend_tokenizer.to_str().encode()).hexdigest()[:20]
+    assert tokenizer_fingerprint(old) == as_loaded

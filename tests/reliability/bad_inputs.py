@@ -1,8 +1,8 @@
 """Every bad input the reliability suite tries, as data: how to make it, the command, what the error must say.
 
-Used by `test_bad_inputs.py` (which asserts exit code 2, one `error:` line with the needles, no traceback) and by
-`python -m tests.reliability.bad_inputs` (which prints the Markdown table of docs/reliability.md with the messages
-the CLI really gives).
+Used by `test_bad_inputs.py` (which asserts exit code 2, one `error:` line with the needles, no traceback; for the
+Python API's cases, `API_CASES`, the exception and its one line) and by `python -m tests.reliability.bad_inputs`
+(which prints the Markdown tables of docs/reliability.md with the messages the CLI and the API really give).
 """
 
 from __future__ import annotations
@@ -1093,6 +1093,34 @@ CASES += [
 ]  # fmt: skip
 
 
+def _full_disk_at_tokenizer_cache(ctx: Ctx) -> list:
+    """`tupe pretrain` training its tokenizer while the disk fills up as the tokenizer is cached: the tokenizers
+    library writes part of tokenizer.json, then raises a plain `Exception("No space left on device (os error 28)")`
+    (not an OSError), as it does on a full disk. The save is replaced for the case only (undone by `cleanup`)."""
+    from transformers import PreTrainedTokenizerFast
+
+    real = PreTrainedTokenizerFast.save_pretrained
+
+    def full(self, save_directory, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        _write(Path(save_directory) / "tokenizer.json", '{"version": "1.0", "trunc')
+        raise Exception("No space left on device (os error 28)")  # noqa: TRY002 - what the library raises
+
+    PreTrainedTokenizerFast.save_pretrained = full  # type: ignore[method-assign]
+    ctx.cleanup.append(lambda: setattr(PreTrainedTokenizerFast, "save_pretrained", real))
+    argv = [str(a) for a in ctx.pretrain(cache_dir=ctx.tmp / "cache")]
+    at = argv.index("--tokenizer")
+    return argv[:at] + argv[at + 2 :]  # no --tokenizer: one is trained and cached
+
+
+# issue 38, the tokenizer cache: a full disk while caching the trained tokenizer was a traceback
+CASES += [
+    Case("tokenizer-cache-disk-full", "disk full while the trained tokenizer is cached (`tupe pretrain`)",
+         _full_disk_at_tokenizer_cache,
+         ("No space left on device", "the trained tokenizer was not cached (partial files removed)",
+          "free space or use another --cache-dir")),
+]  # fmt: skip
+
+
 def _fifo_config(ctx: Ctx) -> Path:
     m = ctx.copy_model()
     (m / "config.json").unlink()
@@ -1126,6 +1154,55 @@ def _dataset(ctx: Ctx) -> Path:
     path = ctx.tmp / "ds"
     datasets.Dataset.from_dict({"body": ["some text"] * 4}).save_to_disk(str(path))
     return path
+
+
+@dataclass
+class ApiCase:
+    """A bad input of the Python API: the call must raise `error` with one line holding every needle."""
+
+    id: str
+    what: str  # the bad input, in words (a row of the docs table)
+    call: Callable[[Ctx], object]  # makes the bad call
+    api: str  # the API called, as the docs table names it
+    error: type[Exception]
+    needles: tuple[str, ...]
+
+
+def _qa_pipeline(ctx: Ctx) -> object:
+    import transformers
+
+    import tupe  # noqa: F401  (registers pipeline("question-answering"))
+
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(ctx.glue_model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ctx.glue_model)
+    return transformers.pipeline("question-answering", model=model, tokenizer=tokenizer, device="cpu")
+
+
+# issue 38: the question-answering pipeline given an integer context raised TypeError: 'int' object is not iterable
+API_CASES: list[ApiCase] = [
+    ApiCase("qa-pipeline-integer-context", "an integer `context`",
+            lambda c: _qa_pipeline(c)(question="When?", context=42), 'pipeline("question-answering")', ValueError,
+            ("question-answering pipeline: context must be a string or a non-empty list of strings, got int 42",)),
+    ApiCase("qa-pipeline-integer-in-questions", "a list of questions holding an integer",
+            lambda c: _qa_pipeline(c)(question=["When?", 7], context="Paris opened in 1931."),
+            'pipeline("question-answering")', ValueError,
+            ("question-answering pipeline: question must be a string or a non-empty list of strings, got list",)),
+]  # fmt: skip
+
+
+def api_markdown_table(ctx: Ctx) -> str:
+    """Run every Python API case and return its docs table."""
+    rows = ["| bad input | call | error (one line) | test |", "|---|---|---|---|"]
+    for case in API_CASES:
+        try:
+            case.call(ctx)
+            line = "(no error)"
+        except case.error as err:
+            line = f"{type(err).__name__}: {err}"
+        rows.append(
+            f"| {case.what} | `{case.api}` | `` {line} `` | `test_bad_inputs.py::test_bad_python_input[{case.id}]` |"
+        )
+    return "\n".join(rows)
 
 
 def markdown_table(ctx: Ctx) -> str:
@@ -1183,4 +1260,7 @@ if __name__ == "__main__":  # python -m tests.reliability.bad_inputs  > the tabl
         model = make_checkpoint(root / "model")
         for task in ("SST-2", "STS-B", "MRPC"):
             write_task(root / "glue", task, n_train=16, n_dev=8)
-        print(markdown_table(Ctx(root / "cases", corpus, tok, root / "cache", run, model, root / "glue")))
+        cases = Ctx(root / "cases", corpus, tok, root / "cache", run, model, root / "glue")
+        print(markdown_table(cases))
+        print()
+        print(api_markdown_table(cases))

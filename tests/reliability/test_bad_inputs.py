@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .bad_inputs import CASES, Case, Ctx
+from .bad_inputs import API_CASES, CASES, ApiCase, Case, Ctx
 from .conftest import assert_user_error, run_cli
 
 
@@ -24,10 +24,19 @@ def test_bad_input(case: Case, ctx: Ctx, capsys) -> None:  # noqa: ANN001
     assert_user_error(code, err, *case.needles)
 
 
+@pytest.mark.parametrize("case", API_CASES, ids=[c.id for c in API_CASES])
+def test_bad_python_input(case: ApiCase, ctx: Ctx) -> None:
+    with pytest.raises(case.error) as info:
+        case.call(ctx)
+    message = str(info.value)
+    assert "\n" not in message and all(n in message for n in case.needles), message
+
+
 def test_every_case_is_a_row_of_the_docs_table() -> None:
     """docs/reliability.md lists every case (regenerate its rows with `python -m tests.reliability.bad_inputs`)."""
     doc = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text(encoding="utf-8")
     missing = [c.id for c in CASES if f"test_bad_input[{c.id}]" not in doc]
+    missing += [c.id for c in API_CASES if f"test_bad_python_input[{c.id}]" not in doc]
     assert missing == []
 
 

@@ -175,12 +175,16 @@ def _definition_without_span_steps(backend) -> str:  # noqa: ANN001 - a tokenize
     """The backend's JSON definition without the steps that make word spans exact (a `ByteLevel` step of the
     post-processor, a `Strip` step of the decoder, see `exact_word_spans`): they change offsets and decoded text,
     never ids, so a tokenizer with them is hashed as the same tokenizer without them (byte for byte the definition
-    tupe's tokenizers had before they had the steps)."""
+    tupe's tokenizers had before they had the steps); and without the truncation and padding settings earlier
+    calls left in the backend."""
     from tokenizers import Tokenizer
 
     text = backend.to_str()
     definition = json.loads(text)
-    changed = False
+    # the truncation and padding a call left set (`tok(..., truncation=True)` keeps them in the backend): state of
+    # the object, not of the tokenizer; null in a tokenizer as loaded, so its hash is the one it always had
+    changed = any(definition.get(key) is not None for key in ("truncation", "padding"))
+    definition.update(truncation=None, padding=None)
     for key, list_key, step in (
         ("post_processor", "processors", "ByteLevel"),
         ("decoder", "decoders", "Strip"),

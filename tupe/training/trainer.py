@@ -1,16 +1,22 @@
 """The Trainer customisation of pre-training: metrics and save-at callbacks, the global masked-LM loss, a stop on
 non-finite losses, token-weighted validation, and atomic checkpoints.
 
-Public hooks (`compute_loss`, `evaluate`, callbacks) carry most of it. Four private methods are overridden
-because no public hook reaches them: `_get_train_sampler` (the epoch-shuffled block order), `_get_num_items_in_batch`
+Public methods and callbacks carry most of it: `compute_loss`, `evaluate`, `create_optimizer`, `get_batch_samples`
 (the masked-token count of the global batch; the Trainer's own gather leaves it un-gathered on CPU/gloo),
-`_get_output_dir` / `_save_checkpoint` (checkpoints written to a staging folder and renamed when complete), and
-`train` (a run resumed from a checkpoint at max_steps must not train one more step).
+`save_model` (saved with `sparse_prediction` off), `log` (a running throughput of its own), `train` (a run resumed
+from a checkpoint at max_steps must not train one more step), and `PassesCallback` (the logged `epoch` as passes over
+the training blocks). Three private methods are overridden because no public hook reaches them, and one is called:
+`_get_train_sampler` (the epoch-shuffled block order), `_get_output_dir` / `_save_checkpoint` (checkpoints written to
+a staging folder and renamed when complete), `_load_from_checkpoint` (called by `train` for a run at max_steps).
+docs/architecture.md lists them with why; tests/training/test_trainer_hooks.py fails loudly if transformers changes
+them.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import os
 import shutil
 import sys
@@ -65,7 +71,7 @@ class MetricsCallback(TrainerCallback):
                 lr=self._lr,
                 grad_norm=logs.get("grad_norm"),
                 tokens_per_s=round(tokens / self._step_time, 1) if self._step_time > 0 else None,
-                epoch=round(state.epoch or 0.0, 4),  # passes over the training blocks (PretrainTrainer.log)
+                epoch=round(state.epoch or 0.0, 4),  # passes over the training blocks (PassesCallback)
             )
             self._step_time = 0.0
         elif "eval_loss" in logs:
@@ -86,6 +92,32 @@ class SaveAtStepsCallback(TrainerCallback):
         if state.global_step in self.steps:
             control.should_save = True
         return control
+
+
+class PassesCallback(TrainerCallback):
+    """The Trainer's `epoch` as passes over the training blocks (global batch / training blocks a step), set where
+    the Trainer sets its own, at the end of each step, before it logs, evaluates or saves: the Trainer's is the
+    fraction of its one dataset that holds every pass. Also notes the tokens seen when training (re)starts, for
+    the running throughput `PretrainTrainer.log` adds."""
+
+    def __init__(self, passes_per_step: float | None) -> None:
+        self.passes_per_step = passes_per_step
+        self.tokens_at_start = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        self.tokens_at_start = state.num_input_tokens_seen or 0
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        if self.passes_per_step is not None:
+            state.epoch = round(state.global_step * self.passes_per_step, 4)
+
+
+class _TiedOnly(logging.Filter):
+    """Drops the Trainer's "missing keys ['lm_head.decoder.weight']" warning when it loads a checkpoint: that
+    weight is tied to the word embeddings, so it is not saved and comes back with them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "missing keys" not in (msg := record.getMessage()) or "['lm_head.decoder.weight']" not in msg
 
 
 class LogLastStepCallback(TrainerCallback):
@@ -113,13 +145,12 @@ class PretrainTrainer(Trainer):
         passes_per_step: float | None = None,
         **kwargs,  # noqa: ANN003
     ) -> None:
-        super().__init__(*args, **kwargs)
+        self.passes = PassesCallback(passes_per_step)
+        callbacks = [*(kwargs.pop("callbacks", None) or []), self.passes]
+        super().__init__(*args, callbacks=callbacks, **kwargs)
         self.optimizer_name = optimizer_name
         self.positional_lr_scale = positional_lr_scale
         self.positional_weight_decay = positional_weight_decay
-        # global batch / training blocks: the logged `epoch` is passes over the training blocks, not the
-        # Trainer's fraction of the one dataset that holds every pass
-        self.passes_per_step = passes_per_step
         self._tupe_sampler = train_sampler
         # skip (and count) batches with a non-finite loss instead of stopping
         self.skip_nonfinite = skip_nonfinite
@@ -129,7 +160,7 @@ class PretrainTrainer(Trainer):
         # them (it does so when the model "accepts loss kwargs") and must not rescale for accumulation
         self.model_accepts_loss_kwargs = True
 
-    def _save(self, output_dir=None, state_dict=None):  # noqa: ANN001, ANN202
+    def save_model(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
         """Checkpoints and the final model are saved with `sparse_prediction` off: a user who loads them and passes
         labels gets (batch, sequence, vocabulary) logits, as from any masked LM; training keeps it on for speed."""
         config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
@@ -137,7 +168,7 @@ class PretrainTrainer(Trainer):
         if sparse:
             config.sparse_prediction = False
         try:
-            return super()._save(output_dir, state_dict)
+            return super().save_model(*args, **kwargs)
         finally:
             if sparse:
                 config.sparse_prediction = sparse
@@ -149,14 +180,20 @@ class PretrainTrainer(Trainer):
         from transformers.trainer import TRAINER_STATE_NAME
         from transformers.trainer_utils import TrainOutput
 
-        if resume_from_checkpoint is not None:
-            state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
-            if 0 < self.args.max_steps <= state.global_step:
-                self._load_from_checkpoint(resume_from_checkpoint)
-                self.state = state
-                losses = [h["loss"] for h in state.log_history if "loss" in h]
-                return TrainOutput(state.global_step, sum(losses) / max(1, len(losses)), {})
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        logger = logging.getLogger("transformers.trainer")
+        tied_only = _TiedOnly()
+        logger.addFilter(tied_only)
+        try:
+            if resume_from_checkpoint is not None:
+                state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
+                if 0 < self.args.max_steps <= state.global_step:
+                    self._load_from_checkpoint(resume_from_checkpoint)
+                    self.state = state
+                    losses = [h["loss"] for h in state.log_history if "loss" in h]
+                    return TrainOutput(state.global_step, sum(losses) / max(1, len(losses)), {})
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        finally:
+            logger.removeFilter(tied_only)
 
     def create_optimizer(self, model=None):  # noqa: ANN001, ANN201
         """`optimizer_name` of `tupe.training.optimizers.OPTIMIZERS` (AdamW by default) over the model's parameter
@@ -179,48 +216,26 @@ class PretrainTrainer(Trainer):
         )
         return self.optimizer
 
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):  # noqa: ANN001, ANN202
-        """The Trainer's, without its "missing keys ['lm_head.decoder.weight']" warning: that weight is tied to
-        the word embeddings, so it is not saved and comes back with them."""
-        import logging
-
-        class _TiedOnly(logging.Filter):
-            def filter(self, record: logging.LogRecord) -> bool:
-                return (
-                    "missing keys" not in (msg := record.getMessage())
-                    or "['lm_head.decoder.weight']" not in msg
-                )
-
-        logger = logging.getLogger("transformers.trainer")
-        flt = _TiedOnly()
-        logger.addFilter(flt)
-        try:
-            return super()._load_from_checkpoint(resume_from_checkpoint, model)
-        finally:
-            logger.removeFilter(flt)
-
     def log(self, logs, start_time=None):  # noqa: ANN001, ANN201
         # One TensorBoard key per quantity: given the start time, the Trainer adds its own `train_runtime` and
         # `train_tokens_per_second` to every step's log (include_num_input_tokens_seen), so the end of training
         # wrote `train/train_runtime` a second time at the last step with another value. The running throughput
         # goes under a key of its own instead, and `train_runtime` is the Trainer's end-of-training total only.
         if start_time is not None and self.args.include_num_input_tokens_seen != "no":
-            seen = self.state.num_input_tokens_seen - getattr(self, "_initial_num_input_tokens_seen", 0)
+            seen = self.state.num_input_tokens_seen - self.passes.tokens_at_start
             elapsed = time.time() - start_time
             if elapsed > 0:
                 logs = {**logs, "tokens_per_second_since_start": round(seen / elapsed, 3)}
-        if self.passes_per_step is None:
-            return super().log(logs)
-        saved = self.state.epoch
-        self.state.epoch = round(self.state.global_step * self.passes_per_step, 4)
-        try:
-            return super().log(logs)
-        finally:
-            self.state.epoch = saved
+        return super().log(logs)
 
-    def _get_num_items_in_batch(self, batch_samples, device):  # noqa: ANN001, ANN202
-        # Masked tokens of the whole global batch (all accumulation steps, all processes). Counted here rather than
-        # by the Trainer: its accelerate gather leaves a 0-dim tensor un-gathered on CPU/gloo.
+    def get_batch_samples(self, epoch_iterator, num_batches, device):  # noqa: ANN001, ANN201
+        """The Trainer's (the next `num_batches` batches and the count its loss is divided by), with the count of
+        masked tokens of the whole global batch (all accumulation steps, all processes) made here: the Trainer's
+        accelerate gather leaves a 0-dim tensor un-gathered on CPU/gloo."""
+        batch_samples = list(itertools.islice(epoch_iterator, num_batches))
+        return batch_samples, self._masked_tokens(batch_samples, device)
+
+    def _masked_tokens(self, batch_samples, device):  # noqa: ANN001, ANN202
         if not batch_samples or "labels" not in batch_samples[0]:
             return None
         count = sum((b["labels"] != -100).sum() for b in batch_samples).to(device=device, dtype=torch.float32)
