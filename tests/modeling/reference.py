@@ -87,8 +87,10 @@ def fire_bias(params: dict, threshold: float, heads: int, i: int, j: int, normal
     return [sum(w * u for w, u in zip(w2[h], hidden)) + b2[h] for h in range(heads)]
 
 
-def length_scheme_bias(scheme: str, cfg, sd: dict, prefix: str, n: int) -> list:
-    """[h][i][j] content-free term of fire / kerple-*, one pair at a time, in Python floats."""
+def length_scheme_bias(scheme: str, cfg, sd: dict, prefix: str, pos: list[int], length: list[int]) -> list:
+    """[h][i][j] content-free term of fire / kerple-*, one pair at a time, in Python floats. `pos[i]`: token i's
+    position; `length[i]`: the length N of its document (FIRE's normaliser: 1 + the document's largest position)."""
+    n = len(pos)
     heads = cfg.num_attention_heads
     params = {
         k[len(prefix + "positional.") :]: v for k, v in sd.items() if k.startswith(prefix + "positional.")
@@ -96,14 +98,16 @@ def length_scheme_bias(scheme: str, cfg, sd: dict, prefix: str, n: int) -> list:
     if scheme.startswith("kerple"):
         P, A = params["bias_p"].tolist(), params["bias_a"].tolist()
         return [
-            [[kerple_bias(scheme, P[h], A[h], i, j) for j in range(n)] for i in range(n)]
+            [[kerple_bias(scheme, P[h], A[h], pos[i], pos[j]) for j in range(n)] for i in range(n)]
             for h in range(heads)
         ]
     out = [[[0.0] * n for _ in range(n)] for _ in range(heads)]
     for i in range(n):
         for j in range(n):
-            normalizer = n if cfg.fire_normalizer == "length" else i
-            for h, value in enumerate(fire_bias(params, cfg.fire_threshold, heads, i, j, normalizer)):
+            normalizer = length[i] if cfg.fire_normalizer == "length" else pos[i]
+            for h, value in enumerate(
+                fire_bias(params, cfg.fire_threshold, heads, pos[i], pos[j], normalizer)
+            ):
                 out[h][i][j] = value
     return out
 
@@ -118,8 +122,18 @@ def gelu(x):
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
-def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
-    """Returns (hidden states after every layer, attention probabilities of every layer, MLM logits or None)."""
+def naive_forward(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: list[list[int]] | None = None,
+    documents: list[list[int]] | None = None,
+):
+    """Returns (hidden states after every layer, attention probabilities of every layer, MLM logits or None).
+
+    `position_ids[b][i]`: token i's position in row b (default i); `documents[b][i]`: its document (default one
+    per row). Every formula reads positions, never column indices; a pair of two documents gets probability 0;
+    [CLS] is a token at position 0."""
     cfg = model.config
     sd = {k: v.detach().double() for k, v in model.state_dict().items()}
     prefix = "tupe." if any(k.startswith("tupe.") for k in sd) else ""
@@ -130,14 +144,22 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
     b, n = input_ids.shape
     if attention_mask is None:
         attention_mask = torch.ones(b, n, dtype=torch.long)
+    POS = position_ids if position_ids is not None else [list(range(n)) for _ in range(b)]
+    DOC = documents if documents is not None else [[0] * n for _ in range(b)]
+    # FIRE's N: 1 + the largest position of the token's document
+    LENGTH = [
+        [1 + max(POS[r][t] for t in range(n) if DOC[r][t] == DOC[r][i]) for i in range(n)] for r in range(b)
+    ]
 
     # --- input: w_i (+ p_i for BERT-A / BERT-R) --------------------------------------------------------------
     x = g("embeddings.word_embeddings.weight")[input_ids]
     if scheme in ("bert-a", "bert-r"):
-        x = x + g("positional.embeddings.weight")[:n]
+        x = x + g("positional.embeddings.weight")[torch.tensor(POS)]
     if scheme == "sinusoidal":
         H = cfg.hidden_size
-        table = torch.tensor([[sinusoid(t, k, H) for k in range(H)] for t in range(n)], dtype=torch.float64)
+        table = torch.tensor(
+            [[[sinusoid(t, k, H) for k in range(H)] for t in row] for row in POS], dtype=torch.float64
+        )
         x = (
             x + cfg.initializer_range * table
         )  # scaled as Vaswani et al.'s sqrt(d) on the words (docs/model.md)
@@ -156,7 +178,8 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             pk = p @ g("positional.untied.pos_key.weight").T + g("positional.untied.pos_key.bias")
             return pq.view(-1, heads, d), pk.view(-1, heads, d)  # (m, h, d)
 
-        PQ, PK = project(g("positional.untied.embeddings.weight")[:n])
+        PQ, PK = project(g("positional.untied.embeddings.weight")[torch.tensor(POS).reshape(-1)])
+        PQ, PK = PQ.view(b, n, heads, d), PK.view(b, n, heads, d)  # row bi, token i: position POS[bi][i]
         if scheme in ("tupe-a", "tupe-r"):
             TQ, TK = project(g("positional.untied.theta_positions"))
             theta1 = (TQ[0] * TK[0]).sum(-1) / math.sqrt(2 * d)  # (h,)
@@ -164,7 +187,7 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
 
     slopes = alibi_slopes(heads)
 
-    def relative(h, i, j):
+    def relative(h, i, j):  # i, j: positions
         table = g("positional.relative.bias.weight")  # (buckets [+1], h)
         if scheme == "tupe-r" and (i == 0 or j == 0):
             return table[cfg.relative_attention_num_buckets, h]  # the code's extra [CLS] bucket
@@ -172,14 +195,14 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             t5_bucket(j - i, cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance), h
         ]
 
-    def rotate(v):  # (n, d): pair (k, k + d/2) turned by angle pos * theta^(-2k/d)
+    def rotate(v, positions):  # (n, d): pair (k, k + d/2) turned by angle pos * theta^(-2k/d)
         out = v.clone()
-        for pos in range(n):
+        for t, pos in enumerate(positions):
             for k in range(d // 2):
                 angle = pos * cfg.rope_theta ** (-2 * k / d)
-                a, c = v[pos, k], v[pos, k + d // 2]
-                out[pos, k] = a * math.cos(angle) - c * math.sin(angle)
-                out[pos, k + d // 2] = c * math.cos(angle) + a * math.sin(angle)
+                a, c = v[t, k], v[t, k + d // 2]
+                out[t, k] = a * math.cos(angle) - c * math.sin(angle)
+                out[t, k + d // 2] = c * math.cos(angle) + a * math.sin(angle)
         return out
 
     if scheme == "deberta":  # the relative embeddings, LayerNorm-ed, and the row each offset i - j reads
@@ -201,7 +224,7 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             return min(max(delta + span, 0), 2 * span - 1)
 
     if scheme in ("kerple-log", "kerple-power", "fire"):
-        length_bias = length_scheme_bias(scheme, cfg, sd, prefix, n)
+        length_bias = [length_scheme_bias(scheme, cfg, sd, prefix, POS[r], LENGTH[r]) for r in range(b)]
 
     hiddens, attentions = [], []
     for layer in range(cfg.num_hidden_layers):
@@ -220,37 +243,37 @@ def naive_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor |
             for h in range(heads):
                 q, k = Q[bi, :, h], K[bi, :, h]
                 if scheme == "rope":
-                    q, k = rotate(q), rotate(k)
+                    q, k = rotate(q, POS[bi]), rotate(k, POS[bi])
                 logits = torch.zeros(n, n, dtype=torch.float64)
                 for i in range(n):
                     for j in range(n):
                         word = q[i] @ k[j]
+                        pi, pj = POS[bi][i], POS[bi][j]
                         if scheme in ("bert-a", "rope", "nope", "sinusoidal"):
                             a = word / math.sqrt(d)
                         elif scheme in ("bert-r", "t5"):
-                            a = word / math.sqrt(d) + relative(h, i, j)
+                            a = word / math.sqrt(d) + relative(h, pi, pj)
                         elif scheme == "deberta":  # content-to-content, -to-position, position-to-content
-                            r = rel_row(i, j)
+                            r = rel_row(pi, pj)
                             a = (word + q[i] @ KR[r, h] + k[j] @ QR[r, h]) / math.sqrt(3 * d)
                         elif scheme == "alibi":
-                            a = word / math.sqrt(d) - slopes[h] * abs(j - i)
+                            a = word / math.sqrt(d) - slopes[h] * abs(pj - pi)
                         elif scheme in ("kerple-log", "kerple-power", "fire"):
-                            a = word / math.sqrt(d) + length_bias[h][i][j]
+                            a = word / math.sqrt(d) + length_bias[bi][h][i][j]
                         elif scheme == "bert-a-d":
-                            a = (word + q[i] @ PK[j, h] + PQ[i, h] @ k[j] + PQ[i, h] @ PK[j, h]) / math.sqrt(
-                                4 * d
-                            )
+                            pq, pk = PQ[bi, i, h], PK[bi, j, h]
+                            a = (word + q[i] @ pk + pq @ k[j] + pq @ pk) / math.sqrt(4 * d)
                         else:  # tupe-*
-                            v = PQ[i, h] @ PK[j, h] / math.sqrt(2 * d)
+                            v = PQ[bi, i, h] @ PK[bi, j, h] / math.sqrt(2 * d)
                             if scheme in ("tupe-a", "tupe-r"):
-                                if i == 0:
+                                if pi == 0:
                                     v = theta1[h]
-                                elif j == 0:
+                                elif pj == 0:
                                     v = theta2[h]
                             if scheme in ("tupe-r", "tupe-r-tie-cls"):
-                                v = v + relative(h, i, j)
+                                v = v + relative(h, pi, pj)
                             a = word / math.sqrt(2 * d) + v
-                        if attention_mask[bi, j] == 0:
+                        if attention_mask[bi, j] == 0 or DOC[bi][i] != DOC[bi][j]:
                             a = -math.inf
                         logits[i, j] = a
                 p = torch.softmax(logits, dim=-1)

@@ -47,6 +47,44 @@ from torch import nn
 # ----------------------------------------------------------------------------------------------------------------
 
 
+class Positions:
+    """Positions given as data (`position_ids`), and the documents of each row: what a scheme reads instead of
+    `0..n-1` when the model is given positions, and what the kernels keep attention inside.
+
+    - ids (b, n) long: each token's position (`position_ids`); a document's first token has position 0.
+    - documents (b, n) long or None: each token's document, numbered from 0 in each row (None: one document per
+      row). A document is a run of tokens that starts where `position_ids` restart at 0 (or where explicit
+      boundaries, `cu_seq_lens_q` / `seq_idx`, say); no token attends outside its own document.
+    - real (b, n) bool or None: the tokens that are not padding (`attention_mask`); None: no padding.
+
+    Plain tensors (no closures), so gradient checkpointing hands every layer its own copies (`shared_tensors`).
+    """
+
+    def __init__(
+        self, ids: torch.Tensor, documents: torch.Tensor | None = None, real: torch.Tensor | None = None
+    ):
+        self.ids = ids
+        self.documents = documents
+        self.real = real
+
+    def offsets(self) -> torch.Tensor:
+        """(b, n, n) `[i, j] = p_j - p_i` (key minus query), the relative positions of every pair."""
+        return self.ids[:, None, :] - self.ids[:, :, None]
+
+    def first(self) -> torch.Tensor:
+        """(b, n) bool: tokens at position 0, a document's first token ([CLS], where TUPE's reset applies)."""
+        return self.ids == 0
+
+    def document_lengths(self) -> torch.Tensor:
+        """(b, n) long: for each token, 1 + the largest position of a real (not padded) token of its document:
+        the document's length when its positions are 0..m-1, whatever padding follows it."""
+        ids = self.ids if self.real is None else self.ids.masked_fill(~self.real, -1)
+        if self.documents is None:
+            return (ids.amax(dim=1, keepdim=True) + 1).expand_as(ids)
+        largest = torch.full_like(ids, -1).scatter_reduce(1, self.documents, ids, "amax", include_self=False)
+        return largest.gather(1, self.documents) + 1
+
+
 class PositionalContext:
     """What a scheme contributes to one forward pass; shapes use n = sequence length, h = heads, d = head dim.
 
@@ -67,6 +105,11 @@ class PositionalContext:
       checkpointing can hand each layer its own copy). The attention layer calls it once per layer and hands
       the result to the kernel as `layer_logits`.
     - layer_logits (b, h, n, n): that term for the layer being run (set on the layer's copy of the context).
+    - relative_index (b, n, n) long or None: with positions given as data, the row of `relative_embeddings` each
+      pair reads; passed to `layer_term` as `index=` when set (a tensor of the context, not of a closure).
+    - positions: the `Positions` of this pass when the model was given `position_ids` (else None: `0..n-1` in
+      every row). With positions, `bias`, `query_add` / `key_add`, `fold` and `rotary` carry a leading batch
+      dimension: (b, h, n, n), (b, h, n, d), (b, h, n, r), (b, 1, n, d); `input_embedding` is (b, n, hidden).
     """
 
     def __init__(
@@ -92,6 +135,8 @@ class PositionalContext:
         self.relative_embeddings = relative_embeddings
         self.layer_term = layer_term
         self.layer_logits: torch.Tensor | None = None
+        self.relative_index: torch.Tensor | None = None
+        self.positions: Positions | None = None
 
     def for_layer(self, layer_logits: torch.Tensor) -> PositionalContext:
         """A shallow copy carrying one layer's `layer_logits` (the shared context is never modified)."""
@@ -338,8 +383,10 @@ def flex_bias_attention(
     bias: torch.Tensor,
     padding: torch.Tensor | None,
     scale: float,
+    block_mask: Any = None,
 ) -> torch.Tensor:
-    """`flex_attention` with the (h, n, n) content-free term added inside the kernel (no (b, h, n, n) tensor,
+    """`flex_attention` with the (h, n, n) (or, positions given as data, (b, h, n, n)) content-free term added
+    inside the kernel; `block_mask`: a `BlockMask` (documents) passed through (no (b, h, n, n) tensor,
     no dropout: flex has none, so the model refuses this kernel when training with attention dropout). Compiled on CUDA; elsewhere PyTorch runs its unfused reference (for tests).
 
     Under autocast, q/k/v go in as the autocast dtype and flex runs with autocast off (older PyTorch has no
@@ -356,8 +403,10 @@ def flex_bias_attention(
     # contiguous (read along keys; a permuted relative-bias gather would be read strided, and compile anew)
     bias = bias.to(torch.promote_types(bias.dtype, torch.float32)).contiguous()
 
+    per_row = bias.dim() == 4
+
     def score_mod(score, b, h, q_idx, kv_idx):
-        score = score + bias[h, q_idx, kv_idx]
+        score = score + (bias[b, h, q_idx, kv_idx] if per_row else bias[h, q_idx, kv_idx])
         if keep is not None:
             score = torch.where(keep[b, kv_idx], score, -float("inf"))
         return score
@@ -365,7 +414,7 @@ def flex_bias_attention(
     fn = _compiled_flex() if q.is_cuda else flex_attention
     options = flex_kernel_options(q) if q.is_cuda else None
     with torch.autocast(device_type, enabled=False):
-        return fn(q, k, v, score_mod=score_mod, scale=scale, kernel_options=options)
+        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, kernel_options=options)
 
 
 # PyTorch's own flex configuration for 16-bit q/k/v of head width 64 on sm90 (H100/H200) is 128 x 128 blocks in 3
@@ -443,6 +492,9 @@ class KernelSituation:
     grad: bool = False
     dropout: bool = False  # attention dropout active: training and attention_probs_dropout_prob > 0
     probabilities: bool = False
+    documents: bool = (
+        False  # several documents in a row (position_ids restarting at 0): attention kept inside
+    )
 
     @property
     def trains(self) -> bool:
@@ -460,6 +512,10 @@ class AttentionKernel:
     - probabilities: whether it returns the attention probabilities (`output_attentions` needs one that does).
     - prepare(ctx, padding, dtype) -> mask: run once per forward pass, its result is every layer's `mask`.
     - auto(situation) -> bool: when "auto" picks it (first match in registration order; else `AUTO_FALLBACK`).
+    - documents: how it keeps attention inside the documents of a row: "mask" (the model merges them into the
+      additive mask it hands `prepare` / the kernel: (b, 1, n, n), 0 inside a document, dtype-min across and for
+      padded keys), "context" (the kernel reads `ctx.positions.documents` itself; its mask stays the padding), or
+      None: it cannot, and refuses such a pass (then "auto" picks another).
     """
 
     name: str
@@ -476,6 +532,7 @@ class AttentionKernel:
     reads_bias: bool = (
         True  # reads the materialised content-free term (fold reads its low-rank factors instead)
     )
+    documents: str | None = None
 
     def scheme_refusal(self, terms: frozenset[str]) -> str | None:
         """Why this kernel cannot run a scheme with these context terms, or None."""
@@ -503,6 +560,11 @@ class AttentionKernel:
             and situation.device_type not in self.train_devices
         ):
             return f"has no backward on {situation.device_type} (it trains on {'/'.join(self.train_devices)} only)"
+        if situation.documents and self.documents is None:
+            return (
+                "cannot keep attention inside the documents of a row (position_ids restarting at 0, cu_seq_lens_q "
+                "or seq_idx)"
+            )
         return None
 
 
@@ -606,7 +668,11 @@ def select_kernel(name: str, situation: KernelSituation) -> AttentionKernel:
     name = canonical_kernel_name(name)
     if situation.probabilities and (name == AUTO or not _REGISTRY[name].probabilities):
         return next(
-            k for k in _REGISTRY.values() if k.probabilities and k.scheme_refusal(situation.terms) is None
+            k
+            for k in _REGISTRY.values()
+            if k.probabilities
+            and k.scheme_refusal(situation.terms) is None
+            and (k.documents is not None or not situation.documents)
         )
     if name == AUTO:
         for kernel in _REGISTRY.values():
@@ -647,7 +713,9 @@ def sdpa_mask(
     """The content-free term plus the padding as one additive (1 or b, h, n, n) mask, once for all layers."""
     if ctx.bias is None:
         return padding
-    mask = ctx.bias.to(dtype)[None]  # (1, h, n, n): broadcast over the batch
+    mask = ctx.bias.to(dtype)
+    if mask.dim() == 3:
+        mask = mask[None]  # (1, h, n, n): broadcast over the batch (positions as data: already (b, h, n, n))
     if padding is not None:
         mask = (mask + padding).clamp(min=torch.finfo(dtype).min)
     return mask
@@ -680,8 +748,30 @@ def fused_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, pro
     return biased_attention(q, k, v, bias, mask, ctx.logit_scale, dropout_p), None
 
 
+def flex_block_mask(ctx: PositionalContext, padding: torch.Tensor | None, dtype: torch.dtype):
+    """`flex`'s mask: the padding as it is, or with documents in a row a `BlockMask` whose `mask_mod` compares the
+    tokens' document ids (and drops padded keys): no n x n tensor, and blocks of two documents are skipped."""
+    positions = ctx.positions
+    if positions is None or positions.documents is None:
+        return padding
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = positions.documents
+    keep = None if padding is None else (padding.reshape(padding.shape[0], -1) >= 0)
+    b, n = documents.shape
+
+    def mask_mod(batch, head, q_idx, kv_idx):
+        same = documents[batch, q_idx] == documents[batch, kv_idx]
+        return same if keep is None else same & keep[batch, kv_idx]
+
+    return create_block_mask(mask_mod, b, None, n, n, device=documents.device)
+
+
 def flex_attention_kernel(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
-    """`flex_attention` with the content-free term read in a score_mod (`flex_bias_attention`)."""
+    """`flex_attention` with the content-free term read in a score_mod (`flex_bias_attention`); with documents
+    its `mask` is the document `BlockMask` of `flex_block_mask`."""
+    if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask: documents (and padding)
+        return flex_bias_attention(q, k, v, ctx.bias, None, ctx.logit_scale, block_mask=mask), None
     return flex_bias_attention(q, k, v, ctx.bias, mask, ctx.logit_scale), None
 
 
@@ -694,6 +784,7 @@ for _kernel in (
         "the reference: logits materialised as written, softmax in the model's dtype; returns probabilities",
         handles=frozenset({"bias", "layer"}),
         probabilities=True,
+        documents="mask",
     ),
     AttentionKernel(
         "sdpa",
@@ -701,6 +792,7 @@ for _kernel in (
         "scaled_dot_product_attention, content-free term + padding as one additive mask",
         handles=frozenset({"bias", "layer"}),
         prepare=sdpa_mask,
+        documents="mask",
     ),
     AttentionKernel(
         "fold",
@@ -716,6 +808,7 @@ for _kernel in (
         "kernels.biased_attention: one n x n buffer, the shared term broadcast, fast dropout mask (CPU training)",
         handles=frozenset({"bias", "layer"}),
         dtypes=_FLOATS,
+        documents="mask",
         # CPU training: SDPA runs its unfused math kernel with dropout or with a mask that needs a gradient; a
         # constant term (ALiBi) without dropout is an additive mask without gradient, which SDPA's flash kernel takes
         auto=lambda s: (
@@ -731,7 +824,9 @@ for _kernel in (
         needs=frozenset({"bias"}),
         dropout=False,
         train_devices=("cuda",),
+        prepare=flex_block_mask,
         auto=lambda s: s.device_type == "cuda" and "bias" in s.terms,
+        documents="context",
     ),
 ):
     register_attention_kernel(_kernel)

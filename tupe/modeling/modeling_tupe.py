@@ -10,6 +10,7 @@ model is built or loaded (to the saved `config.attention_kernel` unless `attn_im
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ from .positional import (
     PositionalContext,
     PositionalModule,
     PositionalScheme,
+    Positions,
     apply_rotary,
     build_scheme,
     scheme_class,
@@ -67,11 +69,13 @@ def resolve_attention_kernel(
     *,
     grad: bool | None = None,
     probabilities: bool = False,
+    documents: bool = False,
 ) -> str:
     """The registry name of the kernel a forward pass runs ("auto" resolved), or a ValueError saying why the
     requested kernel cannot run it. Defaults from a model: its device, dtype and train mode; from a config: CPU,
     float32, eval. `grad` (default: `torch.is_grad_enabled()`) tells a training step from a no-grad pass;
-    `probabilities`: `output_attentions` is asked for. `dtype` is the compute dtype (the autocast dtype if any)."""
+    `probabilities`: `output_attentions` is asked for; `documents`: rows hold several documents (position_ids
+    restarting at 0). `dtype` is the compute dtype (the autocast dtype if any)."""
     config = model_or_config.config if isinstance(model_or_config, PreTrainedModel) else model_or_config
     if isinstance(model_or_config, PreTrainedModel):
         weight = next(model_or_config.parameters())
@@ -81,7 +85,7 @@ def resolve_attention_kernel(
     device = torch.device("cpu" if device is None else device)
     dtype = torch.float32 if dtype is None else dtype
     grad = torch.is_grad_enabled() if grad is None else grad
-    return _select_kernel(config, device, dtype, bool(training), grad, probabilities).name
+    return _select_kernel(config, device, dtype, bool(training), grad, probabilities, documents).name
 
 
 def _select_kernel(
@@ -91,10 +95,11 @@ def _select_kernel(
     training: bool,
     grad: bool,
     probabilities: bool,
+    documents: bool = False,
 ) -> AttentionKernel:
     dropout = training and config.attention_probs_dropout_prob > 0
     terms = scheme_class(config.position_scheme).terms
-    situation = KernelSituation(terms, device.type, dtype, training, grad, dropout, probabilities)
+    situation = KernelSituation(terms, device.type, dtype, training, grad, dropout, probabilities, documents)
     requested = config.requested_attention_kernel()
     kernel = select_kernel(requested, situation)
     if (
@@ -114,6 +119,46 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
+def _document_starts(
+    shape: tuple[int, int],
+    device: torch.device,
+    position_ids: torch.Tensor | None,
+    cu_seq_lens_q: torch.Tensor | None,
+    seq_idx: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """(b, n) bool, True on each document's first token (column 0 always), or None without `position_ids` or
+    explicit boundaries. Boundaries: `seq_idx` (b, n) segment ids (a new document where the id changes), else
+    `cu_seq_lens_q` (the cumulative lengths `[0, l_1, l_1 + l_2, ..., n]` of one row, as transformers'
+    `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` writes), else where `position_ids` restart at 0."""
+    b, n = shape
+    if seq_idx is not None:
+        if tuple(seq_idx.shape) != (b, n):
+            raise ValueError(f"seq_idx has shape {tuple(seq_idx.shape)}; expected (batch, length) = {(b, n)}")
+        seq_idx = seq_idx.to(device)
+        starts = torch.ones(b, n, dtype=torch.bool, device=device)
+        starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
+        return starts
+    if cu_seq_lens_q is not None:
+        lengths = cu_seq_lens_q.reshape(-1).to(device=device, dtype=torch.long)
+        if b != 1 or lengths.numel() < 2 or int(lengths[0]) != 0 or int(lengths[-1]) != n:
+            raise ValueError(
+                f"cu_seq_lens_q {lengths.tolist()} does not describe the documents of one row of length {n} "
+                f"(batch {b}): expected [0, ..., {n}] for a batch of one flattened row"
+            )
+        if bool((lengths[1:] <= lengths[:-1]).any()):
+            raise ValueError(
+                f"cu_seq_lens_q {lengths.tolist()} is not strictly increasing (an empty document?)"
+            )
+        starts = torch.zeros(1, n, dtype=torch.bool, device=device)
+        starts[0, lengths[:-1]] = True
+        return starts
+    if position_ids is None:
+        return None
+    starts = position_ids.to(device) == 0
+    starts[:, 0] = True
+    return starts
+
+
 @dataclass
 class AttentionInputs:
     """Per-forward tensors shared by all layers: the positional context, the masks built from it once, the kernel."""
@@ -121,7 +166,9 @@ class AttentionInputs:
     ctx: PositionalContext
     padding: (
         torch.Tensor | None
-    )  # (b, 1, 1, n) additive: 0 for tokens, dtype-min for padding; None: no padding
+    )  # (b, 1, 1, n) additive: 0 for tokens, dtype-min for padding; None: no padding. Documents in a row and a
+    # kernel that takes them in its mask (`AttentionKernel.documents == "mask"`): (b, 1, n, n), 0 inside a document
+    # for real keys, dtype-min elsewhere
     mask: (
         torch.Tensor | None
     )  # what every layer's kernel gets: `kernel.prepare(ctx, padding, dtype)`, else padding
@@ -201,7 +248,10 @@ class TupeSelfAttention(nn.Module):
         if ctx.query_add is not None:
             q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
         if ctx.layer_term is not None:  # a term of this layer's own queries, keys and projections (DeBERTa)
-            ctx = ctx.for_layer(ctx.layer_term(q, k, self.project_positions, ctx.relative_embeddings))
+            extra = {} if ctx.relative_index is None else {"index": ctx.relative_index}
+            ctx = ctx.for_layer(
+                ctx.layer_term(q, k, self.project_positions, ctx.relative_embeddings, **extra)
+            )
         dropout_p = self.dropout_p if self.training else 0.0
         return kernel.fn(q, k, v, ctx, inputs.mask, dropout_p, inputs.probabilities)
 
@@ -464,6 +514,8 @@ class TupeModel(TupePreTrainedModel):
         self.layers = nn.ModuleList(TupeLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
         self._kernels: dict[tuple, str] = {}  # names of the kernels resolved by situation (`_kernel`)
+        # a scheme registered from outside with `forward(n)` only runs without position_ids
+        self._scheme_takes_positions = len(inspect.signature(self.positional.forward).parameters) >= 2
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -477,6 +529,65 @@ class TupeModel(TupePreTrainedModel):
         where the scheme has one; None for schemes without such a term (bert-a, bert-a-d, rope)."""
         self._check_length(seq_len)
         return self.positional(seq_len).bias
+
+    def _check_positions(self, ids: torch.Tensor) -> None:
+        """Positions given as data must lie in the model's range: the length limit applies to positions, not to
+        the row (a flattened row longer than max_position_embeddings whose positions all fit is fine)."""
+        limit = self.config.max_position_embeddings
+        if _tracing():
+            return
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= limit:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"position_ids holds position {bad}, outside the {self.config.position_scheme!r} model's positions "
+                f"0..{limit - 1} (max_position_embeddings {limit}); split or truncate the document"
+            )
+
+    def positions(
+        self,
+        shape: tuple[int, int],
+        position_ids: torch.Tensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        seq_idx: torch.Tensor | None = None,
+        device: torch.device | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> Positions | None:
+        """The `Positions` a forward pass of input `shape` (b, n) runs with, or None for the fast path (no
+        `position_ids` nor boundaries, or `position_ids` equal to 0..n-1 in every row of a batch without padding:
+        today's computation).
+
+        Positions are `position_ids` (b, n), else 0..m-1 in each document. Documents: see `_document_starts`
+        (`seq_idx`, `cu_seq_lens_q`, or `position_ids` restarting at 0); `documents` is None when every row holds
+        one. Refused: positions outside the model's range (`_check_positions`), a shape that does not match."""
+        b, n = shape
+        device = self.embeddings.word_embeddings.weight.device if device is None else device
+        if position_ids is not None:
+            if tuple(position_ids.shape) != (b, n):
+                if position_ids.dim() == 1 and position_ids.shape[0] == n:
+                    position_ids = position_ids[None].expand(b, n)
+                else:
+                    raise ValueError(
+                        f"position_ids has shape {tuple(position_ids.shape)}; expected (batch, length) = {(b, n)}"
+                    )
+            position_ids = position_ids.to(device=device, dtype=torch.long)
+        starts = _document_starts(shape, device, position_ids, cu_seq_lens_q, seq_idx)
+        if starts is None:
+            return None
+        documents = torch.cumsum(starts, dim=1) - 1  # (b, n): 0, 0, ..., 1, 1, ...
+        if position_ids is None:  # 0..m-1 in each document
+            column = torch.arange(n, device=device).expand(b, n)
+            first = torch.cummax(torch.where(starts, column, 0), dim=1).values
+            position_ids = column - first
+        self._check_positions(position_ids)
+        several = _tracing() or bool(starts[:, 1:].any())
+        real = None
+        if attention_mask is not None and (_tracing() or not bool(attention_mask.all())):
+            real = attention_mask.to(device).bool()
+        if not several and real is None and not _tracing():
+            if torch.equal(position_ids, torch.arange(n, device=device).expand(b, n)):
+                return None  # today's positions: the fast path
+        return Positions(position_ids, documents if several else None, real)
 
     def _check_length(self, n: int) -> None:
         if n > self.config.max_position_embeddings:
@@ -494,13 +605,18 @@ class TupeModel(TupePreTrainedModel):
         return resolve_attention_kernel(self, dtype=dtype, probabilities=probabilities)
 
     def _kernel(
-        self, device: torch.device, dtype: torch.dtype, grad: bool, probabilities: bool
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        grad: bool,
+        probabilities: bool,
+        documents: bool = False,
     ) -> AttentionKernel:
         """The registry kernel of this forward pass: resolved once per model for each situation (requested
-        kernel, device, dtype, train mode, gradients, probabilities), then looked up."""
+        kernel, device, dtype, train mode, gradients, probabilities, documents in a row), then looked up."""
         config = self.config
         if _tracing():  # export / compile: no state kept on the module while tracing
-            return _select_kernel(config, device, dtype, self.training, grad, probabilities)
+            return _select_kernel(config, device, dtype, self.training, grad, probabilities, documents)
         key = (
             config._attn_implementation,
             config.attention_kernel,
@@ -510,25 +626,49 @@ class TupeModel(TupePreTrainedModel):
             self.training,
             grad,
             probabilities,
+            documents,
             registry_version(),
         )
         name = self._kernels.get(key)
         if name is None:
-            name = _select_kernel(config, device, dtype, self.training, grad, probabilities).name
+            name = _select_kernel(config, device, dtype, self.training, grad, probabilities, documents).name
             self._kernels[key] = name
         return get_attention_kernel(name)
 
     def _attention_inputs(
-        self, n: int, attention_mask: torch.Tensor | None, dtype: torch.dtype, probabilities: bool = False
+        self,
+        n: int,
+        attention_mask: torch.Tensor | None,
+        dtype: torch.dtype,
+        probabilities: bool = False,
+        positions: Positions | None = None,
     ) -> AttentionInputs:
-        ctx = self.positional(n)
+        if positions is None:
+            ctx = self.positional(n)
+        elif not self._scheme_takes_positions:
+            raise ValueError(
+                f"position_scheme {self.config.position_scheme!r} takes no position_ids (its forward(n) has no "
+                f"positions argument); call it without position_ids, cu_seq_lens_q or seq_idx"
+            )
+        else:
+            ctx = self.positional(n, positions)
+            ctx.positions = positions
+        documents = positions is not None and positions.documents is not None
         device = self.embeddings.word_embeddings.weight.device
-        kernel = self._kernel(device, dtype, torch.is_grad_enabled(), probabilities)
+        kernel = self._kernel(device, dtype, torch.is_grad_enabled(), probabilities, documents)
         padding = None
         # Without padding no mask at all (faster kernels); traced or compiled, the padding term is always built:
         # whether a mask has zeros is a tensor's value, and export/compile need one graph for every mask.
         if attention_mask is not None and (_tracing() or not bool(attention_mask.all())):
             keep = attention_mask[:, None, None, :].to(torch.bool)
+            padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+                ~keep, torch.finfo(dtype).min
+            )
+        if documents and kernel.documents == "mask":  # block-diagonal: keys of the query's own document only
+            ids = positions.documents
+            keep = ids[:, None, :, None] == ids[:, None, None, :]  # (b, 1, n, n)
+            if padding is not None:
+                keep = keep & (padding >= 0)
             padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
                 ~keep, torch.finfo(dtype).min
             )
@@ -541,14 +681,24 @@ class TupeModel(TupePreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor
         | None = None,  # accepted for tokenizer compatibility; TUPE has no segments
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        seq_idx: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutput | tuple:
         """`input_ids` (b, n), or `inputs_embeds` (b, n, hidden) in place of the word embeddings (prompt tuning,
-        adversarial training): positions are still added and the embedding LayerNorm still applies."""
+        adversarial training): positions are still added and the embedding LayerNorm still applies.
+
+        `position_ids` (b, n): each token's position (default 0..n-1 in every row), as `BertModel` takes them;
+        every scheme computes its terms from them. Where they restart at 0 inside a row a new document starts
+        (transformers' `DataCollatorWithFlattening`), and no token attends outside its document. Explicit
+        boundaries instead: `seq_idx` (b, n) segment ids, or `cu_seq_lens_q` (cumulative lengths of the documents
+        of one flattened row); positions are then 0..m-1 in each document unless `position_ids` are given.
+        Other keyword arguments transformers passes (`cu_seq_lens_k`, `max_length_q`, ...) are ignored."""
         output_attentions = (
             output_attentions if output_attentions is not None else self.config.output_attentions
         )
@@ -560,7 +710,13 @@ class TupeModel(TupePreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         source = input_ids if input_ids is not None else inputs_embeds
         n = source.shape[1]
-        self._check_length(n)
+        positions = None
+        if position_ids is not None or cu_seq_lens_q is not None or seq_idx is not None:
+            positions = self.positions(
+                tuple(source.shape[:2]), position_ids, cu_seq_lens_q, seq_idx, attention_mask=attention_mask
+            )
+        if positions is None:
+            self._check_length(n)
 
         compute_dtype = (
             torch.get_autocast_dtype(source.device.type)
@@ -568,7 +724,7 @@ class TupeModel(TupePreTrainedModel):
             else self.embeddings.word_embeddings.weight.dtype
         )
         inputs = self._attention_inputs(
-            n, attention_mask, compute_dtype, probabilities=bool(output_attentions)
+            n, attention_mask, compute_dtype, probabilities=bool(output_attentions), positions=positions
         )
 
         x = self.embeddings(input_ids, inputs.ctx, inputs_embeds)
@@ -659,6 +815,7 @@ class TupeForMaskedLM(TupePreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
@@ -669,10 +826,12 @@ class TupeForMaskedLM(TupePreTrainedModel):
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         hidden = outputs.last_hidden_state
         loss = None
@@ -783,6 +942,7 @@ class TupeForSequenceClassification(TupePreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
@@ -793,12 +953,31 @@ class TupeForSequenceClassification(TupePreTrainedModel):
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
-        logits = self.classifier(outputs.last_hidden_state)
+        hidden = outputs.last_hidden_state
+        source = input_ids if input_ids is not None else inputs_embeds
+        starts = _document_starts(
+            tuple(source.shape[:2]),
+            hidden.device,
+            position_ids,
+            kwargs.get("cu_seq_lens_q"),
+            kwargs.get("seq_idx"),
+        )
+        if starts is not None and bool(starts[:, 1:].any()):
+            # documents in a row: one row of logits per document, from its first token ([CLS]), in reading order
+            hidden = hidden[starts][:, None]  # (documents, 1, hidden)
+            if labels is not None and labels.shape[0] != hidden.shape[0]:
+                raise ValueError(
+                    f"{labels.shape[0]} labels for {hidden.shape[0]} documents: with several documents in a row "
+                    f"(position_ids restarting at 0) give one label per document, in order"
+                )
+        logits = self.classifier(hidden)
         loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
         return self._head_output(SequenceClassifierOutput, loss, logits, outputs, return_dict)
 
@@ -823,6 +1002,7 @@ class TupeForTokenClassification(TupePreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
@@ -833,10 +1013,12 @@ class TupeForTokenClassification(TupePreTrainedModel):
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(outputs.last_hidden_state))  # (b, n, num_labels)
         loss = None
@@ -864,6 +1046,7 @@ class TupeForQuestionAnswering(TupePreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,
         end_positions: torch.Tensor | None = None,
@@ -875,10 +1058,12 @@ class TupeForQuestionAnswering(TupePreTrainedModel):
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
+            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.qa_outputs(outputs.last_hidden_state)
         start_logits, end_logits = (t.squeeze(-1).contiguous() for t in logits.split(1, dim=-1))
@@ -922,6 +1107,7 @@ class TupeForMultipleChoice(TupePreTrainedModel):
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_attentions: bool | None = None,
@@ -934,13 +1120,30 @@ class TupeForMultipleChoice(TupePreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         choices = source.shape[1]
         flat = lambda t: None if t is None else t.reshape(-1, *t.shape[2:])  # noqa: E731 - (b * choices, ...)
+        if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("seq_idx") is not None:
+            raise ValueError(
+                "TupeForMultipleChoice scores each choice from its own row: flattened input (cu_seq_lens_q, "
+                "seq_idx) is not supported; pass (batch, choices, n) rows"
+            )
+        if position_ids is not None:
+            position_ids = flat(position_ids)
+            starts = _document_starts(
+                tuple(position_ids.shape), position_ids.device, position_ids, None, None
+            )
+            if bool(starts[:, 1:].any()):
+                raise ValueError(
+                    "TupeForMultipleChoice scores each choice from its own row: position_ids restarting at 0 "
+                    "inside a row (several documents) are not supported; pass (batch, choices, n) rows"
+                )
         outputs = self.tupe(
             flat(input_ids),
             attention_mask=flat(attention_mask),
+            position_ids=position_ids,
             inputs_embeds=flat(inputs_embeds),
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            **kwargs,
         )
         logits = self.classifier(outputs.last_hidden_state).view(-1, choices)  # (b, choices)
         loss = None if labels is None else F.cross_entropy(logits.float(), labels.view(-1))

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from .kernels import CONTEXT_TERMS, PositionalContext, dropout, kernels_for_terms
+from .kernels import CONTEXT_TERMS, PositionalContext, Positions, dropout, kernels_for_terms
 
 try:  # transformers >= 5 initialises through these (they leave already-loaded weights alone)
     from transformers import initialization as init
@@ -38,6 +38,7 @@ __all__ = [
     "SCHEMES",
     "PositionalContext",
     "PositionalScheme",
+    "Positions",
     "SchemeField",
     "build_scheme",
     "register_scheme",
@@ -132,7 +133,16 @@ class RelativeBias(PositionalModule):
     def init_positional_weights(self, std: float) -> None:
         init.normal_(self.bias.weight, mean=0.0, std=std)
 
-    def forward(self, n: int) -> torch.Tensor:
+    def forward(self, n: int, positions: Positions | None = None) -> torch.Tensor:
+        """(h, n, n) for positions 0..n-1; (b, h, n, n) from the pairwise offsets of given `positions`."""
+        if positions is not None:
+            buckets = relative_position_bucket(positions.offsets(), self.num_buckets, self.max_distance)
+            bias = self.bias(buckets).permute(0, 3, 1, 2)  # (b, h, n, n)
+            if self.cls_bucket:  # a document's first token (position 0) as query or key: the extra bucket
+                first = positions.first()
+                reset = (first[:, :, None] | first[:, None, :])[:, None]  # (b, 1, n, n)
+                bias = torch.where(reset, self.bias.weight[self.num_buckets][None, :, None, None], bias)
+            return bias
         offsets = torch.arange(-(n - 1), n, device=self.bias.weight.device)
         buckets = relative_position_bucket(offsets, self.num_buckets, self.max_distance)
         bias = toeplitz(self.bias(buckets).t(), n)  # (h, n, n)
@@ -180,8 +190,14 @@ class UntiedPositions(PositionalModule):
         k = self.pos_key(p).view(-1, self.heads, self.head_dim).transpose(0, 1)
         return q, k
 
-    def forward(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._project(self.embeddings.weight[:n])
+    def forward(self, n: int, positions: Positions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, n, d) positional queries and keys of positions 0..n-1, or (b, h, n, d) of given `positions` (the
+        rows the positions read are projected once, then looked up)."""
+        if positions is None:
+            return self._project(self.embeddings.weight[:n])
+        q, k = self._project(self.embeddings.weight[: _rows_read(positions, self.embeddings.num_embeddings)])
+        ids = positions.ids
+        return q[:, ids].transpose(0, 1), k[:, ids].transpose(0, 1)  # (h, b, n, d) -> (b, h, n, d)
 
     def theta(self, scale: float) -> torch.Tensor:
         """(h, 2): `theta_k = (p_theta_k U^Q)(p_theta_k U^K)^T * scale` for k = 1, 2."""
@@ -189,11 +205,23 @@ class UntiedPositions(PositionalModule):
         return (q * k).sum(-1) * scale
 
 
-def cls_reset(v: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+def _rows_read(positions: Positions, table_rows: int) -> int:
+    """How many leading rows of a position table the given positions read (1 + the largest; the whole table when
+    traced or compiled, where the largest position is not known)."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return table_rows
+    return int(positions.ids.max()) + 1
+
+
+def cls_reset(v: torch.Tensor, theta: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
     """`reset_theta(v)`: row 0 ([CLS] as query) -> theta_1, column 0 below it (others -> [CLS]) -> theta_2.
 
     (h, n, n), (h, 2) -> (h, n, n). Traced (torch.export), the same values by selection: writing into a slice of
-    length n - 1 makes export assume n >= 3."""
+    length n - 1 makes export assume n >= 3. With `first` (b, n) bool (positions given as data: the tokens at
+    position 0, each document's [CLS]) v is (b, h, n, n) and the rows and columns of those tokens are reset."""
+    if first is not None:
+        v = torch.where(first[:, None, None, :], theta[None, :, 1, None, None], v)
+        return torch.where(first[:, None, :, None], theta[None, :, 0, None, None], v)
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         first = torch.arange(v.shape[-1], device=v.device) == 0
         v = torch.where(first[None, None, :], theta[:, 1, None, None], v)
@@ -283,7 +311,11 @@ class PositionalScheme(PositionalModule):
         """Matmul FLOPs of the positional terms inside each layer's forward pass (none for most schemes)."""
         return 0.0
 
-    def forward(self, n: int) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
+        """The context of a length-n input: positions 0..n-1 in every row (`positions` None, the fast path), or
+        the given `positions` (`Positions`: (b, n) ids, documents), from which every term is computed (tables
+        looked up by position, relative terms from pairwise differences, per row). A scheme whose `forward`
+        takes no `positions` runs without `position_ids` only (the model refuses them for it, by name)."""
         raise NotImplementedError
 
 
@@ -327,8 +359,9 @@ class BertA(PositionalScheme):
         super().__init__(config)
         self.embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
 
-    def forward(self, n: int) -> PositionalContext:
-        return PositionalContext(self.logit_scale, input_embedding=self.embeddings.weight[:n])
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
+        table = self.embeddings.weight[:n] if positions is None else self.embeddings(positions.ids)
+        return PositionalContext(self.logit_scale, input_embedding=table)
 
 
 class BertR(BertA):
@@ -347,9 +380,9 @@ class BertR(BertA):
         super().__init__(config)
         self.relative = RelativeBias(config)
 
-    def forward(self, n: int) -> PositionalContext:
-        ctx = super().forward(n)
-        ctx.bias = self.relative(n)
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
+        ctx = super().forward(n, positions)
+        ctx.bias = self.relative(n, positions)
         return ctx
 
 
@@ -369,8 +402,8 @@ class BertAd(PositionalScheme):
         super().__init__(config)
         self.untied = UntiedPositions(config)
 
-    def forward(self, n: int) -> PositionalContext:
-        q, k = self.untied(n)
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
+        q, k = self.untied(n, positions)
         return PositionalContext(self.logit_scale, query_add=q, key_add=k)
 
 
@@ -392,28 +425,34 @@ class TupeA(PositionalScheme):
         super().__init__(config)
         self.untied = UntiedPositions(config, theta=self.resets_cls)
 
-    def forward(self, n: int) -> PositionalContext:
-        q, k = self.untied(n)  # (h, n, d)
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
+        q, k = self.untied(n, positions)  # (h, n, d); positions given: (b, h, n, d)
         scale = self.logit_scale
         ctx = PositionalContext(scale)
         if self.resets_cls:
             theta = self.untied.theta(scale)
-            ctx.bias_fn = lambda: cls_reset(torch.matmul(q, k.transpose(-1, -2)) * scale, theta)
-            ctx.fold = self._fold_with_reset(q, k, theta)
+            first = None if positions is None else positions.first()  # each document's [CLS]
+            ctx.bias_fn = lambda: cls_reset(torch.matmul(q, k.transpose(-1, -2)) * scale, theta, first)
+            ctx.fold = self._fold_with_reset(q, k, theta, first)
         else:
             ctx.bias_fn = lambda: torch.matmul(q, k.transpose(-1, -2)) * scale
             ctx.fold = (q * scale, k)
         return ctx
 
-    def _fold_with_reset(self, q, k, theta):
+    def _fold_with_reset(self, q, k, theta, first=None):
         """Query `[s p U^Q, 1]` (zero for [CLS]), key `[p U^K, 0]` with `[0, theta_2]` for [CLS]: exact because the
-        [CLS] query row is a constant (`theta_1`) that cancels in the softmax."""
-        h, n, _ = q.shape
-        first = (torch.arange(n, device=q.device) == 0)[
-            :, None
-        ]  # (n, 1): the [CLS] row, selected, not sliced
-        q_extra = torch.cat([q * self.logit_scale, q.new_ones(h, n, 1)], dim=-1).masked_fill(first, 0.0)
-        k_extra = torch.cat([k, k.new_zeros(h, n, 1)], dim=-1)
+        [CLS] query row is a constant (`theta_1`) that cancels in the softmax. `first` (b, n): positions given as
+        data, q and k (b, h, n, d), [CLS] the tokens at position 0."""
+        h, n = q.shape[-3], q.shape[-2]
+        if first is None:
+            first = (torch.arange(n, device=q.device) == 0)[
+                :, None
+            ]  # (n, 1): the [CLS] row, selected, not sliced
+        else:
+            first = first[:, None, :, None]  # (b, 1, n, 1)
+        ones = q.new_ones(*q.shape[:-1], 1)
+        q_extra = torch.cat([q * self.logit_scale, ones], dim=-1).masked_fill(first, 0.0)
+        k_extra = torch.cat([k, torch.zeros_like(ones)], dim=-1)
         k_cls = torch.cat([k.new_zeros(h, 1, k.shape[-1]), theta[:, 1].reshape(h, 1, 1)], dim=-1)
         return q_extra, torch.where(first, k_cls, k_extra)
 
@@ -442,9 +481,9 @@ class TupeR(TupeA):
         super().__init__(config)
         self.relative = RelativeBias(config, cls_bucket=self.resets_cls)
 
-    def forward(self, n: int) -> PositionalContext:
-        ctx = super().forward(n)
-        ctx.bias = ctx.bias + self.relative(n)
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
+        ctx = super().forward(n, positions)
+        ctx.bias = ctx.bias + self.relative(n, positions)
         ctx.fold = None
         return ctx
 
@@ -487,10 +526,13 @@ class Rope(PositionalScheme):
         d = self.head_dim
         return 1.0 / (self.base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
 
-    def forward(self, n: int) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         # Recomputed every pass (d/2 values) rather than kept in a buffer that a checkpoint load could leave stale.
         inv_freq, factor = self.scaled_frequencies or (self.inverse_frequencies(), 1.0)
-        angles = torch.outer(torch.arange(n, dtype=torch.float32), inv_freq)
+        if positions is None:
+            angles = torch.outer(torch.arange(n, dtype=torch.float32), inv_freq)
+        else:  # (b, 1, n, d/2): each row's own positions, broadcast over the heads
+            angles = positions.ids[:, None, :, None].float() * inv_freq.to(positions.ids.device)
         angles = torch.cat([angles, angles], dim=-1)  # (n, d), GPT-NeoX "rotate half" layout
         cos, sin = angles.cos(), angles.sin()
         if factor != 1.0:  # YaRN's temperature: cos and sin scaled, as transformers' `attention_scaling`
@@ -509,7 +551,7 @@ class Nope(PositionalScheme):
     display_name = "NoPE"
     summary = "no positions at all (the bag-of-words control)"
 
-    def forward(self, n: int) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         return PositionalContext(self.logit_scale)
 
 
@@ -542,11 +584,23 @@ class Sinusoidal(PositionalScheme):
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
         self.hidden_size = config.hidden_size
+        self.max_positions = config.max_position_embeddings
         self.scale = config.initializer_range
         self._table: torch.Tensor | None = None  # cache of the largest table built so far (not a parameter)
 
-    def forward(self, n: int) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         # Built on demand (not a buffer a checkpoint load could leave stale), in float64, cast where it is added.
+        if positions is not None:  # rows looked up by position: (b, n, hidden)
+            rows = _rows_read(positions, self.max_positions)
+            if torch.compiler.is_compiling() or torch.jit.is_tracing():
+                table = sinusoid_table(rows, self.hidden_size) * self.scale
+            else:
+                if self._table is None or self._table.shape[0] < rows:
+                    self._table = sinusoid_table(rows, self.hidden_size) * self.scale
+                table = self._table
+            return PositionalContext(
+                self.logit_scale, input_embedding=table.to(positions.ids.device)[positions.ids]
+            )
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             # no cache while compiling or exporting: its size check would pin the length (a recompile per length)
             return PositionalContext(
@@ -574,9 +628,9 @@ class T5Bias(PositionalScheme):
         super().__init__(config)
         self.relative = RelativeBias(config)
 
-    def forward(self, n: int) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         ctx = PositionalContext(self.logit_scale)
-        ctx.bias_fn = lambda: self.relative(n)
+        ctx.bias_fn = lambda: self.relative(n, positions)
         return ctx
 
 
@@ -615,8 +669,12 @@ class Alibi(PositionalScheme):
         # Nothing is learned; this empty buffer only follows the model's device (`.to`, `from_pretrained`).
         self.register_buffer("device_anchor", torch.empty(0), persistent=False)
 
-    def forward(self, n: int) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         def bias() -> torch.Tensor:
+            if positions is not None:  # (b, h, n, n) from each row's |p_j - p_i|
+                distance = positions.offsets().abs().to(torch.float64)[:, None]
+                slopes = alibi_slopes(self.heads).to(distance.device)[None, :, None, None]
+                return (-slopes * distance).to(self.device_anchor.device, torch.float32)
             distance = torch.arange(n, dtype=torch.float64)
             distance = (distance[None, :] - distance[:, None]).abs()  # |j - i|
             bias = -alibi_slopes(self.heads)[:, None, None] * distance  # (h, n, n), exact in float64
@@ -678,10 +736,14 @@ class Kerple(PositionalScheme):
         """(h, 1) parameters, (m,) distances -> (h, m) bias values."""
         raise NotImplementedError
 
-    def forward(self, n: int) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         p, a = self._clamped(self.bias_p, self.p_max), self._clamped(self.bias_a, None)
 
         def bias() -> torch.Tensor:
+            if positions is not None:  # (b, h, n, n) from each row's |p_j - p_i|
+                distance = positions.offsets().abs().to(p.dtype)
+                values = self.kernel(p[:, None], a[:, None], distance.reshape(-1))  # (h, b * n * n)
+                return values.view(-1, *distance.shape).transpose(0, 1)
             # |j - i| of the 2n - 1 offsets j - i, in `toeplitz`'s slot order (twice the n distances' elementwise
             # work, no slicing that a traced length would have to satisfy)
             distance = torch.arange(-(n - 1), n, device=p.device, dtype=p.dtype).abs()
@@ -813,10 +875,19 @@ class Fire(PositionalScheme):
         """`log(|c x| + 1)`."""
         return torch.log1p((self.distance_scale * x).abs())
 
-    def forward(self, n: int) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         def bias() -> torch.Tensor:
             weight = self.mlp_in_weight
             threshold = (self.threshold_multiplier * self.threshold).abs()  # L
+            if (
+                positions is not None
+            ):  # (b, h, n, n) from each row's p_i - p_j; N: the query's document length
+                ids = positions.ids
+                offset = (-positions.offsets()).to(weight.dtype)  # i - j
+                normalizer = ids if self.per_query else positions.document_lengths()  # (b, n): per query
+                norm = self.psi(torch.maximum(normalizer.to(weight.dtype), threshold))[:, :, None]
+                x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
+                return self.mlp(x).permute(0, 3, 1, 2)
             if self.per_query:  # psi(max(i, L)) per query row i: an (n, n) input
                 i = torch.arange(n, device=weight.device, dtype=weight.dtype)
                 offset = i[:, None] - i[None, :]  # i - j
@@ -1080,10 +1151,22 @@ class Deberta(PositionalScheme):
         super().__init__(config)
         self.relative = DisentangledPositions(config)
         self.dropout_p = config.hidden_dropout_prob
+        self.max_positions = config.max_position_embeddings
 
-    def forward(self, n: int) -> PositionalContext:
-        rel, index = self.relative(n)  # (rows read, hidden); each offset's row (None: one row per offset)
+    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         scale, training, p = self.logit_scale, self.training, self.dropout_p
+        if positions is not None:
+            # the rows of the offsets R .. -R that the positions' pairs can have, then each pair's row (b, n, n)
+            if torch.compiler.is_compiling() or torch.jit.is_tracing():
+                reach = self.max_positions - 1
+            else:
+                reach = int(positions.ids.max() - positions.ids.min())
+            rel, index = self.relative(reach + 1)
+            slots = positions.offsets() + reach  # slot u of the offset i - j = reach - u
+            ctx = PositionalContext(scale, relative_embeddings=rel, layer_term=self._pair_term)
+            ctx.relative_index = slots if index is None else index[slots]
+            return ctx
+        rel, index = self.relative(n)  # (rows read, hidden); each offset's row (None: one row per offset)
 
         def layer_term(q: torch.Tensor, k: torch.Tensor, project, rel: torch.Tensor) -> torch.Tensor:
             qr, kr = project(dropout(rel, p, training))  # (h, rows, d) each: every row projected once
@@ -1092,6 +1175,17 @@ class Deberta(PositionalScheme):
             return relative_scores(q, k, qr, kr, scale)
 
         return PositionalContext(scale, relative_embeddings=rel, layer_term=layer_term)
+
+    def _pair_term(self, q: torch.Tensor, k: torch.Tensor, project, rel: torch.Tensor, index: torch.Tensor):
+        """The layer term with positions given as data: `index` (b, n, n) the row of `rel` each pair reads."""
+        qr, kr = project(dropout(rel, self.dropout_p, self.training))  # (h, rows, d)
+        b, n = index.shape[:2]
+        h = q.shape[1]
+        c2p = torch.matmul(q, kr.transpose(-1, -2))  # (b, h, n, rows): [i, r] = q_i . kr_r
+        c2p = torch.gather(c2p, -1, index[:, None].expand(b, h, n, n))
+        p2c = torch.matmul(k, qr.transpose(-1, -2))  # (b, h, n, rows): [j, r] = k_j . qr_r
+        p2c = torch.gather(p2c, -1, index.transpose(1, 2)[:, None].expand(b, h, n, n)).transpose(-1, -2)
+        return (c2p + p2c) * self.logit_scale
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
