@@ -966,6 +966,8 @@ def padding_free_refusal(family: TaskFamily, model: Any, examples: Sequence[dict
 
     if family.flattened is None:
         return family.flattened_refusal or f"the {family.name} head scores each example from its own row"
+    if torch.cuda.device_count() > 1 and "LOCAL_RANK" not in os.environ:
+        return "several GPUs in one process: the Trainer's DataParallel splits a batch by rows, and a padding-free batch is one row"
     from tupe.modeling.modeling_tupe import resolve_attention_kernel
 
     batch = FlattenedBatches()([{"input_ids": e["input_ids"]} for e in examples])
