@@ -152,6 +152,7 @@ def _finetune(model: Path, task: str, train: str, validation: str, out: Path, *e
     return json.loads(next((out / "runs").glob("*/result.json")).read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("task", "train", "validation", "extra", "batches"),
     [
@@ -231,6 +232,7 @@ def test_a_kernel_that_refuses_documents_pads(tmp_path) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["tupe-a", "tupe-r", "rope", "alibi", "deberta"])
 @pytest.mark.parametrize("head", ["TupeForSequenceClassification", "TupeForTokenClassification"])
 def test_transformers_trainer_with_data_collator_with_flattening(tmp_path, scheme: str, head: str) -> None:
