@@ -289,8 +289,8 @@ def test_pretrain_steps_on_the_device(
     seen: dict = {"kernels": set()}
     select = modeling._select_kernel
 
-    def recording_select(config, dev, dtype, training, grad, probabilities):
-        kernel = select(config, dev, dtype, training, grad, probabilities)
+    def recording_select(config, dev, dtype, training, grad, probabilities, *rest):
+        kernel = select(config, dev, dtype, training, grad, probabilities, *rest)
         seen["kernels"].add((kernel.name, dev.type, dtype, training and grad))
         return kernel
 
@@ -409,3 +409,45 @@ def test_glue_command_on_the_device(device, tmp_path: Path) -> None:
     assert cli(argv) == 0
     result = json.loads((out / "results.json").read_text())
     assert result["complete"] and 0.0 <= result["best"]["main_median"] <= 1.0
+
+
+def _document_cases() -> list[tuple[str, str]]:
+    """(scheme, kernel) for every kernel that keeps documents apart and runs the scheme here (not eager)."""
+    cases = []
+    for scheme in POSITION_SCHEMES:
+        terms = scheme_class(scheme).terms
+        for name in kernels_for_terms(terms):
+            situation = KernelSituation(terms, DEVICE.type, documents=True)
+            if name not in ("auto", "eager") and get_attention_kernel(name).refusal(situation) is None:
+                cases.append((scheme, name))
+    return cases
+
+
+@pytest.mark.parametrize("scheme, kernel", _document_cases(), ids=lambda v: str(v))
+def test_documents_kernel_matches_eager_in_float32(scheme: str, kernel: str, device: torch.device) -> None:
+    """Rows of several documents (position_ids restarting at 0, padding in one row): logits and gradients equal
+    the eager kernel's (which tests/modeling/test_documents.py holds to each document alone)."""
+    ids, mask, labels = _batch(device)
+    positions = torch.stack([torch.arange(LENGTH) % m for m in (13, 9, 37)]).to(device)
+
+    def run(name: str):
+        model = _model(scheme, device, name)
+        trains = name == "eager" or _trains_here(scheme, name)
+        model.train(trains)
+        with torch.set_grad_enabled(trains):
+            out = model(ids, attention_mask=mask, labels=labels, position_ids=positions)
+            if trains:
+                out.loss.backward()
+        grads = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+        return out.logits.detach().float(), grads, trains
+
+    ref_logits, ref_grads, _ = run("eager")
+    with _compiled_flex_only():
+        logits, grads, trains = run(kernel)
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], ref_logits[real], atol=ATOL, rtol=RTOL)
+    if trains:
+        for name, grad in ref_grads.items():
+            torch.testing.assert_close(
+                grads[name], grad, atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"{n}: {m}"
+            )

@@ -87,10 +87,16 @@ def fire_bias(params: dict, threshold: float, heads: int, i: int, j: int, normal
     return [sum(w * u for w, u in zip(w2[h], hidden)) + b2[h] for h in range(heads)]
 
 
-def length_scheme_bias(scheme: str, cfg, sd: dict, prefix: str, pos: list[int], length: list[int]) -> list:
+def length_scheme_bias(
+    scheme: str, cfg, sd: dict, prefix: str, pos: int | list[int], length: list[int] | None = None
+) -> list:
     """[h][i][j] content-free term of fire / kerple-*, one pair at a time, in Python floats. `pos[i]`: token i's
-    position; `length[i]`: the length N of its document (FIRE's normaliser: 1 + the document's largest position)."""
+    position (an int n: positions 0..n-1); `length[i]`: the length N of its document (FIRE's normaliser: 1 + the
+    document's largest position; default: the number of positions)."""
+    if isinstance(pos, int):
+        pos = list(range(pos))
     n = len(pos)
+    length = [n] * n if length is None else length
     heads = cfg.num_attention_heads
     params = {
         k[len(prefix + "positional.") :]: v for k, v in sd.items() if k.startswith(prefix + "positional.")

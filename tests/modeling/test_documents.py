@@ -434,3 +434,66 @@ def test_a_scheme_without_positions_refuses_position_ids():
             model(ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
     finally:
         unregister_scheme("toy-blind")
+
+
+def test_trainer_with_data_collator_with_flattening_equals_the_padded_path(tmp_path):
+    """transformers' Trainer trains a tiny tupe masked LM on DataCollatorWithFlattening's padding-free batches:
+    the same parameters as the padded batches of the same examples (same order, same predicted tokens)."""
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    examples = []
+    for ids, labels in _documents(seed=4) + _documents(seed=5)[:3]:
+        labels = labels.clone()
+        labels[0] = -100  # [CLS] is never predicted (the flattening collator puts its separator there)
+        examples.append({"input_ids": ids.tolist(), "labels": labels.tolist()})
+
+    def pad(features):
+        width = max(len(f["input_ids"]) for f in features)
+        batch = {"input_ids": [], "labels": [], "attention_mask": []}
+        for f in features:
+            extra = width - len(f["input_ids"])
+            batch["input_ids"].append(f["input_ids"] + [0] * extra)
+            batch["labels"].append(f["labels"] + [-100] * extra)
+            batch["attention_mask"].append([1] * len(f["input_ids"]) + [0] * extra)
+        return {k: torch.tensor(v) for k, v in batch.items()}
+
+    def train(collator, name):
+        model = _model("tupe-r", torch.float32).train()
+        args = TrainingArguments(
+            output_dir=str(tmp_path / name),
+            per_device_train_batch_size=4,
+            max_steps=3,
+            learning_rate=0.5,
+            # SGD: Adam scales a gradient of rounding size (theta_1's: it cancels in the softmax) to a full step
+            optim="sgd",
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=0,
+        )
+        Trainer(model=model, args=args, train_dataset=examples, data_collator=collator).train()
+        return model
+
+    flat = train(DataCollatorWithFlattening(), "flat")
+    padded = train(pad, "padded")
+    assert flat.tupe.resolve_attention_kernel() == padded.tupe.resolve_attention_kernel()
+    start = _model("tupe-r", torch.float32)
+    for (name, a), (_, b) in zip(flat.named_parameters(), padded.named_parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+    assert any(not torch.equal(a, s) for a, s in zip(flat.parameters(), start.parameters()))  # it trained
+
+
+def test_torch_compile_keeps_packed_documents():
+    """torch.compile traces the positions path (no Python branch on tensor values while compiling): packed rows
+    give the uncompiled outputs and gradients. Dynamo's own backend ("eager"): inductor's code generation takes
+    minutes on a 2-core CPU and adds nothing to what the trace decides."""
+    model = _model("tupe-r", torch.float32).train()
+    ids, labels, positions, mask = _packed(_documents())
+    batch = dict(input_ids=ids, labels=labels, position_ids=positions, attention_mask=mask)
+    want, want_grads = _step(model, **batch)
+    torch._dynamo.reset()
+    got, got_grads = _step(torch.compile(model, backend="eager"), **batch)
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-6, rtol=1e-6)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads["_orig_mod." + name], grad, atol=1e-6, rtol=1e-6)
