@@ -358,3 +358,24 @@ def test_tokens_per_word_is_the_texts_tokens_over_its_words(tmp_path, tokenizer)
     from tupe.evaluation.report import format_report
 
     assert f"{pieces / words:.2f} tokens per word" in format_report(result)
+
+
+def test_no_forward_pass_holds_padding(tmp_path, tokenizer, text_file, monkeypatch):
+    """docs/evaluation.md, "No padding": the loss, word-order and pseudo-perplexity passes are full blocks of one
+    length with a mask of ones, so padding-free batches have nothing to remove."""
+    from tupe.modeling.modeling_tupe import TupeModel
+
+    seen = []
+    forward = TupeModel.forward
+
+    def spy(self, input_ids=None, attention_mask=None, **kwargs):  # noqa: ANN001, ANN202
+        seen.append((tuple(input_ids.shape), attention_mask, kwargs.get("position_ids")))
+        return forward(self, input_ids, attention_mask, **kwargs)
+
+    monkeypatch.setattr(TupeModel, "forward", spy)
+    model = save_tupe(tmp_path / "m", tokenizer)
+    run([model], text_file, max_length=16, max_blocks=5, pppl_tokens=7, batch_size=2)
+    assert len(seen) >= 3 + 4  # loss and shuffled copies in 3 passes, pseudo-perplexity in 4
+    for shape, mask, positions in seen:
+        assert shape[1] == 16 and positions is None
+        assert mask is None or bool(mask.all())

@@ -84,6 +84,9 @@ class ChoiceFamily(Family):
                 f"{dev_path}: {len(dev[0].endings)} endings per example, the training file has {len(train[0].endings)}"
             )
 
+    flattened = None  # padded always: each choice is scored from its own row
+    flattened_refusal = "the multiple-choice head scores each choice from its own row of (batch, choices, n)"
+
     def collator(self, tokenizer: Any) -> Any:
         from transformers import DataCollatorForMultipleChoice
 

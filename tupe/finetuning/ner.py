@@ -180,6 +180,8 @@ class NerFamily(Family):
         """The aggregation strategy that matches how the labels were trained, in the saved config.json."""
         return {"aggregation_strategy": self.aggregation_strategy()}
 
+    flattened = "token"  # padding-free: a label per token, the examples' labels joined as their tokens are
+
     def collator(self, tokenizer: Any) -> Any:
         from transformers import DataCollatorForTokenClassification
 

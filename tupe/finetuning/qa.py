@@ -224,6 +224,10 @@ def rank_answers(
 
 class QaFamily(Family):
     name = "qa"
+    flattened = None  # padded always: the head's span loss is a softmax over its row, one example per row
+    flattened_refusal = (
+        "the question-answering head's span loss is a softmax over the whole row (one window per row)"
+    )
     metrics = ("f1", "exact_match")
     report_columns = (("QA EM", "exact_match"), ("QA F1", "f1"))
     auto_class = "AutoModelForQuestionAnswering"

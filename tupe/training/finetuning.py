@@ -37,7 +37,7 @@ _S = TypeVar("_S", bound="GridSettings")
 # (--grad-accum splits the same global --batch-size into smaller forward passes: how, not what)
 _MACHINE_SETTINGS = (
     "lrs", "seeds", "eval_batch_size", "gradient_checkpointing", "torch_compile", "grad_accum", "logging_steps",
-    "eval_steps",
+    "eval_steps", "padding",
 )  # fmt: skip
 _FINGERPRINT_TAIL = ("max_train_samples", "max_eval_samples", "fp16", "bf16", "warmup_steps")
 
@@ -76,6 +76,9 @@ class GridSettings:
     eval_steps: int | None = (
         None  # the validation loss every N steps (None: never, or each epoch with early stop)
     )
+    # --padding: batches padded to their longest example instead of padding-free (`FlattenedBatches`); how a run
+    # computes, not what it learns (the same losses and predictions to float rounding; dropout draws differ)
+    padding: bool = False
 
     def fingerprint_fields(self) -> dict[str, Any]:
         """The settings a finished run must share with the current command to be reused (not the grid itself,
@@ -176,7 +179,7 @@ def grid_settings(args: argparse.Namespace) -> dict[str, Any]:
             f"--batch-size {args.batch_size} is not divisible by --grad-accum {args.grad_accum}: --batch-size is the "
             "batch of one optimizer step, split into --grad-accum forward passes"
         )
-    names += ("grad_accum", "max_steps", "logging_steps", "eval_steps")
+    names += ("grad_accum", "max_steps", "logging_steps", "eval_steps", "padding")
     return {
         **{name: getattr(args, name) for name in names},
         "warmup_ratio": 0.06 if args.warmup_ratio is None else args.warmup_ratio,
@@ -219,6 +222,13 @@ def add_step_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="gradient accumulation steps: --batch-size (the batch of one optimizer step) is split into this many "
         "forward passes, to fit memory; what a run learns stays the same (default 1)",
+    )
+    p.add_argument(
+        "--padding",
+        action="store_true",
+        help="pad each batch to its longest example, as before padding-free batches; the default puts a batch's "
+        "examples into one row, each at positions 0..m-1 with attention inside it (where the family's head and "
+        "the model's attention kernel take documents in a row: else padded, said once)",
     )
     p.add_argument(
         "--max-steps",
@@ -363,14 +373,14 @@ def make_trainer(
     stopped_message: Callable[[], str] | None = None,
 ) -> Any:
     """The Trainer of one run, printing nothing of its own (the grid has one bar)."""
-    from transformers import EarlyStoppingCallback, PrinterCallback, Trainer
+    from transformers import EarlyStoppingCallback, PrinterCallback
 
     from tupe.training.reporting import align_special_tokens, point_tensorboard
 
     align_special_tokens(model, tokenizer)
     if early_stopping:
         callbacks = [*callbacks, EarlyStoppingCallback(early_stopping_patience=early_stopping)]
-    trainer = Trainer(
+    trainer = _trainer_class()(
         model=model,
         args=args,
         train_dataset=train_ds,
@@ -620,8 +630,15 @@ class TaskFamily:
     def label_names(self) -> list[str] | None:
         return None
 
+    # padding-free batches (`FlattenedBatches`: a batch's examples in one row, `position_ids` restarting at 0):
+    # "sequence" where the head scores each example from its first token (one label per example), "token" where it
+    # scores every token (a label per token), None where its loss or scores need each example in its own row (then
+    # the batches are padded whatever --padding says)
+    flattened: ClassVar[str | None] = "sequence"
+    flattened_refusal: ClassVar[str] = ""  # why not, where `flattened` is None (said once in the log)
+
     def collator(self, tokenizer: Any) -> Any:
-        """The family's batches, padded to the longest sequence (read through `data_collator`)."""
+        """The family's padded batches, each padded to its longest sequence (read through `data_collator`)."""
         from transformers import DataCollatorWithPadding
 
         return DataCollatorWithPadding(tokenizer)
@@ -877,9 +894,113 @@ class GridResults:
 # -------------------------------------------------------------------------------------------------- one run
 
 
-def data_collator(family: TaskFamily, tokenizer: Any) -> Any:
-    """The batches of every run of every family: the one place that decides how examples become a batch."""
-    return family.collator(tokenizer)
+def data_collator(family: TaskFamily, tokenizer: Any, padding_free: bool = False) -> Any:
+    """The batches of every run of every family: the one place that decides how examples become a batch.
+    `padding_free` (where `padding_free_refusal` has no objection): `FlattenedBatches`; else the family's padded
+    batches."""
+    return FlattenedBatches() if padding_free else family.collator(tokenizer)
+
+
+@dataclass
+class FlattenedBatches:
+    """Padding-free batches: the examples of a batch concatenated into one row `input_ids` (1, T) with
+    `position_ids` (1, T) restarting at 0 for each example, as `transformers.DataCollatorWithFlattening` writes
+    them (its `input_ids` and `position_ids` are these; tests/training/test_padding_free.py checks), so a tupe model
+    keeps attention inside each example and computes nothing on padding. Its labels do not fit a classifier:
+    it replaces each example's first label with -100 (for a causal LM's shifted labels) and expects a list per
+    example. Here a label per example (classification, regression) stays one per example, `labels` (examples,),
+    which the sequence-classification head matches with each example's first token; a list per example (NER's
+    per-token labels) is concatenated as it is, `labels` (1, T). No attention mask: there is no padding."""
+
+    def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        if not features:
+            raise ValueError("FlattenedBatches: an empty batch")
+        ids: list[int] = []
+        positions: list[int] = []
+        for i, f in enumerate(features):
+            row = f["input_ids"]
+            row = row.tolist() if hasattr(row, "tolist") else list(row)
+            if not row:
+                raise ValueError(f"FlattenedBatches: example {i} of the batch has no tokens")
+            ids += row
+            positions += range(len(row))
+        batch: dict[str, Any] = {
+            "input_ids": torch.tensor([ids], dtype=torch.long),
+            "position_ids": torch.tensor([positions], dtype=torch.long),
+        }
+        key = "labels" if "labels" in features[0] else "label" if "label" in features[0] else None
+        if key is not None:
+            values = [f[key] for f in features]
+            values = [v.tolist() if hasattr(v, "tolist") else v for v in values]
+            if isinstance(values[0], list):  # a label per token
+                batch["labels"] = torch.tensor([[x for v in values for x in v]], dtype=torch.long)
+            else:  # a label per example: int64 class ids, float32 scores (regression)
+                batch["labels"] = torch.tensor(
+                    values, dtype=torch.float32 if isinstance(values[0], float) else torch.long
+                )
+        return batch
+
+
+def unflattened(tensor: Any, starts: Any, pad: float = -100) -> Any:
+    """A token-level output of a flattened row, (1, T, ...), back to one row per example (examples, longest,
+    ...), padded with `pad` (what the Trainer pads batches with when it joins them); `starts` (T,) bool marks each
+    example's first token. Anything else (a per-example output, a nested tuple of them) is returned as it is."""
+    import torch
+
+    if isinstance(tensor, tuple | list):
+        return type(tensor)(unflattened(t, starts, pad) for t in tensor)
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2 or tensor.shape[:2] != (1, starts.shape[0]):
+        return tensor
+    bounds = torch.nonzero(starts.to(tensor.device)).flatten().tolist() + [starts.shape[0]]
+    pieces = [tensor[0, a:b] for a, b in zip(bounds, bounds[1:])]
+    return torch.nn.utils.rnn.pad_sequence(pieces, batch_first=True, padding_value=pad)
+
+
+def padding_free_refusal(family: TaskFamily, model: Any, examples: Sequence[dict[str, Any]]) -> str | None:
+    """Why `family`'s runs on `model` cannot have padding-free batches, or None: the family's head needs padded
+    rows (`TaskFamily.flattened`), or the model's attention kernel refuses documents in a row, in training or
+    evaluation (tried on a padding-free batch of `examples`, a few training examples, without gradients)."""
+    import torch
+
+    if family.flattened is None:
+        return family.flattened_refusal or f"the {family.name} head scores each example from its own row"
+    if torch.cuda.device_count() > 1 and "LOCAL_RANK" not in os.environ:
+        return "several GPUs in one process: the Trainer's DataParallel splits a batch by rows, and a padding-free batch is one row"
+    from tupe.modeling.modeling_tupe import resolve_attention_kernel
+
+    batch = FlattenedBatches()([{"input_ids": e["input_ids"]} for e in examples])
+
+    was_training = model.training
+    try:
+        resolve_attention_kernel(model, training=True, grad=True, documents=True)
+        model.eval()
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            model(**{k: v.to(device) for k, v in batch.items()})
+    except ValueError as e:
+        return str(e).split("\n")[0]
+    finally:
+        model.train(was_training)
+    return None
+
+
+def _trainer_class() -> Any:
+    """transformers' Trainer, whose predictions of a padding-free batch are one row per example again (as those
+    of a padded batch are), so the families score them as they score padded ones."""
+    from transformers import Trainer
+
+    class FinetuningTrainer(Trainer):
+        def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):  # type: ignore[override]
+            loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+            positions = inputs.get("position_ids")
+            if positions is not None and positions.shape[0] == 1:
+                starts = positions[0] == 0
+                logits, labels = unflattened(logits, starts), unflattened(labels, starts)
+            return loss, logits, labels
+
+    return FinetuningTrainer
 
 
 def check_finite_start(model: Any, train_ds: Any, collator: Any, model_dir: str) -> None:
@@ -897,13 +1018,12 @@ def check_finite_start(model: Any, train_ds: Any, collator: Any, model_dir: str)
         return
     keep = ("input_ids", "attention_mask", "labels", "label")
     batch = collator([{k: v for k, v in train_ds[i].items() if k in keep} for i in range(n)])
+    inputs = ("input_ids", "attention_mask", "position_ids", "labels")
     device = next(model.parameters()).device  # on a GPU the model is there already, the batch is not
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        loss = model(
-            **{k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
-        ).loss
+        loss = model(**{k: v.to(device) for k, v in batch.items() if k in inputs}).loss
     model.train(was_training)
     if loss is not None and not torch.isfinite(loss):
         raise TupeError(
@@ -949,6 +1069,19 @@ class GridJob:
     tokenizer: Any
     train: Any  # the training dataset
     evals: dict[str, Any]  # the evaluation datasets by name
+    padding_free: bool | None = None  # decided by the first run (`padding_free_refusal`), the same for all
+
+
+def _padding_free(job: GridJob, model: Any) -> bool:
+    """Whether the grid's runs have padding-free batches (the default): where `padding_free_refusal` finds no
+    reason against, tried on the first run's model; else the batches are padded and the log says why, once."""
+    n = min(4, len(job.train))
+    if n == 0:
+        return False
+    why = padding_free_refusal(job.family, model, [job.train[i] for i in range(n)])
+    if why:
+        job.options.log(f"padded batches (not padding-free): {why}")
+    return why is None
 
 
 def train_run(job: GridJob, lr: float, seed: int, run_dir: Path, callbacks: list[Any]) -> dict[str, Any]:
@@ -973,7 +1106,9 @@ def train_run(job: GridJob, lr: float, seed: int, run_dir: Path, callbacks: list
         hub_model_id=hub_run_id(opts.hub_model_id, job.out_dir, lr, seed) if opts.push_to_hub else None,
         early_stopping=early_stopping,
     )
-    collator = data_collator(family, job.tokenizer)
+    if job.padding_free is None:
+        job.padding_free = not settings.padding and _padding_free(job, model)
+    collator = data_collator(family, job.tokenizer, job.padding_free)
     trainer = make_trainer(
         model,
         args,
@@ -1000,6 +1135,7 @@ def train_run(job: GridJob, lr: float, seed: int, run_dir: Path, callbacks: list
         "free space and rerun the same command"
     )
     used = finish_run(trainer, run_dir, opts.save_models, redo)
+    used["batches"] = "padding-free" if job.padding_free else "padded"
     if opts.save_models:
         family.write_run_card(run_dir / "model", job.checkpoint.info, lr, seed, scores)
     return asdict(
