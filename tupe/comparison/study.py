@@ -343,6 +343,37 @@ def _tokens_per_word(values: list[float | None]) -> str:
     return "-" if not xs else f"{xs[0]:.3f}" if len(xs) == 1 else f"{xs[0]:.3f}-{xs[-1]:.3f}"
 
 
+def _stage_columns(
+    out: Path,
+    stage: str,
+    methods: Sequence[str],
+    schemes: list[str],
+    seeds: list[int],
+    points: str,
+    entries: str,
+    point: str,
+    label: str,
+    rows: dict[str, dict[str, Any]],
+    value: Any,  # noqa: ANN401 - entry -> float
+) -> list[str]:
+    """One column per method and point (length or distance) of a stage's `OUT/<stage>-<method>.json`, filled in
+    `rows` with each scheme's per-seed values (None where a run was not evaluated there)."""
+    cols: list[str] = []
+    for ext in methods:
+        path = out / f"{stage}-{ext}.json"
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        found = {(e["model"], e[point]): e for e in result[entries]}
+        for x in result["settings"][points]:
+            col = label.format(x, ext)
+            cols.append(col)
+            for s in schemes:
+                es = [found.get((f"{s}/seed-{k}", x)) for k in seeds]
+                rows[s][col] = [value(e) if e and e["evaluated"] else None for e in es]
+    return cols
+
+
 def summarize(
     out: Path, schemes: list[str], seeds: list[int], texts: list[str], methods: Sequence[str] = EXTEND
 ) -> dict[str, Any]:
@@ -364,50 +395,15 @@ def summarize(
                 rows[s][f"ood:{text}"] = [m["loss"]["value"] if m else None for m in ms]
                 rows[s][f"word_order:{text}"] = [m["word_order_delta"]["value"] if m else None for m in ms]
                 rows[s][f"tokens_per_word:{text}"] = [m.get("tokens_per_word") if m else None for m in ms]
-    length_cols: list[str] = []
-    for ext in methods:
-        path = out / f"lengths-{ext}.json"
-        if not path.exists():
-            continue
-        result = json.loads(path.read_text())
-        for n in result["lengths"]:
-            col = f"L={n} ({ext})"
-            length_cols.append(col)
-            for s in schemes:
-                vals = []
-                for k in seeds:
-                    e = next(
-                        (
-                            e
-                            for e in result["by_length"]
-                            if e["model"] == f"{s}/seed-{k}" and e["length"] == n
-                        ),
-                        None,
-                    )
-                    vals.append(e["loss"]["value"] if e and e["evaluated"] else None)
-                rows[s][col] = vals
-    passkey_cols: list[str] = []
-    for ext in methods:  # the accuracy of recovering the key minus the same blocks' guess without it
-        path = out / f"passkey-{ext}.json"
-        if not path.exists():
-            continue
-        result = json.loads(path.read_text())
-        for d in result["settings"]["distances"]:
-            col = f"passkey d={d} ({ext})"
-            passkey_cols.append(col)
-            for s in schemes:
-                vals = []
-                for k in seeds:
-                    e = next(
-                        (
-                            e
-                            for e in result["by_distance"]
-                            if e["model"] == f"{s}/seed-{k}" and e["distance"] == d
-                        ),
-                        None,
-                    )
-                    vals.append(e["accuracy_minus_guess"]["value"] if e and e["evaluated"] else None)
-                rows[s][col] = vals
+    length_cols = _stage_columns(
+        out, "lengths", methods, schemes, seeds, "lengths", "by_length", "length", "L={} ({})", rows,
+        lambda e: e["loss"]["value"],
+    )  # fmt: skip
+    # the accuracy of recovering the key minus the same blocks' guess without it
+    passkey_cols = _stage_columns(
+        out, "passkey", methods, schemes, seeds, "distances", "by_distance", "distance", "passkey d={} ({})", rows,
+        lambda e: e["accuracy_minus_guess"]["value"],
+    )  # fmt: skip
     majority = None
     for s in schemes:  # SST-2: the best learning rate's median over fine-tuning seeds, per pre-training seed
         found = []
