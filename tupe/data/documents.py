@@ -39,9 +39,6 @@ import bisect
 import hashlib
 import json
 import os
-import shutil
-import sys
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -49,10 +46,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tupe.data.packing import PackedCorpus
+from tupe.data.packing import PackedCorpus, cache_entry
 from tupe.data.tokenizer import CLS_ID, SEP_ID
 from tupe.errors import TupeError
-from tupe.io.files import failed_writes_reported, sha256_file
+from tupe.io.files import sha256_file
 
 PACKINGS = ("stream", "documents")  # `--packing`: stream is RoBERTa's FULL-SENTENCES (tupe.data.packing)
 DEFAULT_PACKING = "stream"
@@ -361,45 +358,29 @@ def load_or_build_documents(
         raise TupeError(f"block size (max length) must be at least 2, got {block_size}")
     key = documents_cache_key(packed, block_size, valid_every)
     target = Path(cache_dir) / "documents" / key
-    if os.path.lexists(target / "meta.json"):
-        problem = layout_problem(target)
-        if problem is not None:
-            print(
-                f"warning: cached document layout {target}: {problem}; making it again",
-                file=sys.stderr,
-                flush=True,
-            )
-            shutil.rmtree(target, ignore_errors=True)
-    if not (target / "meta.json").exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
-        kept = f"the document layout {target} was not made (partial files removed): free space or use another --cache-dir"
-        try:
-            with failed_writes_reported(tmp, kept):
-                t0 = time.perf_counter()
-                layout = build_layout(packed, block_size, valid_every)
-                for name in _LAYOUT_FILES:
-                    np.save(tmp / name, layout[name.removesuffix(".npy")])
-                meta = {
-                    "version": DOCUMENTS_VERSION,
-                    "rule": "best fit in corpus order; pieces [CLS] + at most block_size - 1 stream tokens",
-                    "stream": packed.path.name,
-                    "stream_sha256": packed.meta.get("stream_sha256"),
-                    "block_size": block_size,
-                    "valid_every": valid_every,
-                    "train_blocks": layout["train_blocks"],
-                    "stats": layout["stats"],
-                    "seconds": round(time.perf_counter() - t0, 3),
-                    "sha256": {name: sha256_file(tmp / name) for name in _LAYOUT_FILES},
-                }
-                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-                try:
-                    os.replace(tmp, target)
-                except OSError:  # another process finished first; theirs is identical
-                    shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+
+    def build(tmp: Path) -> dict:
+        t0 = time.perf_counter()
+        layout = build_layout(packed, block_size, valid_every)
+        for name in _LAYOUT_FILES:
+            np.save(tmp / name, layout[name.removesuffix(".npy")])
+        return {
+            "version": DOCUMENTS_VERSION,
+            "rule": "best fit in corpus order; pieces [CLS] + at most block_size - 1 stream tokens",
+            "stream": packed.path.name,
+            "stream_sha256": packed.meta.get("stream_sha256"),
+            "block_size": block_size,
+            "valid_every": valid_every,
+            "train_blocks": layout["train_blocks"],
+            "stats": layout["stats"],
+            "seconds": round(time.perf_counter() - t0, 3),
+            "sha256": {name: sha256_file(tmp / name) for name in _LAYOUT_FILES},
+        }
+
+    meta = cache_entry(
+        target, layout_problem, build, "cached document layout", "making it again", "the document layout"
+    )
+    if meta is not None:
         log(f"data: document blocks made in {meta['seconds']:.1f} s, cached in {target}")
     else:
         log(f"data: reusing cached document blocks {target}")

@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,6 +212,43 @@ def packed_cache_key(corpus, tokenizer, sep_id: int = SEP_ID) -> str:  # noqa: A
     return hashlib.sha256(src.encode()).hexdigest()[:20]
 
 
+def cache_entry(
+    target: Path,
+    problem: Callable[[Path], str | None],
+    build: Callable[[Path], dict],
+    what: str,
+    redo: str,
+    entry: str,
+) -> dict | None:
+    """A cache folder made once and shared by every process. One that `problem` finds damaged is removed (a
+    warning says `what` and `redo`) and made again, never trusted; a missing one is built by `build(tmp)` in a
+    temporary sibling folder, which, with the dict it returns as `meta.json`, is moved into place in one rename (a
+    process that finishes first wins; theirs is identical). Returns that dict when this call made the entry, None
+    when it reused one. A failed write removes the partial files and names the entry (`entry`)."""
+    if os.path.lexists(target / "meta.json"):
+        found = problem(target)
+        if found is not None:  # a damaged cache entry is rebuilt, never trusted
+            print(f"warning: {what} {target}: {found}; {redo}", file=sys.stderr, flush=True)
+            shutil.rmtree(target, ignore_errors=True)
+    if (target / "meta.json").exists():
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    kept = f"{entry} {target} was not made (partial files removed): free space or use another --cache-dir"
+    try:
+        with failed_writes_reported(tmp, kept):
+            meta = build(tmp)
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+            try:
+                os.replace(tmp, target)
+            except OSError:  # another process finished first; theirs is identical
+                shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
 def load_or_build_packed(
     corpus,  # noqa: ANN001 - tupe.data.corpus.Corpus
     tokenizer,  # noqa: ANN001
@@ -226,44 +264,24 @@ def load_or_build_packed(
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = packed_cache_key(corpus, tokenizer, sep_id)
     target = cache_dir / "packed" / key
-    if os.path.lexists(target / "meta.json"):
-        problem = packed_problem(target)
-        if problem is not None:  # a damaged cache entry is rebuilt, never trusted
-            print(
-                f"warning: cached token stream {target}: {problem}; tokenizing again",
-                file=sys.stderr,
-                flush=True,
-            )
-            shutil.rmtree(target, ignore_errors=True)
-    if not (target / "meta.json").exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
-        kept = (
-            f"the data cache entry {target} was not made (partial files removed): free space or use another "
-            "--cache-dir"
+
+    def build(tmp: Path) -> dict:
+        log(f"data: tokenizing {corpus.describe()}")
+        meta = encode_to_stream(corpus, tokenizer, tmp / "stream.bin", progress=progress, sep_id=sep_id)
+        meta.update(
+            stream_sha256=sha256_file(tmp / "stream.bin"),
+            corpus=corpus.describe(),
+            corpus_fingerprint=corpus.fingerprint(),
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+            text_rule=text_rule(),
+            version=PACK_VERSION,
         )
-        try:
-            with failed_writes_reported(tmp, kept):
-                log(f"data: tokenizing {corpus.describe()}")
-                meta = encode_to_stream(
-                    corpus, tokenizer, tmp / "stream.bin", progress=progress, sep_id=sep_id
-                )
-                meta.update(
-                    stream_sha256=sha256_file(tmp / "stream.bin"),
-                    corpus=corpus.describe(),
-                    corpus_fingerprint=corpus.fingerprint(),
-                    tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-                    text_rule=text_rule(),
-                    version=PACK_VERSION,
-                )
-                (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-                try:
-                    os.replace(tmp, target)
-                except OSError:  # another process finished first; theirs is identical
-                    shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        return meta
+
+    meta = cache_entry(
+        target, packed_problem, build, "cached token stream", "tokenizing again", "the data cache entry"
+    )
+    if meta is not None:
         log(
             f"data: {meta['num_tokens']:,} tokens from {meta['num_documents']:,} documents in {meta['seconds']:.1f} s "
             f"({meta['tokens_per_second']:,} tokens/s), cached in {target}"
