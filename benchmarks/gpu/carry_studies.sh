@@ -17,10 +17,10 @@ conll="$2"
 mnli="${3:-}"
 for task in SST-2 CoLA; do
     mkdir -p ".carry/glue/$task"
-    cp "$glue/$task/train.tsv" "$glue/$task/dev.tsv" ".carry/glue/$task/"
+    install -m 0644 "$glue/$task/train.tsv" "$glue/$task/dev.tsv" ".carry/glue/$task/"  # writable: a rerun replaces them
 done
 "${PYTHON:-python3}" benchmarks/texts/conll_news.py "$conll" .carry/conll-news.txt
 if [ -n "$mnli" ]; then
-    cp "$mnli" .carry/mnli_premises.txt
+    install -m 0644 "$mnli" .carry/mnli_premises.txt
 fi
 du -sh .carry
