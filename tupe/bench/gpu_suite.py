@@ -3,8 +3,9 @@
     benchmarks/gpu/run.sh --out DIR [--budget 540]        # = python -m tupe.bench.gpu_suite --out DIR ...
     python -m tupe.bench.gpu_suite --out DIR --device cpu --smoke    # the CPU dry run the tests make
 
-Stages, in this order, each with its own share of the budget (time a stage leaves unused goes to the next ones;
-a stage with too little time left is skipped with a note):
+Stages, in the order `--stages` gives them, each with its own share of the budget (the shares of the stages asked
+for, scaled to `--budget`; time a stage leaves unused goes to the next ones; a stage with too little time left is
+skipped with a note). By default:
 
 1. `cuda-tests`: `pytest tests/cuda` (correctness first: a speed figure of a wrong kernel is worthless);
 2. `steps`: `tupe bench` at the `base` shape, bf16 autocast, 128 x 64 and 512 x 16: every scheme with its
@@ -810,7 +811,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="benchmarks/gpu/run.sh",
         description="The GPU benchmark suite (docs/benchmarks.md, 'GPU'): cuda tests, training steps at base, "
-        "long sequences, tupe pretrain end to end, inside a time budget; results under --out as they come.",
+        "long sequences, tupe pretrain end to end (and, when named, issue 36's packing timings and the open issues' "
+        "studies), inside a time budget; results under --out as they come.",
     )
     parser.add_argument("--out", required=True, help="results folder (created; JSON, logs, summary.md)")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for all stages (default 540)")
