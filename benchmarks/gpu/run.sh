@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmark suite (docs/benchmarks.md, "GPU"): run from the repository root on a machine with a GPU.
-#   benchmarks/gpu/run.sh --out DIR [--budget 540] [--stages cuda-tests,steps,long,end-to-end]
+#   benchmarks/gpu/run.sh --out DIR [--budget 540] [--stages cuda-tests,steps,profile,long,end-to-end] [--archive F]
+#   benchmarks/gpu/run.sh --out DIR --stages studies,packing-speed --studies packing,length-1 ...   # the open issues' GPU work
 # Every option: benchmarks/gpu/run.sh --help (tupe/bench/gpu_suite.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -18,7 +18,11 @@ Usage, from the repository root (docs/benchmarks.md, docs/glue.md):
 
     python docs/benchmarks/glue_padding_free.py --data-dir GLUE_DIR [--tasks CoLA,SST-2] [--preset mini]
         [--scheme tupe-a] [--batch-size 32] [--steps 20] [--warmup 2] [--threads 1] [--tokenizer DIR]
-        [--json OUT.json] [--share-only]
+        [--json OUT.json] [--share-only] [--device cuda --autocast bfloat16]
+
+On a GPU (`--device cuda`, issue 36 item 5's GPU figure at base/512 in bf16: the `packing-speed` stage of
+benchmarks/gpu/run.sh) each step is timed between two `torch.cuda.synchronize()`s, under bf16 autocast with
+`--autocast bfloat16`; the result's key in `--json` then names the device and dtype.
 """
 
 from __future__ import annotations
@@ -79,6 +83,10 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--share-only", action="store_true", help="the padding shares only, no timing")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument(
+        "--autocast", choices=("bfloat16", "float16"), default=None, help="autocast dtype (default none)"
+    )
     p.add_argument("--json", default=None, help="results by task, kept across runs (a task there is skipped)")
     args = p.parse_args(argv)
 
@@ -94,6 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     tune_cpu_allocator()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    autocast = getattr(torch, args.autocast) if args.autocast else None
     shape = preset_shape(args.preset)
     length = args.max_seq_len or get_preset(args.preset)["max_length"]
     out = Path(args.json) if args.json else None
@@ -106,6 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
         key = f"{task.name}/{args.preset}/{args.scheme}/batch{args.batch_size}" + (
             "/share" if args.share_only else ""
         )
+        if device.type != "cpu" and not args.share_only:
+            key += f"/{device.type}" + (f"-{args.autocast}" if args.autocast else "")
         if key in results:
             print(f"{key}: already in {out}, skipped", file=sys.stderr)
             continue
@@ -142,19 +154,28 @@ def main(argv: list[str] | None = None) -> dict:
             models, optimizers = {}, {}
             for mode in collate:
                 torch.manual_seed(args.seed)
-                models[mode] = tupe.TupeForSequenceClassification(config).train()
+                models[mode] = tupe.TupeForSequenceClassification(config).to(device).train()
                 optimizers[mode] = torch.optim.AdamW(models[mode].parameters(), lr=2e-5, weight_decay=0.01)
             times: dict[str, list[float]] = {mode: [] for mode in collate}
             tokens: dict[str, int] = {mode: 0 for mode in collate}
             for r, b in enumerate(chosen):
                 for mode in ("padded", "padding-free") if r % 2 == 0 else ("padding-free", "padded"):
-                    batch = collate[mode](features(b))
+                    batch = {
+                        k: v.to(device) if torch.is_tensor(v) else v
+                        for k, v in collate[mode](features(b)).items()
+                    }
                     model, opt = models[mode], optimizers[mode]
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    model(**batch).loss.backward()
+                    with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                        loss = model(**batch).loss
+                    loss.backward()
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                     opt.step()
                     opt.zero_grad(set_to_none=True)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
                     seconds = time.perf_counter() - t0
                     if r >= args.warmup:
                         times[mode].append(seconds)
@@ -168,6 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "scheme": args.scheme,
                 "shape": f"{shape.num_hidden_layers} x {shape.hidden_size}",
                 "threads": args.threads,
+                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "autocast": args.autocast,
                 "steps": args.steps,
                 "median_step_s": {k: round(v, 4) for k, v in median.items()},
                 "spread_s": {k: [round(min(v), 4), round(max(v), 4)] for k, v in times.items()},

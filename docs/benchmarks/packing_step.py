@@ -14,7 +14,11 @@ documents step is a stream step on other blocks and the ratio says nothing about
 Usage, from the repository root (docs/benchmarks.md, docs/pretraining.md):
 
     python docs/benchmarks/packing_step.py [--scheme tupe-a] [--preset mini] [--rounds 30] [--threads 1]
-        [--corpus PATH ...] [--cache-dir DIR] [--json OUT.json]
+        [--corpus PATH ...] [--cache-dir DIR] [--json OUT.json] [--device cuda --autocast bfloat16]
+
+On a GPU (`--device cuda`, issue 36 item 5's GPU figure at base/512 in bf16: the `packing-speed` stage of
+benchmarks/gpu/run.sh) each step is timed between two `torch.cuda.synchronize()`s, under bf16 autocast with
+`--autocast bfloat16`.
 """
 
 from __future__ import annotations
@@ -75,6 +79,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--hidden-size", type=int, default=None, help="default: the preset's (heads: width / 32)")
     p.add_argument("--valid-every", type=int, default=None, help="default: the preset's")
     p.add_argument("--json", default=None, help="also write the result here")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument(
+        "--autocast", choices=("bfloat16", "float16"), default=None, help="autocast dtype (default none)"
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -88,6 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     tune_cpu_allocator()
     keep_large_blocks()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    autocast = getattr(torch, args.autocast) if args.autocast else None
     over = {
         k: v
         for k, v in dict(
@@ -117,12 +127,15 @@ def main(argv: list[str] | None = None) -> dict:
             progress=False,
             packing=packing,
         )
-        batches[packing] = _batches(data[packing], run, n)
+        batches[packing] = [
+            {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
+            for b in _batches(data[packing], run, n)
+        ]
     kwargs = model_config(run, data["stream"].tokenizer)
     models, optimizers = {}, {}
     for packing in ("stream", "documents"):
         torch.manual_seed(run.seed)
-        models[packing] = build_model(run, kwargs).train()
+        models[packing] = build_model(run, kwargs).to(device).train()
         settings = OptimizerSettings(
             run.learning_rate, run.weight_decay, (run.adam_beta1, run.adam_beta2), run.adam_epsilon
         )
@@ -132,17 +145,22 @@ def main(argv: list[str] | None = None) -> dict:
     def step(packing: str, batch: dict) -> float:
         model, opt = models[packing], optimizers[packing]
         extra = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            labels=batch["labels"],
-            **extra,
-        )
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            out = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                labels=batch["labels"],
+                **extra,
+            )
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), run.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     times: dict[str, list[float]] = {"stream": [], "documents": []}
@@ -164,8 +182,11 @@ def main(argv: list[str] | None = None) -> dict:
         "preset": run.preset,
         "shape": f"{run.num_hidden_layers} x {run.hidden_size}, batch {run.batch_size} x {run.max_length}",
         "threads": args.threads,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "autocast": args.autocast,
         "rounds": args.rounds,
         "median_step_s": {k: round(v, 5) for k, v in median.items()},
+        "tokens_per_s": {k: round(run.batch_size * run.max_length / v) for k, v in median.items()},
         "spread_s": {k: [round(min(v), 5), round(max(v), 5)] for k, v in times.items()},
         "ratio_documents_to_stream": round(ratio, 4),
         "target": TARGET,

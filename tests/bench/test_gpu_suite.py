@@ -29,7 +29,7 @@ def test_cpu_dry_run_runs_every_stage(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     stages = summary["stages"]
-    assert list(stages) == list(gpu_suite.STAGES)
+    assert list(stages) == list(gpu_suite.DEFAULT_STAGES)  # packing-speed, studies: test_gpu_studies.py
     assert summary["environment"]["torch"] == torch.__version__
 
     tests = stages["cuda-tests"]
@@ -61,7 +61,7 @@ def test_cpu_dry_run_runs_every_stage(tmp_path: Path) -> None:
     assert e2e["figures"]["timed_steps"] == 6 and e2e["figures"]["tokens_per_s"] > 0, e2e
 
     md = (out / "summary.md").read_text()
-    for name in gpu_suite.STAGES:
+    for name in gpu_suite.DEFAULT_STAGES:
         assert f"## {name}" in md
     assert "Targets (base/512):" in md
     # scratch (model, checkpoints) went to --work, not into the results folder

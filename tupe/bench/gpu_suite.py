@@ -3,8 +3,9 @@
     benchmarks/gpu/run.sh --out DIR [--budget 540]        # = python -m tupe.bench.gpu_suite --out DIR ...
     python -m tupe.bench.gpu_suite --out DIR --device cpu --smoke    # the CPU dry run the tests make
 
-Stages, in this order, each with its own share of the budget (time a stage leaves unused goes to the next ones;
-a stage with too little time left is skipped with a note):
+Stages, in the order `--stages` gives them, each with its own share of the budget (the shares of the stages asked
+for, scaled to `--budget`; time a stage leaves unused goes to the next ones; a stage with too little time left is
+skipped with a note). By default:
 
 1. `cuda-tests`: `pytest tests/cuda` (correctness first: a speed figure of a wrong kernel is worthless);
 2. `steps`: `tupe bench` at the `base` shape, bf16 autocast, 128 x 64 and 512 x 16: every scheme with its
@@ -18,6 +19,17 @@ a stage with too little time left is skipped with a note):
    peak memory of every scheme with its default kernel, one model at a time, until it runs out of memory;
 5. `end-to-end`: `tupe pretrain --preset base --precision bf16` on the built-in corpus for a few hundred steps with
    evaluation and checkpoints inside the timed loop: tokens/s including data loading.
+
+and, asked for by name (`--stages packing-speed,studies`; tupe/bench/gpu_studies.py), what the open issues still
+need from a GPU:
+
+6. `packing-speed`: issue 36's documents-vs-stream pre-training step and padding-free-vs-padded `tupe glue` step at
+   base/512 in bf16 (`docs/benchmarks/packing_step.py`, `docs/benchmarks/glue_padding_free.py`);
+7. `studies`: the packing study of issue 36 and the length study of issue 37, jobs in priority order, each
+   resumable (`--studies`, `--studies-work`).
+
+`--archive PATH` packs `--out` into one gzipped tar (in parts of 15 MiB where larger) after every stage and every
+step of `studies`: what the device returns is at most 8 files, so point it into the device's return folder.
 
 Every stage is a child process with a time limit (interrupted, then killed, at its end), writes its JSON under
 `--out` as it goes, and `summary.md` / `summary.json` are rewritten after every stage: a run cut off by the
@@ -33,19 +45,23 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-STAGES = ("cuda-tests", "steps", "profile", "long", "end-to-end")
-# seconds of the default 540 s budget: on an H200 (2026-11-27) tests/cuda without fp16 took 56 s, each `tupe bench`
-# of `steps` about 60 s, end-to-end 66 s, a flex scheme's lengths in `long` ~25 s of compiling
-SHARES = {"cuda-tests": 100, "steps": 150, "profile": 60, "long": 140, "end-to-end": 90}
+from .children import child_env, end_on_sigterm, python_command, run_logged
+from .gpu_studies import packing_speed_lines, stage_packing_speed, stage_studies, studies_lines, write_archive
+
+DEFAULT_STAGES = ("cuda-tests", "steps", "profile", "long", "end-to-end")
+STAGES = (*DEFAULT_STAGES, "packing-speed", "studies")
+# seconds of the default 540 s budget (the shares of the stages asked for are scaled to --budget): on an H200
+# (2026-11-27) tests/cuda without fp16 took 56 s, each `tupe bench` of `steps` about 60 s, end-to-end 66 s, a flex
+# scheme's lengths in `long` ~25 s of compiling; `studies` takes whatever the others leave
+SHARES = {"cuda-tests": 100, "steps": 150, "profile": 60, "long": 140, "end-to-end": 90, "packing-speed": 90,
+          "studies": 400}  # fmt: skip
 MIN_STAGE_S = 25  # a stage with less time than this left is skipped
 
 # dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, FLOP/s; the MFU denominator
@@ -124,57 +140,6 @@ def environment(device: str) -> dict:
 # ---- running a stage -------------------------------------------------------------------------------------------
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> dict:
-    """Run `cmd`, its output both printed and appended to `log`; at `timeout` it is interrupted (SIGINT: pytest
-    prints its summary, a bench child writes what it has) and killed 20 s later. Returns exit code and times."""
-    t0 = time.monotonic()
-    with open(log, "a") as sink:
-        sink.write(f"$ {' '.join(cmd)}\n")
-        sink.flush()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-        )
-
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-                sink.write(line)
-                sink.flush()
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        reader.join(timeout=5)
-    return {
-        "cmd": cmd,
-        "returncode": proc.returncode,
-        "timed_out": timed_out,
-        "wall_s": time.monotonic() - t0,
-    }
-
-
-def _python() -> list[str]:
-    return [sys.executable]
-
-
-def _child_env(threads: int | None = None) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "true")
-    return env
-
-
 def _write_json(path: Path, value: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(value, indent=2, default=str))
@@ -189,9 +154,19 @@ def stage_cuda_tests(args: argparse.Namespace, out: Path, timeout: float) -> dic
     if not tests.is_dir():
         return {"skipped": "tests/cuda not found: run the suite from the repository root"}
     junit = out / "cuda_tests.xml"
-    cmd = [*_python(), "-m", "pytest", str(tests), "-v", "-p", "no:cacheprovider", "-ra", "--maxfail=10"]
+    cmd = [
+        *python_command(),
+        "-m",
+        "pytest",
+        str(tests),
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "-ra",
+        "--maxfail=10",
+    ]
     cmd += ["--durations=10", f"--junitxml={junit}"]
-    env = _child_env()
+    env = child_env()
     if args.smoke:  # the CPU dry run: the same file on the CPU, its two cheapest tests
         env["TUPE_TEST_DEVICE"] = args.device
         cmd += ["-k", "refused or masked_lm_loss"]
@@ -246,7 +221,7 @@ def stage_steps(args: argparse.Namespace, out: Path, timeout: float) -> dict:
     for seq_len, batch in shapes:
         while True:
             path = out / f"steps_{seq_len}x{batch}.json"
-            cmd = [*_python(), "-m", "tupe", "bench", "--preset", "base", "--seq-len", str(seq_len)]
+            cmd = [*python_command(), "-m", "tupe", "bench", "--preset", "base", "--seq-len", str(seq_len)]
             cmd += ["--batch-size", str(batch), "--schemes", ",".join(POSITION_SCHEMES), "--attention-kernel"]
             cmd += ["default", "--flash-baseline", "--autocast", "bfloat16", "--device", args.device]
             cmd += ["--json", str(path), "--no-progress"]
@@ -258,7 +233,7 @@ def stage_steps(args: argparse.Namespace, out: Path, timeout: float) -> dict:
             if left < MIN_STAGE_S / 2:
                 result["shapes"].append({"seq_len": seq_len, "skipped": "out of time"})
                 break
-            run = run_logged(cmd, out / "steps.log", left, _child_env())
+            run = run_logged(cmd, out / "steps.log", left, child_env())
             entry = {"seq_len": seq_len, "batch_size": batch, "json": path.name, **run}
             if run["returncode"] == 0 and path.exists():
                 entry["bench"] = json.loads(path.read_text())
@@ -287,7 +262,7 @@ def _run_child(args: argparse.Namespace, out: Path, timeout: float, stage: str, 
     """A stage that runs in its own `--STAGE-child` process: its run record merged with the JSON it wrote (rows
     written one by one, so a child cut off by its time share still leaves what it measured)."""
     cmd = [
-        *_python(),
+        *python_command(),
         "-m",
         "tupe.bench.gpu_suite",
         f"--{stage}-child",
@@ -297,7 +272,7 @@ def _run_child(args: argparse.Namespace, out: Path, timeout: float, stage: str, 
         args.device,
     ]
     cmd += ["--smoke"] if args.smoke else []
-    run = run_logged([*cmd, *extra], out / f"{stage}.log", timeout, _child_env())
+    run = run_logged([*cmd, *extra], out / f"{stage}.log", timeout, child_env())
     path = out / f"{stage}.json"
     return {**run, **(json.loads(path.read_text()) if path.exists() else {"rows": []})}
 
@@ -556,7 +531,7 @@ def stage_end_to_end(args: argparse.Namespace, out: Path, timeout: float) -> dic
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    env = _child_env()
+    env = child_env()
     env["TUPE_CACHE"] = str(work / "cache")
     if args.smoke:
         corpus = work / "corpus.txt"
@@ -586,7 +561,7 @@ def stage_end_to_end(args: argparse.Namespace, out: Path, timeout: float) -> dic
         steps = args.e2e_steps
     common += ["--scheme", "tupe-a", "--no-progress"]
     prep = run_logged(
-        [*_python(), "-m", "tupe", "pretrain", "--out", str(work / "prep"), "--prepare-only", *common],
+        [*python_command(), "-m", "tupe", "pretrain", "--out", str(work / "prep"), "--prepare-only", *common],
         out / "end_to_end.log",
         deadline - time.monotonic(),
         env,
@@ -597,7 +572,7 @@ def stage_end_to_end(args: argparse.Namespace, out: Path, timeout: float) -> dic
         return result
     stamps = work / "stamps.json"
     pre = ["--out", str(work / "run"), "--max-steps", str(steps + 1), *common]
-    cmd = [*_python(), "-m", "tupe.bench.endtoend", str(stamps), *pre]
+    cmd = [*python_command(), "-m", "tupe.bench.endtoend", str(stamps), *pre]
     t_launch = time.time()
     run = run_logged(cmd, out / "end_to_end.log", deadline - time.monotonic(), env)
     result.update(run=run, command="tupe pretrain " + " ".join(pre))
@@ -762,7 +737,7 @@ def write_summary(out: Path, env: dict, stages: dict) -> None:
         f"({env.get('dense_bf16_peak_source')})."
     )
     md.append("")
-    for name in STAGES:
+    for name in [s for s in STAGES if s in stages or s in DEFAULT_STAGES]:
         st = stages.get(name)
         md.append(f"## {name}")
         md.append("")
@@ -808,6 +783,12 @@ def write_summary(out: Path, env: dict, stages: dict) -> None:
             md += profile_table(st)
         elif name == "long":
             md += long_table(st)
+        elif "error" in st:
+            md.append(f"error: {st['error']}")
+        elif name == "packing-speed":
+            md += packing_speed_lines(st)
+        elif name == "studies":
+            md += studies_lines(st, out)
         elif name == "end-to-end":
             fig = st.get("figures")
             if fig:
@@ -830,7 +811,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="benchmarks/gpu/run.sh",
         description="The GPU benchmark suite (docs/benchmarks.md, 'GPU'): cuda tests, training steps at base, "
-        "long sequences, tupe pretrain end to end, inside a time budget; results under --out as they come.",
+        "long sequences, tupe pretrain end to end (and, when named, issue 36's packing timings and the open issues' "
+        "studies), inside a time budget; results under --out as they come.",
     )
     parser.add_argument("--out", required=True, help="results folder (created; JSON, logs, summary.md)")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for all stages (default 540)")
@@ -838,7 +820,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--smoke", action="store_true", help="tiny shapes: checks the script, measures nothing"
     )
-    parser.add_argument("--stages", default=",".join(STAGES), help="comma-separated (default: %(default)s)")
+    parser.add_argument(
+        "--stages",
+        default=",".join(DEFAULT_STAGES),
+        help=f"comma-separated, of {', '.join(STAGES)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--archive",
+        default=None,
+        help="also pack --out into this .tar.gz (parts PATH.partNN of 15 MiB where larger) after every stage",
+    )
+    parser.add_argument(
+        "--studies",
+        default=None,
+        help="studies: the jobs to run, in this order (default: all, packing,length-1,...; gpu_studies.py)",
+    )
+    parser.add_argument(
+        "--studies-work",
+        default="/tmp/tupe-gpu-studies",
+        help="studies and packing-speed: the study folders, kept between calls to resume (default %(default)s)",
+    )
+    parser.add_argument(
+        "--studies-parallel", type=int, default=36, help="studies: runs trained at once (default 36)"
+    )
+    parser.add_argument(
+        "--glue-data",
+        default=None,
+        help="GLUE root with SST-2/ (and CoLA/): SST-2 of the packing study, packing-speed's glue step",
+    )
+    parser.add_argument(
+        "--ood-text",
+        action="append",
+        default=None,
+        help="studies: another out-of-domain text of the length jobs (repeatable; one missing is noted, skipped)",
+    )
     parser.add_argument(
         "--cuda-tests-k",
         default="not fp16",
@@ -863,6 +878,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--stages: unknown {', '.join(unknown)}; choose from {', '.join(STAGES)}")
     args.stages = stages
+    from .gpu_studies import job_names
+
+    names = job_names()
+    args.studies = [j.strip() for j in (args.studies or ",".join(names)).split(",") if j.strip()]
+    unknown = [j for j in args.studies if j not in names]
+    if unknown:
+        parser.error(f"--studies: unknown {', '.join(unknown)}; choose from {', '.join(names)}")
     return args
 
 
@@ -872,6 +894,8 @@ RUNNERS = {
     "profile": stage_profile,
     "long": stage_long,
     "end-to-end": stage_end_to_end,
+    "packing-speed": stage_packing_speed,
+    "studies": stage_studies,
 }
 
 
@@ -884,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_child:
         return profile_child(args)
     t_start = time.monotonic()
+    end_on_sigterm()
     if args.device == "cuda":
         import torch
 
@@ -898,7 +923,22 @@ def main(argv: list[str] | None = None) -> int:
     print("environment:", json.dumps(env, indent=1), flush=True)
     _write_json(out / "environment.json", env)
     stages: dict = {}
-    shares = {s: SHARES[s] * args.budget / sum(SHARES.values()) for s in args.stages}
+
+    def checkpoint() -> None:
+        write_summary(out, env, stages)
+        if args.archive:
+            files = write_archive(out, Path(args.archive))
+            print(
+                f"archive: {', '.join(f'{f} ({f.stat().st_size / 2**20:.1f} MiB)' for f in files)}",
+                flush=True,
+            )
+
+    def progress(name: str, partial: dict) -> None:  # a stage's results so far (studies: after every step)
+        stages[name] = partial
+        checkpoint()
+
+    total = sum(SHARES[s] for s in args.stages)
+    shares = {s: SHARES[s] * args.budget / total for s in args.stages}
     for i, name in enumerate(args.stages):
         left = args.budget - (time.monotonic() - t_start)
         later = sum(shares[s] for s in args.stages[i + 1 :])
@@ -909,13 +949,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"== {name}: up to {timeout:.0f} s ({left:.0f} s of the budget left)", flush=True)
             t0 = time.monotonic()
+            args.progress_hook = lambda partial, name=name: progress(name, partial)
             try:
                 stages[name] = RUNNERS[name](args, out, timeout)
             except Exception as e:  # noqa: BLE001 - the next stage still runs; the summary says what failed
                 stages[name] = {"error": f"{type(e).__name__}: {e}"}
             stages[name]["stage_wall_s"] = time.monotonic() - t0
             print(f"== {name}: done in {stages[name]['stage_wall_s']:.0f} s", flush=True)
-        write_summary(out, env, stages)
+        checkpoint()
     print((out / "summary.md").read_text(), flush=True)
     return 0
 

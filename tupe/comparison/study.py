@@ -11,8 +11,8 @@ lines; a JSON object of records is not a table the corpus reader takes. `conll-n
 Stages, each written under `--out` (outside the repository) and skipped on `--resume` when its output exists:
 
 1. `train`: `tupe compare` of every scheme in `tupe.POSITION_SCHEMES` x `--seeds` (default 0,1,2) at the demo's
-   recipe (mini preset, built-in corpus, `--max-steps`, default the demo's 1,400) into `OUT/runs/`; interrupted
-   runs continue from their latest checkpoint, finished ones are kept.
+   recipe (mini preset, built-in corpus, `--max-steps`, default the demo's 1,400; `--packing`, default stream)
+   into `OUT/runs/`; interrupted runs continue from their latest checkpoint, finished ones are kept.
 2. `ood`: every run on each out-of-domain text (`built-in`, plus each `--ood-text`, repeatable): `tupe evaluate`'s
    loss, tokens per word, paired intervals and word-order check -> `OUT/ood-<name>.json`.
 3. `lengths`: every run at 1x, 2x, 4x, 8x its training length on `--length-text` (default `built-in`), once per
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from tupe import validators as V
     from tupe.evaluation import EXTEND_METHODS
     from tupe.evaluation.passkey import DEFAULT_DISTANCES
-    from tupe.training.arguments import DEMO_STEPS, attention_kernel_name
+    from tupe.training.arguments import DEMO_STEPS, add_packing_argument, attention_kernel_name
 
     p = argparse.ArgumentParser(prog="python -m tupe.comparison.study", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=V.nonempty_path, help="study folder (outside the repository)")
@@ -62,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2", help="pre-training seeds (default 0,1,2)")
     p.add_argument("--max-steps", type=V.positive_int, default=DEMO_STEPS, help=f"default {DEMO_STEPS}")
     p.add_argument("--parallel", type=V.positive_int, default=2, help="runs trained at once (default 2)")
+    add_packing_argument(p)
     p.add_argument(
         "--resume", action="store_true", help="keep every finished stage and run, continue the rest"
     )
@@ -235,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=args.progress,
                 threads=1,
                 attention_kernel=args.attention_kernel,
+                packing=args.packing,
             )
             compare(base, schemes, seeds=seeds, parallel=args.parallel, log=log)
         missing = [name for name, d in runs.items() if not (d / "config.json").is_file()]
