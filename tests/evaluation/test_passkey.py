@@ -245,7 +245,7 @@ def test_a_tiny_rope_model_trained_to_copy_passes_and_its_untrained_start_does_n
     ("probe_args", "message"),
     [
         (["--probe-template", "no key here"], "--probe-template must hold {key} exactly once"),
-        (["--probe-distances", "100000"], "the probe at distance 100000 needs 100,032 filler tokens"),
+        (["--probe-distances", "100000"], "(--probe-text, default: --text) has"),
         (["--probe-text", "MISSING"], "MISSING"),
     ],
 )

@@ -145,7 +145,8 @@ def probe_blocks(
     need = 2 * FILLER_AROUND + distance
     if len(stream) < need:
         raise TupeError(
-            f"--probe-text has {len(stream):,} tokens; the probe at distance {distance} needs {need:,} filler tokens"
+            f"the filler text (--probe-text, default: --text) has {len(stream):,} tokens; the probe at distance "
+            f"{distance} needs {need:,} filler tokens"
         )
     n = 1 + need + 2 * t
     first = 1 + FILLER_AROUND  # the key sentence starts here
@@ -234,8 +235,8 @@ def prepare_passkey(
             need = 2 * FILLER_AROUND + distances[-1]
             if len(stream) < need:
                 raise TupeError(
-                    f"--probe-text has {len(stream):,} tokens; the probe at distance {distances[-1]} needs "
-                    f"{need:,} filler tokens"
+                    f"the filler text (--probe-text, default: --text) has {len(stream):,} tokens; the probe at "
+                    f"distance {distances[-1]} needs {need:,} filler tokens"
                 )
             prepared[id(tok)] = (sentence, stream)
     return prepared
