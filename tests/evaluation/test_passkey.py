@@ -239,3 +239,34 @@ def test_a_tiny_rope_model_trained_to_copy_passes_and_its_untrained_start_does_n
         assert trained["accuracy_minus_guess"]["low"] > 0.2, trained  # it copies
         assert trained["guess_nll_minus_nll"]["low"] > 0
         assert start["accuracy_minus_guess"]["low"] <= 0.0 <= start["accuracy_minus_guess"]["high"], start
+
+
+@pytest.mark.parametrize(
+    ("probe_args", "message"),
+    [
+        (["--probe-template", "no key here"], "--probe-template must hold {key} exactly once"),
+        (["--probe-distances", "100000"], "(--probe-text, default: --text) has"),
+        (["--probe-text", "MISSING"], "MISSING"),
+    ],
+)
+def test_probe_inputs_are_refused_before_the_loss_evaluation(
+    tmp_path, tokenizer, text_file, capsys, probe_args, message
+):
+    """A probe that cannot run says so before minutes of loss evaluation, not after its table: nothing on stdout."""
+    model = save_tupe(tmp_path / "rope", tokenizer, "rope", max_len=64)
+    probe_args = [str(tmp_path / a) if a == "MISSING" else a for a in probe_args]
+    argv = [
+        "evaluate",
+        "--model",
+        str(model),
+        "--text",
+        str(text_file),
+        "--max-blocks",
+        "2",
+        "--bootstrap",
+        "0",
+    ]
+    assert main([*argv, "--probe", "passkey", "--probe-blocks", "2", *probe_args]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert captured.out == ""  # the loss table was never printed: the error came first

@@ -127,3 +127,43 @@ def test_return_dict_false_gives_transformers_style_tuples():
     torch.testing.assert_close(as_tuple[1], as_output.logits)
     assert len(as_tuple[2]) == 3  # embeddings + 2 layers
     assert len(model(ids, return_dict=False)) == 1  # logits only
+
+
+@pytest.mark.parametrize("head", ["TupeForMaskedLM", "TupeForSequenceClassification"])
+def test_trainer_gradient_accumulation_gives_the_update_and_loss_of_one_batch(tmp_path, head):
+    """transformers' Trainer, 2 accumulated batches of 2 against 1 batch of 4 (equal lengths, plain SGD, no
+    clipping): the same weights and the same logged loss. The heads' losses are batch means and ignore
+    `num_items_in_batch`, so the Trainer must be told (`accepts_loss_kwargs = False`) to divide them by the number
+    of accumulated batches; a model whose `**kwargs` merely swallows it gets a sum: twice the loss and the step."""
+    import datasets
+    from transformers import Trainer, TrainingArguments
+
+    generator = torch.Generator().manual_seed(0)
+    features = []
+    for k in range(4):
+        ids = [1, *torch.randint(5, 50, (8,), generator=generator).tolist(), 2]
+        labels = [-100] * len(ids)
+        for i in (1, 4, 7):
+            labels[i], ids[i] = ids[i], 3
+        features.append({"input_ids": ids, "labels": labels if head == "TupeForMaskedLM" else k % 2})
+
+    def collate(batch):
+        return {key: torch.tensor([f[key] for f in batch]) for key in ("input_ids", "labels")}
+
+    results = []
+    for accumulate, size in ((1, 4), (2, 2)):
+        torch.manual_seed(0)
+        model = getattr(tupe, head)(tiny_config("tupe-r", num_labels=2))
+        args = TrainingArguments(
+            output_dir=str(tmp_path), per_device_train_batch_size=size, gradient_accumulation_steps=accumulate,
+            max_steps=1, learning_rate=0.1, optim="sgd", max_grad_norm=0.0, lr_scheduler_type="constant",
+            report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", seed=0,
+        )  # fmt: skip
+        trainer = Trainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(features),
+                          data_collator=collate)  # fmt: skip
+        loss = trainer.train().training_loss
+        results.append((loss, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+    (one_loss, one), (two_loss, two) = results
+    assert two_loss == pytest.approx(one_loss, rel=1e-5)
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], atol=1e-6, rtol=1e-5)

@@ -347,6 +347,28 @@ def _run(args: argparse.Namespace) -> int:
             log(
                 f"model: {path}: {models[-1].description}, {models[-1].num_parameters / 1e6:.2f} M parameters"
             )
+    probe = None
+    if getattr(args, "probe", None) == "passkey":  # its inputs are checked before the loss evaluation runs
+        from .passkey import PasskeySettings, passkey_probe, prepare_passkey
+
+        probe_corpus = (
+            resolve_text(list(args.probe_text), args.text_column, skip_bad_text=args.skip_bad_text)
+            if args.probe_text
+            else corpus
+        )
+        probe_settings = PasskeySettings(
+            template=args.probe_template,
+            key_digits=args.probe_key_digits,
+            distances=args.probe_distances,
+            blocks=args.probe_blocks,
+            seed=args.seed,
+            bootstrap=args.bootstrap,
+            batch_size=args.batch_size,
+            extend=args.extend_positions,
+            cache_dir=args.cache_dir,
+            progress=args.progress and not args.quiet,
+        )
+        probe = (probe_settings, probe_corpus, prepare_passkey(models, probe_corpus, probe_settings, log))
     lengths = getattr(args, "lengths", None)
     pppl = args.pppl_tokens if args.pppl_tokens is not None else (0 if lengths else 2000)
     settings = Settings(
@@ -382,34 +404,12 @@ def _run(args: argparse.Namespace) -> int:
         result = evaluate(models, corpus, settings, log=log)
         result = {"command": command_line(args), "versions": versions(), **result}
         print(format_report(result))
-    if getattr(args, "probe", None) == "passkey":
-        from .passkey import PasskeySettings, passkey_probe
+    if probe is not None:
         from .report import format_passkey_report
 
-        probe_corpus = (
-            resolve_text(list(args.probe_text), args.text_column, skip_bad_text=args.skip_bad_text)
-            if args.probe_text
-            else corpus
-        )
-        probe = passkey_probe(
-            models,
-            probe_corpus,
-            PasskeySettings(
-                template=args.probe_template,
-                key_digits=args.probe_key_digits,
-                distances=args.probe_distances,
-                blocks=args.probe_blocks,
-                seed=args.seed,
-                bootstrap=args.bootstrap,
-                batch_size=args.batch_size,
-                extend=args.extend_positions,
-                cache_dir=args.cache_dir,
-                progress=args.progress and not args.quiet,
-            ),
-            log=log,
-        )
-        result["passkey"] = probe
-        print("\n" + format_passkey_report(probe))
+        probe_settings, probe_corpus, prepared = probe
+        result["passkey"] = passkey_probe(models, probe_corpus, probe_settings, log=log, prepared=prepared)
+        print("\n" + format_passkey_report(result["passkey"]))
     if args.json:
         from tupe.io.outputs import claim_file
 

@@ -145,7 +145,8 @@ def probe_blocks(
     need = 2 * FILLER_AROUND + distance
     if len(stream) < need:
         raise TupeError(
-            f"--probe-text has {len(stream):,} tokens; the probe at distance {distance} needs {need:,} filler tokens"
+            f"the filler text (--probe-text, default: --text) has {len(stream):,} tokens; the probe at distance "
+            f"{distance} needs {need:,} filler tokens"
         )
     n = 1 + need + 2 * t
     first = 1 + FILLER_AROUND  # the key sentence starts here
@@ -206,29 +207,59 @@ def score_blocks(
     return correct, nll
 
 
-def passkey_probe(
+Prepared = dict[
+    int, tuple[KeySentence, np.ndarray]
+]  # by tokenizer object: its key sentence and filler stream
+
+
+def prepare_passkey(
     models: Sequence[EvalModel],
     corpus: Any,  # noqa: ANN401
-    settings: PasskeySettings | None = None,
+    settings: PasskeySettings,
     log: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """The probe for every model at every distance; `by_distance` has one entry per model and distance (one the
-    model cannot run at says why, as `--lengths` does)."""
-    from .lengths import at_length
-
-    settings = settings or PasskeySettings()
+) -> Prepared:
+    """Everything of the probe that can fail on its inputs, done before any model runs (`tupe evaluate` calls it
+    before the loss evaluation): the settings, each tokenizer's key sentence and the filler text, long enough for
+    the largest distance."""
     distances = sorted(dict.fromkeys(int(d) for d in settings.distances))
     if not distances or distances[0] < 0:
         raise TupeError(f"--probe-distances must be integers >= 0, got {list(settings.distances)}")
     if settings.blocks < 1:
         raise TupeError(f"--probe-blocks must be at least 1, got {settings.blocks}")
-    entries: list[dict[str, Any]] = []
-    prepared: dict[int, tuple[KeySentence, np.ndarray]] = {}  # by tokenizer object
+    prepared: Prepared = {}
     for m in models:
         tok = m.tokenizer
         if id(tok) not in prepared:
             sentence = key_sentence(tok, settings.template, settings.key_digits, f"the tokenizer of {m.name}")
-            prepared[id(tok)] = (sentence, filler_stream(corpus, tok, settings, log))
+            stream = filler_stream(corpus, tok, settings, log)
+            need = 2 * FILLER_AROUND + distances[-1]
+            if len(stream) < need:
+                raise TupeError(
+                    f"the filler text (--probe-text, default: --text) has {len(stream):,} tokens; the probe at "
+                    f"distance {distances[-1]} needs {need:,} filler tokens"
+                )
+            prepared[id(tok)] = (sentence, stream)
+    return prepared
+
+
+def passkey_probe(
+    models: Sequence[EvalModel],
+    corpus: Any,  # noqa: ANN401
+    settings: PasskeySettings | None = None,
+    log: Callable[[str], None] = print,
+    prepared: Prepared | None = None,
+) -> dict[str, Any]:
+    """The probe for every model at every distance; `by_distance` has one entry per model and distance (one the
+    model cannot run at says why, as `--lengths` does). `prepared`: `prepare_passkey`'s result, if already made."""
+    from .lengths import at_length
+
+    settings = settings or PasskeySettings()
+    if prepared is None:
+        prepared = prepare_passkey(models, corpus, settings, log)
+    distances = sorted(dict.fromkeys(int(d) for d in settings.distances))
+    entries: list[dict[str, Any]] = []
+    for m in models:
+        tok = m.tokenizer
         sentence, stream = prepared[id(tok)]
         for d in distances:
             key_blocks, decoy_blocks, masked_at, keys = probe_blocks(

@@ -362,6 +362,11 @@ class TupePreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["TupeLayer"]
+    # The heads' losses are batch means and ignore `num_items_in_batch`; without this the Trainer, seeing
+    # `**kwargs` in `forward`, would pass it and skip its division by the gradient-accumulation steps (a summed
+    # loss: twice the loss and the step at 2 accumulated batches). tupe's pre-training Trainer counts the masked
+    # tokens itself (`training/trainer.py`).
+    accepts_loss_kwargs = False
     _legacy_keys: dict[str, str] = LEGACY_KEYS
     # `from_bert`: the transformers BERT class whose weights this class takes, and its head's keys (tupe <- BERT)
     _bert_class: str = "BertModel"

@@ -306,7 +306,9 @@ def add_packing_argument(g: Any) -> None:
         "--packing",
         choices=PACKINGS,
         default="stream",
-        help="how documents become blocks: stream (default; RoBERTa's FULL-SENTENCES: one [CLS], then the "
+        help="how documents become blocks (a document ends at a blank line or the end of a file, or is one row of "
+        "a table: a file of one text per line without blank lines is one document): stream (default; RoBERTa's "
+        "FULL-SENTENCES: one [CLS], then the "
         "documents run on, each ended by [SEP]) or documents (each document from its own [CLS] at position 0, "
         "attention kept inside it, short ones packed together by best fit, long ones cut into pieces; the "
         "batches carry position_ids; docs/pretraining.md). Part of the run: --resume refuses a change",
