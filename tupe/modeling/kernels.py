@@ -32,7 +32,7 @@ kernels"). Kernel names are compared here only.
 
 from __future__ import annotations
 
-import copy
+import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,7 +57,7 @@ class Positions:
       boundaries, `cu_seq_lens_q` / `seq_idx`, say); no token attends outside its own document.
     - real (b, n) bool or None: the tokens that are not padding (`attention_mask`); None: no padding.
 
-    Plain tensors (no closures), so gradient checkpointing hands every layer its own copies (`shared_tensors`).
+    Integer data, no gradient: not among the context's `tensors()` a checkpoint passes to each layer.
     """
 
     def __init__(
@@ -95,22 +95,58 @@ class PositionalContext:
     - rotary (cos, sin), each (n, d): rotation of queries and keys (RoPE).
     - fold (h, n, r) x 2: extra query / key columns whose products equal `bias` up to a per-query constant
       (which cancels in the softmax), so attention can run without an n x n tensor. Already scaled.
-    - bias_fn: builds `bias` on first access (then cached), so a pass that folds never materialises it
-      (long sequences on GPU); `has_bias` tells whether there is one without building it.
     - relative_embeddings (m, hidden): position vectors shared by all layers that each layer projects with its own
       weights (DeBERTa's relative embeddings, one row per offset `i - j` that occurs).
-    - layer_term: `layer_term(q, k, project, relative_embeddings) -> (b, h, n, n)`, an additive logit term that
-      depends on the layer's queries and keys and on `project(r) -> (r W^Q, r W^K)`, the layer's own projections
-      (each (h, m, d)), of the context's `relative_embeddings` (passed in, not captured, so that gradient
-      checkpointing can hand each layer its own copy). The attention layer calls it once per layer and hands
-      the result to the kernel as `layer_logits`.
+    - relative_index: the row of `relative_embeddings` each offset (DeBERTa: (2n - 1,), None when there is one row
+      per offset) or, with positions given as data, each pair ((b, n, n)) reads.
+    - parts: the scheme's own tensors, by name, that its methods below read (TUPE-A: the projected positions
+      `p U^Q`, `p U^K` and the [CLS] values its `bias` is built from).
+    - bias_method: a method of the scheme, `bias_method(ctx) -> bias`, that builds `bias` from this context on
+      first read (then cached), so a pass that folds never materialises it (long sequences on GPU); `has_bias`
+      tells whether there is a term without building it.
+    - layer_term: a method of the scheme, `layer_term(ctx, q, k, project) -> (b, h, n, n)`, an additive logit term
+      of the layer's queries and keys, of `project(r) -> (r W^Q, r W^K)`, the layer's own projections (each
+      (h, m, d)), and of this context (DeBERTa: its `relative_embeddings`). Each attention layer calls it once and
+      hands the result to the kernel as `layer_logits`.
     - layer_logits (b, h, n, n): that term for the layer being run (set on the layer's copy of the context).
-    - relative_index (b, n, n) long or None: with positions given as data, the row of `relative_embeddings` each
-      pair reads; passed to `layer_term` as `index=` when set (a tensor of the context, not of a closure).
     - positions: the `Positions` of this pass when the model was given `position_ids` (else None: `0..n-1` in
       every row). With positions, `bias`, `query_add` / `key_add`, `fold` and `rotary` carry a leading batch
       dimension: (b, h, n, n), (b, h, n, d), (b, h, n, r), (b, 1, n, d); `input_embedding` is (b, n, hidden).
+
+    Every tensor a layer reads is one of these fields (`tensors()`), so gradient checkpointing hands each layer
+    its own copies (`with_tensors`). What a scheme computes later is one of its methods, called with the context:
+    a closure would hide the tensors it captures from the checkpoint, so `bias_method` and `layer_term` refuse
+    anything but a method, and the context refuses attributes it does not declare.
     """
+
+    __slots__ = (
+        "logit_scale",
+        "input_embedding",
+        "_bias",
+        "query_add",
+        "key_add",
+        "rotary",
+        "fold",
+        "relative_embeddings",
+        "relative_index",
+        "parts",
+        "bias_method",
+        "layer_term",
+        "layer_logits",
+        "positions",
+    )
+    # the fields `tensors()` flattens, in order: a tensor, a tuple of tensors or None each (`parts` follows them)
+    _TENSOR_FIELDS = (
+        "input_embedding",
+        "_bias",
+        "query_add",
+        "key_add",
+        "rotary",
+        "fold",
+        "relative_embeddings",
+        "relative_index",
+        "layer_logits",
+    )
 
     def __init__(
         self,
@@ -121,8 +157,10 @@ class PositionalContext:
         key_add: torch.Tensor | None = None,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         fold: tuple[torch.Tensor, torch.Tensor] | None = None,
-        bias_fn: Callable[[], torch.Tensor] | None = None,
         relative_embeddings: torch.Tensor | None = None,
+        relative_index: torch.Tensor | None = None,
+        parts: dict[str, torch.Tensor] | None = None,
+        bias_method: Callable[[PositionalContext], torch.Tensor] | None = None,
         layer_term: Callable[..., torch.Tensor] | None = None,
     ):
         self.logit_scale = logit_scale
@@ -131,33 +169,89 @@ class PositionalContext:
         self.query_add, self.key_add = query_add, key_add
         self.rotary = rotary
         self.fold = fold
-        self.bias_fn = bias_fn
         self.relative_embeddings = relative_embeddings
+        self.relative_index = relative_index
+        self.parts = {} if parts is None else parts
+        self.bias_method = bias_method
         self.layer_term = layer_term
         self.layer_logits: torch.Tensor | None = None
-        self.relative_index: torch.Tensor | None = None
         self.positions: Positions | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in PositionalContext.__slots__ and name != "bias":
+            raise AttributeError(
+                f"PositionalContext has no field {name!r} (fields: {', '.join(_CONTEXT_FIELDS)}): a scheme's own "
+                f"tensors go in `parts`, what it computes from them later in a method (`bias_method`, `layer_term`)"
+            )
+        if name in ("bias_method", "layer_term") and value is not None and not _is_module_method(value):
+            raise TypeError(
+                f"PositionalContext.{name} must be a method of the scheme (e.g. `self.{name}`) reading the tensors "
+                f"of the context it is given, not {value!r}: a closure hides the tensors it captures from "
+                f"gradient checkpointing (put them in `parts`)"
+            )
+        if name == "parts" and not all(isinstance(t, torch.Tensor) for t in value.values()):
+            raise TypeError(f"PositionalContext.parts holds tensors only, got {sorted(value)}")
+        object.__setattr__(self, name, value)
+
+    def copy(self) -> PositionalContext:
+        """A shallow copy (the tensors are shared, `parts` is a new dict)."""
+        new = object.__new__(PositionalContext)
+        for name in PositionalContext.__slots__:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "parts", dict(self.parts))
+        return new
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor of the context, flattened in field order, `parts` last (what `with_tensors` takes back)."""
+        flat: list[torch.Tensor] = []
+        for name in self._TENSOR_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                flat.append(value)
+            elif value is not None:
+                flat.extend(value)
+        flat.extend(self.parts.values())
+        return tuple(flat)
+
+    def with_tensors(self, tensors: Sequence[torch.Tensor]) -> PositionalContext:
+        """A copy holding `tensors` (from `tensors()`, or a checkpoint's copies of them) in place of its own."""
+        new, it = self.copy(), iter(tensors)
+        for name in self._TENSOR_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                object.__setattr__(new, name, next(it))
+            elif value is not None:
+                object.__setattr__(new, name, tuple(next(it) for _ in value))
+        object.__setattr__(new, "parts", {name: next(it) for name in self.parts})
+        return new
 
     def for_layer(self, layer_logits: torch.Tensor) -> PositionalContext:
         """A shallow copy carrying one layer's `layer_logits` (the shared context is never modified)."""
-        _ = self.bias  # build a lazy shared term once, here, not once per layer's copy
-        ctx = copy.copy(self)
+        ctx = self.copy()
         ctx.layer_logits = layer_logits
         return ctx
 
     @property
     def bias(self) -> torch.Tensor | None:
-        if self._bias is None and self.bias_fn is not None:
-            self._bias, self.bias_fn = self.bias_fn(), None
+        if self._bias is None and self.bias_method is not None:
+            self._bias, self.bias_method = self.bias_method(self), None
         return self._bias
 
     @bias.setter
     def bias(self, value: torch.Tensor | None) -> None:
-        self._bias, self.bias_fn = value, None
+        self._bias, self.bias_method = value, None
 
     @property
     def has_bias(self) -> bool:
-        return self._bias is not None or self.bias_fn is not None
+        return self._bias is not None or self.bias_method is not None
+
+
+_CONTEXT_FIELDS = ("bias", *(name for name in PositionalContext.__slots__ if name != "_bias"))
+
+
+def _is_module_method(fn: object) -> bool:
+    """A method bound to a module (a scheme), which reads what it is given and the module's parameters."""
+    return inspect.ismethod(fn) and isinstance(fn.__self__, nn.Module)
 
 
 # Logit added to padded keys in the folded path: far below any real logit, so exp() underflows to exactly 0,
