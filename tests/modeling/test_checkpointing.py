@@ -145,7 +145,7 @@ class DeferredToy(PositionalScheme):
     term of the layer's queries and keys gated by another such tensor."""
 
     name, display_name, summary = "toy-deferred", "Toy deferred", "a deferred content-free and layer term"
-    terms = frozenset({"bias", "layer"})
+    terms = frozenset({"content_free", "layer"})
 
     def __init__(self, config):
         super().__init__(config)
@@ -164,7 +164,7 @@ class DeferredToy(PositionalScheme):
             "gates": torch.tanh(self.gates)[:, None, None],
         }
         return PositionalContext(
-            self.logit_scale, parts=parts, bias_method=self.distance_term, layer_term=self.gated_term
+            self.logit_scale, parts=parts, content_free_method=self.distance_term, layer_term=self.gated_term
         )
 
     def distance_term(self, ctx):
@@ -216,21 +216,21 @@ def toy_schemes():
     toys = (DeferredToy, ClosureToy, LazyClosureToy, KeepingToy)
     for toy in toys:
         register_scheme(toy)
-    # a kernel that never builds the deferred term before the layers (`reads_bias=False`) yet reads it: each
+    # a kernel that never builds the deferred term before the layers (`reads_content_free=False`) yet reads it: each
     # checkpointed layer then builds its own from the checkpoint's copies of `parts`
     register_attention_kernel(
         AttentionKernel(
-            "late-bias", eager_attention, "eager, the term built in each layer", handles=frozenset({"bias", "layer"}),
-            reads_bias=False,
+            "late-term", eager_attention, "eager, the term built in each layer",
+            handles=frozenset({"content_free", "layer"}), reads_content_free=False,
         )
     )  # fmt: skip
     yield
-    unregister_attention_kernel("late-bias")
+    unregister_attention_kernel("late-term")
     for toy in toys:
         unregister_scheme(toy.name)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "late-bias"])
+@pytest.mark.parametrize("kernel", ["auto", "late-term"])
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_a_scheme_that_defers_its_work_to_methods_checkpoints_exactly(toy_schemes, use_reentrant, kernel):
     expected = _gradients(TupeForMaskedLM, "toy-deferred", None, kernel)

@@ -503,7 +503,7 @@ class TupeModel(TupePreTrainedModel):
         """The content-free term added to every layer's logits, (heads, seq_len, seq_len), after the [CLS] reset
         where the scheme has one; None for schemes without such a term (bert-a, bert-a-d, rope)."""
         self._check_length(seq_len)
-        return self.positional(seq_len).bias
+        return self.positional(seq_len).content_free
 
     def _check_positions(self, ids: torch.Tensor) -> None:
         """Positions given as data must lie in the model's range: the length limit applies to positions, not to
@@ -647,8 +647,8 @@ class TupeModel(TupePreTrainedModel):
             padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
                 ~keep, torch.finfo(dtype).min
             )
-        if kernel.reads_bias:
-            ctx.bias  # noqa: B018 - a deferred content-free term, built once here for every layer (not when folded)
+        if kernel.reads_content_free:
+            ctx.content_free  # noqa: B018 - a deferred term, built once here for every layer (not when folded)
         mask = padding if kernel.prepare is None else kernel.prepare(ctx, padding, dtype)
         return AttentionInputs(ctx, padding, mask, kernel, probabilities)
 

@@ -241,9 +241,9 @@ class PositionalScheme(PositionalModule):
     """Interface: `forward(n)` returns the `PositionalContext` of a length-n input.
 
     What a scheme computes after its forward pass (a content-free term built only when a kernel reads it, a term
-    of each layer's queries and keys) is one of its methods, named by the context (`bias_method`, `layer_term`)
-    and reading the context's tensors (its fields, `parts`), never a closure: gradient checkpointing passes each
-    layer the context's tensors, and those only.
+    of each layer's queries and keys) is one of its methods, named by the context (`content_free_method`,
+    `layer_term`) and reading the context's tensors (its fields, `parts`), never a closure: gradient checkpointing
+    passes each layer the context's tensors, and those only.
 
     The class attributes describe the scheme to the rest of the package (configuration, bench, analysis, reports,
     `--init-from`), which asks them rather than comparing names: adding a scheme means adding a subclass here and
@@ -253,7 +253,7 @@ class PositionalScheme(PositionalModule):
     name: ClassVar[str]
     display_name: ClassVar[str]  # as in the paper's tables
     summary: ClassVar[str]  # one line for `tupe pretrain --scheme`'s help
-    # What its contexts carry that concerns an attention kernel (`kernels.CONTEXT_TERMS`): "bias" a content-free
+    # What its contexts carry that concerns an attention kernel (`kernels.CONTEXT_TERMS`): "content_free" a
     # (h, n, n) term, "fold" its low-rank form, "constant" nothing learned in it, "rotary", "layer" a per-layer
     # content x position term. The one declaration: the booleans below are read from it, and so is `kernels()`.
     terms: ClassVar[frozenset[str]] = frozenset()
@@ -271,7 +271,7 @@ class PositionalScheme(PositionalModule):
     parameter_groups: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     # read from `terms`, set on each subclass (`__init_subclass__`)
-    content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits ("bias")
+    content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits ("content_free")
     low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns ("fold")
     rotary: ClassVar[bool] = False  # queries and keys rotated by position ("rotary")
     content_position: ClassVar[bool] = False  # a per-layer content x position term ("layer", DeBERTa)
@@ -279,7 +279,7 @@ class PositionalScheme(PositionalModule):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.terms = frozenset(cls.terms)
-        cls.content_free = "bias" in cls.terms
+        cls.content_free = "content_free" in cls.terms
         cls.low_rank = "fold" in cls.terms
         cls.rotary = "rotary" in cls.terms
         cls.content_position = "layer" in cls.terms
@@ -376,7 +376,7 @@ class BertR(BertA):
     display_name = "BERT-R"
     summary = "bert-a plus a T5 relative bias on every layer"
     transformers_comparator = None
-    terms = frozenset({"bias"})
+    terms = frozenset({"content_free"})
     relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
     parameter_groups = BertA.parameter_groups + RELATIVE_BIAS_GROUPS
@@ -387,7 +387,7 @@ class BertR(BertA):
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         ctx = super().forward(n, positions)
-        ctx.bias = self.relative(n, positions)
+        ctx.content_free = self.relative(n, positions)
         return ctx
 
 
@@ -418,7 +418,7 @@ class TupeA(PositionalScheme):
     name = "tupe-a"
     display_name = "TUPE-A"
     summary = "untied absolute positions with the [CLS] reset (the paper's TUPE-A)"
-    terms = frozenset({"bias", "fold"})
+    terms = frozenset({"content_free", "fold"})
     score_dims = 2
     untied_projections = True
     resets_cls = True
@@ -434,7 +434,9 @@ class TupeA(PositionalScheme):
         q, k = self.untied(n, positions)  # (h, n, d); positions given: (b, h, n, d)
         scale = self.logit_scale
         # the (h, n, n) term is built from `parts` only when a kernel reads it (`content_free_term`)
-        ctx = PositionalContext(scale, parts={"query": q, "key": k}, bias_method=self.content_free_term)
+        ctx = PositionalContext(
+            scale, parts={"query": q, "key": k}, content_free_method=self.content_free_term
+        )
         ctx.positions = positions
         if self.resets_cls:
             theta = self.untied.theta(scale)
@@ -487,7 +489,7 @@ class TupeR(TupeA):
     name = "tupe-r"
     display_name = "TUPE-R"
     summary = "tupe-a plus a T5 relative bias (the paper's TUPE-R)"
-    terms = frozenset({"bias"})  # a relative bias is not low-rank: no fold
+    terms = frozenset({"content_free"})  # a relative bias is not low-rank: no fold
     relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
     parameter_groups = UNTIED_GROUPS + RELATIVE_BIAS_GROUPS
@@ -498,7 +500,7 @@ class TupeR(TupeA):
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         ctx = super().forward(n, positions)
-        ctx.bias = ctx.bias + self.relative(n, positions)
+        ctx.content_free = ctx.content_free + self.relative(n, positions)
         ctx.fold = None
         return ctx
 
@@ -633,7 +635,7 @@ class T5Bias(PositionalScheme):
     name = "t5"
     display_name = "T5 bias"
     summary = "T5's relative bias alone"
-    terms = frozenset({"bias"})
+    terms = frozenset({"content_free"})
     relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
     parameter_groups = RELATIVE_BIAS_GROUPS
@@ -644,7 +646,7 @@ class T5Bias(PositionalScheme):
         self.relative = RelativeBias(config)
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
-        return PositionalContext(self.logit_scale, bias=self.relative(n, positions))
+        return PositionalContext(self.logit_scale, content_free=self.relative(n, positions))
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -672,7 +674,7 @@ class Alibi(PositionalScheme):
     display_name = "ALiBi"
     summary = "symmetric ALiBi: fixed per-head slopes times |j - i|"
     # nothing learned ("constant"): without attention dropout SDPA's flash kernel takes the term as a mask
-    terms = frozenset({"bias", "constant"})
+    terms = frozenset({"content_free", "constant"})
     relative_bias = True
     decomposable = True
 
@@ -692,7 +694,7 @@ class Alibi(PositionalScheme):
             distance = (distance[None, :] - distance[:, None]).abs()  # |j - i|
             bias = -alibi_slopes(self.heads)[:, None, None] * distance  # (h, n, n), exact in float64
             bias = bias.to(self.device_anchor.device, torch.float32)
-        return PositionalContext(self.logit_scale, bias=bias)
+        return PositionalContext(self.logit_scale, content_free=bias)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -714,7 +716,7 @@ class Kerple(PositionalScheme):
     triangle of `i - j`); an encoder takes `|i - j|`, symmetric: the kernel knows distance, not direction.
     """
 
-    terms = frozenset({"bias"})
+    terms = frozenset({"content_free"})
     relative_bias = True
     decomposable = True
     parameter_groups = (("bias_p", "KERPLE bias_p"), ("bias_a", "KERPLE bias_a"))
@@ -757,7 +759,7 @@ class Kerple(PositionalScheme):
             # work, no slicing that a traced length would have to satisfy)
             distance = torch.arange(-(n - 1), n, device=p.device, dtype=p.dtype).abs()
             bias = toeplitz(self.kernel(p[:, None], a[:, None], distance), n)
-        return PositionalContext(self.logit_scale, bias=bias)
+        return PositionalContext(self.logit_scale, content_free=bias)
 
 
 class KerpleLog(Kerple):
@@ -805,7 +807,7 @@ class Fire(PositionalScheme):
     name = "fire"
     display_name = "FIRE"
     summary = "FIRE: a learned MLP of the log-scaled signed offset, normalised by the length"
-    terms = frozenset({"bias"})
+    terms = frozenset({"content_free"})
     relative_bias = True
     decomposable = True
     config_fields = (
@@ -882,7 +884,7 @@ class Fire(PositionalScheme):
         return torch.log1p((self.distance_scale * x).abs())
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
-        return PositionalContext(self.logit_scale, bias=self.offset_bias(n, positions))
+        return PositionalContext(self.logit_scale, content_free=self.offset_bias(n, positions))
 
     def offset_bias(self, n: int, positions: Positions | None = None) -> torch.Tensor:
         """The term of every pair: (h, n, n) for positions 0..n-1, (b, h, n, n) for given `positions`."""
