@@ -35,8 +35,8 @@ def _first_layer_logits_from_qkv(model, ids: torch.Tensor) -> torch.Tensor:
     if ctx.query_add is not None:
         q, k = q + ctx.query_add, k + ctx.key_add
     logits = q @ k.transpose(-1, -2) * ctx.logit_scale
-    if ctx.bias is not None:
-        logits = logits + ctx.bias
+    if ctx.content_free is not None:
+        logits = logits + ctx.content_free
     return logits
 
 

@@ -201,10 +201,10 @@ def documented_auto(
     "flex" on CUDA for other content-free terms without dropout; else "sdpa"."""
     if device != "cpu" and "fold" in terms:
         return "fold"
-    learned_term = "layer" in terms or ("bias" in terms and "constant" not in terms)
+    learned_term = "layer" in terms or ("content_free" in terms and "constant" not in terms)
     if device == "cpu" and trains and dtype in (torch.float32, torch.float64) and (dropout or learned_term):
         return "fused"
-    if device == "cuda" and "bias" in terms and not dropout:
+    if device == "cuda" and "content_free" in terms and not dropout:
         return "flex"
     return "sdpa"
 

@@ -2,11 +2,15 @@
 
 The content-free term is computed once per forward pass and shared by every layer; the layers must receive it
 as a checkpoint input, or the recomputation saves a different number of tensors (non-reentrant) or backward
-runs twice through the shared graph and leaves the positional parameters without a gradient (reentrant).
+runs twice through the shared graph and leaves the positional parameters without a gradient (reentrant). So
+every tensor a layer reads is a field of the `PositionalContext` (`tensors()`), and what a scheme computes later
+is one of its methods called with the context: a scheme from outside the package that defers its work that way
+trains exactly; one that hides a tensor in a closure, or keeps one on itself, is refused by name.
 """
 
 import pytest
 import torch
+from torch import nn
 from transformers import Trainer, TrainingArguments
 
 import tupe
@@ -17,6 +21,19 @@ from tupe import (
     TupeForSequenceClassification,
     TupeForTokenClassification,
     TupeModel,
+)
+from tupe.modeling.kernels import (
+    AttentionKernel,
+    eager_attention,
+    register_attention_kernel,
+    unregister_attention_kernel,
+)
+from tupe.modeling.positional import (
+    PositionalContext,
+    PositionalScheme,
+    TupeA,
+    register_scheme,
+    unregister_scheme,
 )
 
 from ..helpers import tiny_config
@@ -53,11 +70,13 @@ def _batch(cls):
     return dict(input_ids=ids, attention_mask=mask) | ({} if labels is None else {"labels": labels})
 
 
-def _gradients(cls, scheme, use_reentrant):
+def _gradients(cls, scheme, use_reentrant, kernel="auto"):
     """Parameter gradients of one float64 training step (dropout on: checkpointing must replay the same masks)."""
     torch.manual_seed(0)
     config = tiny_config(scheme, num_labels=2, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
     model = cls(config).double().train()
+    if kernel != "auto":
+        model.set_attn_implementation(kernel)
     if use_reentrant is not None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
         assert model.is_gradient_checkpointing
@@ -118,3 +137,150 @@ def test_trainer_with_gradient_checkpointing_matches_plain_training(tmp_path, us
     assert enabled
     for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
+
+
+class DeferredToy(PositionalScheme):
+    """A scheme registered from outside that defers all its work to methods reading its context: a content-free
+    term built on first read from `parts` (tensors its forward computed from its parameters), and a per-layer
+    term of the layer's queries and keys gated by another such tensor."""
+
+    name, display_name, summary = "toy-deferred", "Toy deferred", "a deferred content-free and layer term"
+    terms = frozenset({"content_free", "layer"})
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.slopes = nn.Parameter(torch.empty(config.num_attention_heads))
+        self.gates = nn.Parameter(torch.empty(config.num_attention_heads))
+
+    def init_positional_weights(self, std):
+        nn.init.normal_(self.slopes)
+        nn.init.normal_(self.gates)
+
+    def forward(self, n):
+        i = torch.arange(n, dtype=self.slopes.dtype)
+        parts = {
+            "slopes": nn.functional.softplus(self.slopes)[:, None, None],
+            "distance": (i[None, :] - i[:, None]).abs(),
+            "gates": torch.tanh(self.gates)[:, None, None],
+        }
+        return PositionalContext(
+            self.logit_scale, parts=parts, content_free_method=self.distance_term, layer_term=self.gated_term
+        )
+
+    def distance_term(self, ctx):
+        return -ctx.parts["slopes"] * ctx.parts["distance"]
+
+    def gated_term(self, ctx, q, k, project):
+        return ctx.parts["gates"] * (q @ k.transpose(-1, -2)) * self.logit_scale
+
+
+class ClosureToy(DeferredToy):
+    """The same terms computed in closures over the tensors its forward computed (the way schemes once did)."""
+
+    name = "toy-closure"
+
+    def forward(self, n):
+        ctx = PositionalContext(self.logit_scale)
+        gates = torch.tanh(self.gates)[:, None, None]
+        ctx.layer_term = lambda ctx, q, k, project: gates * (q @ k.transpose(-1, -2)) * self.logit_scale
+        return ctx
+
+
+class LazyClosureToy(DeferredToy):
+    """The content-free term as a closure built on first read (the former `bias_fn`)."""
+
+    name = "toy-lazy-closure"
+
+    def forward(self, n):
+        ctx = super().forward(n)
+        slopes = ctx.parts["slopes"]
+        ctx.bias_fn = lambda: -slopes * ctx.parts["distance"]
+        return ctx
+
+
+class KeepingToy(DeferredToy):
+    """The per-layer term reads a tensor its forward computed and kept on the scheme, not in the context."""
+
+    name = "toy-keeping"
+
+    def forward(self, n):
+        self.kept_gates = torch.tanh(self.gates)[:, None, None]
+        return super().forward(n)
+
+    def gated_term(self, ctx, q, k, project):
+        return self.kept_gates * (q @ k.transpose(-1, -2)) * self.logit_scale
+
+
+@pytest.fixture
+def toy_schemes():
+    toys = (DeferredToy, ClosureToy, LazyClosureToy, KeepingToy)
+    for toy in toys:
+        register_scheme(toy)
+    # a kernel that never builds the deferred term before the layers (`reads_content_free=False`) yet reads it: each
+    # checkpointed layer then builds its own from the checkpoint's copies of `parts`
+    register_attention_kernel(
+        AttentionKernel(
+            "late-term", eager_attention, "eager, the term built in each layer",
+            handles=frozenset({"content_free", "layer"}), reads_content_free=False,
+        )
+    )  # fmt: skip
+    yield
+    unregister_attention_kernel("late-term")
+    for toy in toys:
+        unregister_scheme(toy.name)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "late-term"])
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_a_scheme_that_defers_its_work_to_methods_checkpoints_exactly(toy_schemes, use_reentrant, kernel):
+    expected = _gradients(TupeForMaskedLM, "toy-deferred", None, kernel)
+    got = _gradients(TupeForMaskedLM, "toy-deferred", use_reentrant, kernel)
+    assert [n for n, g in got.items() if g is None] == []
+    assert (
+        expected["tupe.positional.slopes"].abs().sum() > 0
+        and expected["tupe.positional.gates"].abs().sum() > 0
+    )
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-12, rtol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("use_reentrant", [None, False, True])
+def test_a_scheme_computing_in_a_closure_is_refused(toy_schemes, use_reentrant):
+    """Closures are refused whether or not the model checkpoints: the context names the way to do it."""
+    with pytest.raises(TypeError, match=r"PositionalContext.layer_term must be a method of the scheme"):
+        _gradients(TupeForMaskedLM, "toy-closure", use_reentrant)
+    with pytest.raises(AttributeError, match=r"PositionalContext has no field 'bias_fn'.*`parts`"):
+        _gradients(TupeForMaskedLM, "toy-lazy-closure", use_reentrant)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_a_scheme_keeping_a_computed_tensor_is_refused_when_checkpointing(toy_schemes, use_reentrant):
+    plain = _gradients(TupeForMaskedLM, "toy-keeping", None)  # without checkpointing it trains
+    assert plain["tupe.positional.gates"].abs().sum() > 0
+    with pytest.raises(
+        TypeError, match=r"'toy-keeping' keeps tensors computed in its forward pass on itself \(kept_gates\)"
+    ):
+        _gradients(TupeForMaskedLM, "toy-keeping", use_reentrant)
+
+
+@pytest.mark.parametrize("use_reentrant", [None, False, True])
+@pytest.mark.parametrize("kernel, builds", [("fold", 0), ("fused", 1), ("sdpa", 1)])
+def test_tupe_a_term_is_built_once_per_pass_and_never_when_folded(monkeypatch, kernel, builds, use_reentrant):
+    """The deferred content-free term: one build per forward pass shared by every layer (none in a checkpoint's
+    recomputation), none at all when the kernel folds it."""
+    calls = []
+    build = TupeA.content_free_term
+
+    def counted(self, ctx):
+        calls.append(1)
+        return build(self, ctx)
+
+    monkeypatch.setattr(TupeA, "content_free_term", counted)
+    model = TupeForMaskedLM(tiny_config("tupe-a", num_hidden_layers=3)).train()
+    model.set_attn_implementation(kernel)
+    if use_reentrant is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    ids = torch.randint(5, 50, (2, 9))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert len(calls) == builds
+    assert model.tupe.positional.untied.pos_query.weight.grad.abs().sum() > 0

@@ -141,10 +141,10 @@ def test_relative_embeddings_are_shared_and_projected_by_each_layer():
     assert not any("rel" in name for name, _ in model.layers.named_parameters())
     ctx = model.positional(9)
     # one vector per row read: 8 buckets give the 17 offsets of 9 tokens 13 rows (the log buckets share some)
-    assert ctx.relative_embeddings.shape == (13, 24) and ctx.bias is None
+    assert ctx.relative_embeddings.shape == (13, 24) and ctx.content_free is None
     q = k = torch.zeros(1, 2, 9, 12, dtype=torch.float64)
     # zero queries and keys: both terms vanish whatever the projections
-    term = ctx.layer_term(q, k, model.layers[0].attention.project_positions, ctx.relative_embeddings)
+    term = ctx.layer_term(ctx, q, k, model.layers[0].attention.project_positions)
     assert term.abs().max() == 0
 
 

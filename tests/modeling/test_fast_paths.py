@@ -270,11 +270,13 @@ def test_a_registered_kernel_runs_a_model_and_is_gone_after_unregistering():
 
     def toy(q, k, v, ctx, mask, dropout_p, probabilities):  # the eager formula, written out plainly
         calls.append(q.shape)
-        logits = q @ k.transpose(-1, -2) * ctx.logit_scale + ctx.bias + (0 if mask is None else mask)
+        logits = q @ k.transpose(-1, -2) * ctx.logit_scale + ctx.content_free + (0 if mask is None else mask)
         return torch.softmax(logits, -1) @ v, None
 
     register_attention_kernel(
-        AttentionKernel("toy", toy, "a test kernel", needs=frozenset({"bias"}), auto=lambda s: not s.trains)
+        AttentionKernel(
+            "toy", toy, "a test kernel", needs=frozenset({"content_free"}), auto=lambda s: not s.trains
+        )
     )
     try:
         assert "toy" in ATTENTION_KERNELS and "toy" in SCHEMES["tupe-r"].kernels()
@@ -311,7 +313,7 @@ def test_eager_softmax_runs_in_the_model_dtype(dtype):
     bias = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)
     padding = torch.zeros(2, 1, 1, 6, dtype=dtype)
     padding[1, ..., 4:] = torch.finfo(dtype).min
-    ctx = PositionalContext(0.5, bias=bias.to(dtype))
+    ctx = PositionalContext(0.5, content_free=bias.to(dtype))
     out, probs = eager_attention(q.to(dtype), k.to(dtype), v.to(dtype), ctx, padding, 0.0, True)
     assert out.dtype == probs.dtype == dtype
     exact = torch.softmax(q @ k.transpose(-1, -2) * 0.5 + bias + padding.double().clamp(min=-1e300), -1)

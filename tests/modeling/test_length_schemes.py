@@ -55,7 +55,7 @@ def test_kerple_clamps_its_parameters_in_place_with_an_identity_gradient(scheme)
     with torch.no_grad():
         positional.bias_p.copy_(torch.tensor([-0.5, 0.7, 2.5, 1.2]))
         positional.bias_a.copy_(torch.tensor([0.4, -0.2, 0.9, 0.001]))
-    bias = positional(6).bias
+    bias = positional(6).content_free
     p_high = 2.0 if scheme == "kerple-power" else 2.5
     assert positional.bias_p.tolist() == pytest.approx([0.01, 0.7, p_high, 1.2])
     assert positional.bias_a.tolist() == pytest.approx([0.4, 0.01, 0.9, 0.01])
@@ -141,7 +141,9 @@ def test_runs_beyond_max_position_embeddings(scheme):
     """No table: the term is defined at any length, and a model given a larger limit runs there unchanged."""
     model = _model(scheme)  # max_position_embeddings 40
     n = 3 * model.config.max_position_embeddings
-    torch.testing.assert_close(model.tupe.positional(n).bias.double(), _naive(model, n), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        model.tupe.positional(n).content_free.double(), _naive(model, n), atol=1e-5, rtol=1e-5
+    )
     assert SCHEMES[scheme].position_table is None  # what `tupe evaluate --lengths` asks
     model.config.max_position_embeddings = n
     ids = torch.randint(5, 50, (2, n))

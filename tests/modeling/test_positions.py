@@ -20,8 +20,8 @@ def _blind(ctx):
     if ctx.query_add is not None:
         ctx.query_add = ctx.query_add[:, :1].expand_as(ctx.query_add)
         ctx.key_add = ctx.key_add[:, :1].expand_as(ctx.key_add)
-    if ctx.has_bias:
-        ctx.bias = torch.zeros_like(ctx.bias)
+    if ctx.has_content_free:
+        ctx.content_free = torch.zeros_like(ctx.content_free)
     ctx.fold = None
     ctx.layer_term = None  # deberta's content-to-position and position-to-content terms
     if ctx.rotary is not None:

@@ -142,8 +142,10 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
         "pos_word": torch.matmul(qp, kw.transpose(-1, -2)) * scale,
         "pos_pos": torch.matmul(qp, kp.transpose(-1, -2)) * scale,
     }
-    if ctx.bias is not None:  # relative bias (bert-r) and TUPE's content-free term are position-to-position
-        terms["pos_pos"] = terms["pos_pos"] + ctx.bias.to(dt)
+    if (
+        ctx.content_free is not None
+    ):  # relative bias (bert-r) and TUPE's content-free term are position-to-position
+        terms["pos_pos"] = terms["pos_pos"] + ctx.content_free.to(dt)
 
     # Direct computation of the logits from the layer's input, as the model's eager attention does it.
     q = _project(x, wq, bq, heads)
@@ -151,8 +153,8 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
     if ctx.query_add is not None:
         q, k = q + ctx.query_add.to(dt), k + ctx.key_add.to(dt)
     logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if ctx.bias is not None:
-        logits = logits + ctx.bias.to(dt)
+    if ctx.content_free is not None:
+        logits = logits + ctx.content_free.to(dt)
     return terms, logits
 
 

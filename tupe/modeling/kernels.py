@@ -32,7 +32,7 @@ kernels"). Kernel names are compared here only.
 
 from __future__ import annotations
 
-import copy
+import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,7 +57,7 @@ class Positions:
       boundaries, `cu_seq_lens_q` / `seq_idx`, say); no token attends outside its own document.
     - real (b, n) bool or None: the tokens that are not padding (`attention_mask`); None: no padding.
 
-    Plain tensors (no closures), so gradient checkpointing hands every layer its own copies (`shared_tensors`).
+    Integer data, no gradient: not among the context's `tensors()` a checkpoint passes to each layer.
     """
 
     def __init__(
@@ -90,74 +90,174 @@ class PositionalContext:
 
     - logit_scale: factor on the content logits `q k^T` (1/sqrt(d), 1/sqrt(2d) or 1/sqrt(4d)).
     - input_embedding (n, hidden): added to the word embeddings (BERT-style absolute positions).
-    - bias (h, n, n): the content-free logits added to every layer (after the [CLS] reset where there is one).
+    - content_free (h, n, n): the content-free term, logits added to every layer whatever the tokens (TUPE's
+      untied position correlations as much as a relative bias; after the [CLS] reset where there is one).
     - query_add / key_add (h, n, d): added to every layer's queries / keys (BERT-A^d: `p U^Q`, `p U^K`).
     - rotary (cos, sin), each (n, d): rotation of queries and keys (RoPE).
-    - fold (h, n, r) x 2: extra query / key columns whose products equal `bias` up to a per-query constant
+    - fold (h, n, r) x 2: extra query / key columns whose products equal `content_free` up to a per-query constant
       (which cancels in the softmax), so attention can run without an n x n tensor. Already scaled.
-    - bias_fn: builds `bias` on first access (then cached), so a pass that folds never materialises it
-      (long sequences on GPU); `has_bias` tells whether there is one without building it.
     - relative_embeddings (m, hidden): position vectors shared by all layers that each layer projects with its own
       weights (DeBERTa's relative embeddings, one row per offset `i - j` that occurs).
-    - layer_term: `layer_term(q, k, project, relative_embeddings) -> (b, h, n, n)`, an additive logit term that
-      depends on the layer's queries and keys and on `project(r) -> (r W^Q, r W^K)`, the layer's own projections
-      (each (h, m, d)), of the context's `relative_embeddings` (passed in, not captured, so that gradient
-      checkpointing can hand each layer its own copy). The attention layer calls it once per layer and hands
-      the result to the kernel as `layer_logits`.
+    - relative_index: the row of `relative_embeddings` each offset (DeBERTa: (2n - 1,), None when there is one row
+      per offset) or, with positions given as data, each pair ((b, n, n)) reads.
+    - parts: the scheme's own tensors, by name, that its methods below read (TUPE-A: the projected positions
+      `p U^Q`, `p U^K` and the [CLS] values its `content_free` is built from).
+    - content_free_method: a method of the scheme, `content_free_method(ctx) -> content_free`, that builds the
+      term from this context on first read (then cached), so a pass that folds never materialises it (long
+      sequences on GPU); `has_content_free` tells whether there is a term without building it.
+    - layer_term: a method of the scheme, `layer_term(ctx, q, k, project) -> (b, h, n, n)`, an additive logit term
+      of the layer's queries and keys, of `project(r) -> (r W^Q, r W^K)`, the layer's own projections (each
+      (h, m, d)), and of this context (DeBERTa: its `relative_embeddings`). Each attention layer calls it once and
+      hands the result to the kernel as `layer_logits`.
     - layer_logits (b, h, n, n): that term for the layer being run (set on the layer's copy of the context).
-    - relative_index (b, n, n) long or None: with positions given as data, the row of `relative_embeddings` each
-      pair reads; passed to `layer_term` as `index=` when set (a tensor of the context, not of a closure).
     - positions: the `Positions` of this pass when the model was given `position_ids` (else None: `0..n-1` in
-      every row). With positions, `bias`, `query_add` / `key_add`, `fold` and `rotary` carry a leading batch
+      every row). With positions, `content_free`, `query_add` / `key_add`, `fold` and `rotary` carry a leading batch
       dimension: (b, h, n, n), (b, h, n, d), (b, h, n, r), (b, 1, n, d); `input_embedding` is (b, n, hidden).
+
+    Every tensor a layer reads is one of these fields (`tensors()`), so gradient checkpointing hands each layer
+    its own copies (`with_tensors`). What a scheme computes later is one of its methods, called with the context:
+    a closure would hide the tensors it captures from the checkpoint, so `content_free_method` and `layer_term`
+    refuse anything but a method, and the context refuses attributes it does not declare.
     """
+
+    __slots__ = (
+        "logit_scale",
+        "input_embedding",
+        "_content_free",
+        "query_add",
+        "key_add",
+        "rotary",
+        "fold",
+        "relative_embeddings",
+        "relative_index",
+        "parts",
+        "content_free_method",
+        "layer_term",
+        "layer_logits",
+        "positions",
+    )
+    # the fields `tensors()` flattens, in order: a tensor, a tuple of tensors or None each (`parts` follows them)
+    _TENSOR_FIELDS = (
+        "input_embedding",
+        "_content_free",
+        "query_add",
+        "key_add",
+        "rotary",
+        "fold",
+        "relative_embeddings",
+        "relative_index",
+        "layer_logits",
+    )
 
     def __init__(
         self,
         logit_scale: float,
         input_embedding: torch.Tensor | None = None,
-        bias: torch.Tensor | None = None,
+        content_free: torch.Tensor | None = None,
         query_add: torch.Tensor | None = None,
         key_add: torch.Tensor | None = None,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         fold: tuple[torch.Tensor, torch.Tensor] | None = None,
-        bias_fn: Callable[[], torch.Tensor] | None = None,
         relative_embeddings: torch.Tensor | None = None,
+        relative_index: torch.Tensor | None = None,
+        parts: dict[str, torch.Tensor] | None = None,
+        content_free_method: Callable[[PositionalContext], torch.Tensor] | None = None,
         layer_term: Callable[..., torch.Tensor] | None = None,
     ):
         self.logit_scale = logit_scale
         self.input_embedding = input_embedding
-        self._bias = bias
+        self._content_free = content_free
         self.query_add, self.key_add = query_add, key_add
         self.rotary = rotary
         self.fold = fold
-        self.bias_fn = bias_fn
         self.relative_embeddings = relative_embeddings
+        self.relative_index = relative_index
+        self.parts = {} if parts is None else parts
+        self.content_free_method = content_free_method
         self.layer_term = layer_term
         self.layer_logits: torch.Tensor | None = None
-        self.relative_index: torch.Tensor | None = None
         self.positions: Positions | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in PositionalContext.__slots__ and name != "content_free":
+            raise AttributeError(
+                f"PositionalContext has no field {name!r} (fields: {', '.join(_CONTEXT_FIELDS)}): a scheme's own "
+                f"tensors go in `parts`, what it computes from them later in a method (`content_free_method`, "
+                f"`layer_term`)"
+            )
+        if (
+            name in ("content_free_method", "layer_term")
+            and value is not None
+            and not _is_module_method(value)
+        ):
+            raise TypeError(
+                f"PositionalContext.{name} must be a method of the scheme (e.g. `self.{name}`) reading the tensors "
+                f"of the context it is given, not {value!r}: a closure hides the tensors it captures from "
+                f"gradient checkpointing (put them in `parts`)"
+            )
+        if name == "parts" and not all(isinstance(t, torch.Tensor) for t in value.values()):
+            raise TypeError(f"PositionalContext.parts holds tensors only, got {sorted(value)}")
+        object.__setattr__(self, name, value)
+
+    def copy(self) -> PositionalContext:
+        """A shallow copy (the tensors are shared, `parts` is a new dict)."""
+        new = object.__new__(PositionalContext)
+        for name in PositionalContext.__slots__:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "parts", dict(self.parts))
+        return new
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor of the context, flattened in field order, `parts` last (what `with_tensors` takes back)."""
+        flat: list[torch.Tensor] = []
+        for name in self._TENSOR_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                flat.append(value)
+            elif value is not None:
+                flat.extend(value)
+        flat.extend(self.parts.values())
+        return tuple(flat)
+
+    def with_tensors(self, tensors: Sequence[torch.Tensor]) -> PositionalContext:
+        """A copy holding `tensors` (from `tensors()`, or a checkpoint's copies of them) in place of its own."""
+        new, it = self.copy(), iter(tensors)
+        for name in self._TENSOR_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                object.__setattr__(new, name, next(it))
+            elif value is not None:
+                object.__setattr__(new, name, tuple(next(it) for _ in value))
+        object.__setattr__(new, "parts", {name: next(it) for name in self.parts})
+        return new
 
     def for_layer(self, layer_logits: torch.Tensor) -> PositionalContext:
         """A shallow copy carrying one layer's `layer_logits` (the shared context is never modified)."""
-        _ = self.bias  # build a lazy shared term once, here, not once per layer's copy
-        ctx = copy.copy(self)
+        ctx = self.copy()
         ctx.layer_logits = layer_logits
         return ctx
 
     @property
-    def bias(self) -> torch.Tensor | None:
-        if self._bias is None and self.bias_fn is not None:
-            self._bias, self.bias_fn = self.bias_fn(), None
-        return self._bias
+    def content_free(self) -> torch.Tensor | None:
+        if self._content_free is None and self.content_free_method is not None:
+            self._content_free, self.content_free_method = self.content_free_method(self), None
+        return self._content_free
 
-    @bias.setter
-    def bias(self, value: torch.Tensor | None) -> None:
-        self._bias, self.bias_fn = value, None
+    @content_free.setter
+    def content_free(self, value: torch.Tensor | None) -> None:
+        self._content_free, self.content_free_method = value, None
 
     @property
-    def has_bias(self) -> bool:
-        return self._bias is not None or self.bias_fn is not None
+    def has_content_free(self) -> bool:
+        return self._content_free is not None or self.content_free_method is not None
+
+
+_CONTEXT_FIELDS = ("content_free", *(name for name in PositionalContext.__slots__ if name != "_content_free"))
+
+
+def _is_module_method(fn: object) -> bool:
+    """A method bound to a module (a scheme), which reads what it is given and the module's parameters."""
+    return inspect.ismethod(fn) and isinstance(fn.__self__, nn.Module)
 
 
 # Logit added to padded keys in the folded path: far below any real logit, so exp() underflows to exactly 0,
@@ -463,12 +563,16 @@ def _compiled_flex():
 
 # What a scheme's `PositionalContext` may carry that concerns a kernel (`PositionalScheme.terms` lists a scheme's).
 # A kernel refuses a scheme that has a term marked "must take" which the kernel does not list in `handles`; terms
-# not marked so are optional representations (the fold is the bias again) or are applied before any kernel runs.
+# not marked so are optional representations (the fold is the content-free term again) or are applied before any
+# kernel runs.
 CONTEXT_TERMS: dict[str, tuple[str, bool]] = {
     # name: (description for messages, must a kernel take it)
-    "bias": ("a content-free logit term (ctx.bias, (h, n, n), shared by the batch)", True),
-    "fold": ("a low-rank content-free term (ctx.fold: extra query/key columns equal to ctx.bias)", False),
-    "constant": ("a constant content-free term (nothing learned: ctx.bias needs no gradient)", False),
+    "content_free": ("a content-free logit term (ctx.content_free, (h, n, n), shared by the batch)", True),
+    "fold": (
+        "a low-rank content-free term (ctx.fold: extra query/key columns equal to ctx.content_free)",
+        False,
+    ),
+    "constant": ("a constant content-free term (nothing learned: ctx.content_free needs no gradient)", False),
     "rotary": ("rotary positions (ctx.rotary, applied to queries and keys)", False),
     "layer": (
         "a per-layer term of the layer's own queries, keys and projections (ctx.layer_logits, (b, h, n, n))",
@@ -522,14 +626,14 @@ class AttentionKernel:
     fn: KernelFn
     summary: str
     needs: frozenset[str] = frozenset()
-    handles: frozenset[str] = frozenset({"bias"})
+    handles: frozenset[str] = frozenset({"content_free"})
     dtypes: tuple[torch.dtype, ...] | None = None
     train_devices: tuple[str, ...] | None = None
     dropout: bool = True
     probabilities: bool = False
     prepare: Callable[[Any, torch.Tensor | None, torch.dtype], torch.Tensor | None] | None = None
     auto: Callable[[KernelSituation], bool] | None = None
-    reads_bias: bool = (
+    reads_content_free: bool = (
         True  # reads the materialised content-free term (fold reads its low-rank factors instead)
     )
     documents: str | None = None
@@ -695,8 +799,8 @@ def eager_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, pro
     """The reference: the logits exactly as written in docs/model.md, materialised; softmax in the model's dtype
     (float32 for float16/bfloat16), so the reference is exact in float64."""
     logits = torch.matmul(q, k.transpose(-1, -2)) * ctx.logit_scale  # (b, h, n, n)
-    if ctx.bias is not None:
-        logits = logits + ctx.bias.to(logits.dtype)
+    if ctx.content_free is not None:
+        logits = logits + ctx.content_free.to(logits.dtype)
     if ctx.layer_logits is not None:
         logits = logits + ctx.layer_logits.to(logits.dtype)
     if mask is not None:
@@ -711,9 +815,9 @@ def sdpa_mask(
     ctx: PositionalContext, padding: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor | None:
     """The content-free term plus the padding as one additive (1 or b, h, n, n) mask, once for all layers."""
-    if ctx.bias is None:
+    if ctx.content_free is None:
         return padding
-    mask = ctx.bias.to(dtype)
+    mask = ctx.content_free.to(dtype)
     if mask.dim() == 3:
         mask = mask[None]  # (1, h, n, n): broadcast over the batch (positions as data: already (b, h, n, n))
     if padding is not None:
@@ -742,7 +846,7 @@ def fold_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, prob
 def fused_attention(q, k, v, ctx: PositionalContext, mask, dropout_p: float, probabilities: bool):
     """CPU training: one n x n buffer, the shared (h, n, n) term broadcast, the fast dropout mask; a layer's own
     (b, h, n, n) term (`layer_logits`) is added in the same buffer, and its gradient is the buffer's."""
-    bias = ctx.bias
+    bias = ctx.content_free
     if ctx.layer_logits is not None:
         bias = ctx.layer_logits if bias is None else ctx.layer_logits + bias
     return biased_attention(q, k, v, bias, mask, ctx.logit_scale, dropout_p), None
@@ -771,8 +875,8 @@ def flex_attention_kernel(q, k, v, ctx: PositionalContext, mask, dropout_p: floa
     """`flex_attention` with the content-free term read in a score_mod (`flex_bias_attention`); with documents
     its `mask` is the document `BlockMask` of `flex_block_mask`."""
     if mask is not None and not isinstance(mask, torch.Tensor):  # a BlockMask: documents (and padding)
-        return flex_bias_attention(q, k, v, ctx.bias, None, ctx.logit_scale, block_mask=mask), None
-    return flex_bias_attention(q, k, v, ctx.bias, mask, ctx.logit_scale), None
+        return flex_bias_attention(q, k, v, ctx.content_free, None, ctx.logit_scale, block_mask=mask), None
+    return flex_bias_attention(q, k, v, ctx.content_free, mask, ctx.logit_scale), None
 
 
 _FLOATS = (torch.float32, torch.float64)
@@ -782,7 +886,7 @@ for _kernel in (
         "eager",
         eager_attention,
         "the reference: logits materialised as written, softmax in the model's dtype; returns probabilities",
-        handles=frozenset({"bias", "layer"}),
+        handles=frozenset({"content_free", "layer"}),
         probabilities=True,
         documents="mask",
     ),
@@ -790,7 +894,7 @@ for _kernel in (
         "sdpa",
         sdpa_attention,
         "scaled_dot_product_attention, content-free term + padding as one additive mask",
-        handles=frozenset({"bias", "layer"}),
+        handles=frozenset({"content_free", "layer"}),
         prepare=sdpa_mask,
         documents="mask",
     ),
@@ -799,14 +903,14 @@ for _kernel in (
         fold_attention,
         "SDPA with the low-rank term and padding folded into extra query/key columns: no n x n tensor",
         needs=frozenset({"fold"}),
-        reads_bias=False,
+        reads_content_free=False,
         auto=lambda s: s.device_type != "cpu",  # GPUs: no n x n tensor at all (long sequences)
     ),
     AttentionKernel(
         "fused",
         fused_attention,
         "kernels.biased_attention: one n x n buffer, the shared term broadcast, fast dropout mask (CPU training)",
-        handles=frozenset({"bias", "layer"}),
+        handles=frozenset({"content_free", "layer"}),
         dtypes=_FLOATS,
         documents="mask",
         # CPU training: SDPA runs its unfused math kernel with dropout or with a mask that needs a gradient; a
@@ -814,18 +918,18 @@ for _kernel in (
         auto=lambda s: (
             s.device_type == "cpu"
             and s.trains
-            and (s.dropout or "layer" in s.terms or ("bias" in s.terms and "constant" not in s.terms))
+            and (s.dropout or "layer" in s.terms or ("content_free" in s.terms and "constant" not in s.terms))
         ),
     ),
     AttentionKernel(
         "flex",
         flex_attention_kernel,
         "flex_attention with the content-free term in a score_mod (compiled on CUDA; no dropout)",
-        needs=frozenset({"bias"}),
+        needs=frozenset({"content_free"}),
         dropout=False,
         train_devices=("cuda",),
         prepare=flex_block_mask,
-        auto=lambda s: s.device_type == "cuda" and "bias" in s.terms,
+        auto=lambda s: s.device_type == "cuda" and "content_free" in s.terms,
         documents="context",
     ),
 ):

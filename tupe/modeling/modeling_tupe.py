@@ -9,10 +9,10 @@ model is built or loaded (to the saved `config.attention_kernel` unless `attn_im
 
 from __future__ import annotations
 
-import copy
 import inspect
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +175,20 @@ class AttentionInputs:
     kernel: AttentionKernel  # the registry entry resolved for this pass (`resolve_attention_kernel`)
     probabilities: bool = False  # output_attentions
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the layers read: the padding, the mask (a kernel's own mask object, e.g. flex's block
+        mask, holds no gradient and stays as it is) and the context's `tensors()`, in the order `with_tensors`
+        takes them back."""
+        own = tuple(t for t in (self.padding, self.mask) if isinstance(t, torch.Tensor))
+        return own + self.ctx.tensors()
+
+    def with_tensors(self, tensors: Sequence[torch.Tensor]) -> AttentionInputs:
+        """A copy holding `tensors` (from `tensors()`, or a checkpoint's copies of them) in place of its own."""
+        it = iter(tensors)
+        padding = next(it) if isinstance(self.padding, torch.Tensor) else self.padding
+        mask = next(it) if isinstance(self.mask, torch.Tensor) else self.mask
+        return replace(self, padding=padding, mask=mask, ctx=self.ctx.with_tensors(tuple(it)))
+
 
 class TupeEmbeddings(nn.Module):
     """Word embeddings, plus absolute positions for the schemes that add them to the input."""
@@ -248,68 +262,29 @@ class TupeSelfAttention(nn.Module):
         if ctx.query_add is not None:
             q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
         if ctx.layer_term is not None:  # a term of this layer's own queries, keys and projections (DeBERTa)
-            extra = {} if ctx.relative_index is None else {"index": ctx.relative_index}
-            ctx = ctx.for_layer(
-                ctx.layer_term(q, k, self.project_positions, ctx.relative_embeddings, **extra)
-            )
+            ctx = ctx.for_layer(ctx.layer_term(ctx, q, k, self.project_positions))
         dropout_p = self.dropout_p if self.training else 0.0
         return kernel.fn(q, k, v, ctx, inputs.mask, dropout_p, inputs.probabilities)
 
 
-def _tensor_slots(obj, depth: int = 2):
-    """(attribute name, value) of the tensors and tuples of tensors that `obj` holds, and of the plain objects
-    holding some (`depth` levels down): what `AttentionInputs` and its `PositionalContext` share with every layer."""
-    for name, value in vars(obj).items():
-        if isinstance(value, torch.Tensor) or (
-            isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value)
-        ):
-            yield name, value
-        elif (
-            depth
-            and hasattr(value, "__dict__")
-            and not isinstance(value, nn.Module)
-            and not callable(value)
-            and next(_tensor_slots(value, depth - 1), None) is not None
-        ):
-            yield name, value
+def _kept_graph_tensors(scheme: nn.Module) -> list[str]:
+    """The attributes of `scheme` and its submodules that hold a tensor recording gradients which is not a
+    parameter: something a forward pass computed and kept for later. A layer reading it would hide it from
+    gradient checkpointing, which passes each layer the context's tensors only (`PositionalContext.tensors`)."""
 
+    def records(value: object) -> bool:
+        if isinstance(value, (tuple, list)):
+            return any(records(v) for v in value)
+        if isinstance(value, dict):
+            return any(records(v) for v in value.values())
+        return isinstance(value, torch.Tensor) and value.requires_grad and not isinstance(value, nn.Parameter)
 
-def shared_tensors(inputs: AttentionInputs) -> tuple[torch.Tensor, ...]:
-    """Every tensor the layers read from `inputs`, flattened (the order `with_shared_tensors` expects). A
-    content-free term still to be built (`PositionalContext.bias_fn`) is built first, outside any layer, unless
-    the kernel folds it (then no layer reads it)."""
-    if inputs.kernel.reads_bias:
-        inputs.ctx.bias  # noqa: B018 - builds the cached term
-
-    def flatten(obj, depth):
-        for _, value in _tensor_slots(obj, depth):
-            if isinstance(value, torch.Tensor):
-                yield value
-            elif isinstance(value, tuple):
-                yield from value
-            else:
-                yield from flatten(value, depth - 1)
-
-    return tuple(flatten(inputs, 2))
-
-
-def with_shared_tensors(inputs: AttentionInputs, tensors: tuple[torch.Tensor, ...]) -> AttentionInputs:
-    """A shallow copy of `inputs` holding `tensors` (from `shared_tensors`, or the checkpoint's copies of them)."""
-    it = iter(tensors)
-
-    def rebuild(obj, depth):
-        new = copy.copy(obj)
-        for name, value in _tensor_slots(obj, depth):
-            if isinstance(value, torch.Tensor):
-                value = next(it)
-            elif isinstance(value, tuple):
-                value = tuple(next(it) for _ in value)
-            else:
-                value = rebuild(value, depth - 1)
-            object.__setattr__(new, name, value)
-        return new
-
-    return rebuild(inputs, 2)
+    return [
+        f"{prefix}.{name}".lstrip(".")
+        for prefix, module in scheme.named_modules()
+        for name, value in vars(module).items()
+        if name not in ("_parameters", "_buffers", "_modules") and records(value)
+    ]
 
 
 class TupeLayer(GradientCheckpointingLayer):
@@ -327,11 +302,11 @@ class TupeLayer(GradientCheckpointingLayer):
         self.dropout = FastDropout(config.hidden_dropout_prob)
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs, *shared: torch.Tensor):
-        """`shared`: with gradient checkpointing, the tensors of `inputs` (`shared_tensors`) passed explicitly, so
-        that the checkpoint sees them as inputs: the recomputation and a reentrant backward then run this layer
-        alone, and the gradient of the positional term shared by all layers flows back through them."""
+        """`shared`: with gradient checkpointing, the tensors of `inputs` (`AttentionInputs.tensors`) passed
+        explicitly, so that the checkpoint sees them as inputs: the recomputation and a reentrant backward then run
+        this layer alone, and the gradient of the positional terms shared by all layers flows back through them."""
         if shared:
-            inputs = with_shared_tensors(inputs, shared)
+            inputs = inputs.with_tensors(shared)
         attn, probs = self.attention(x, inputs)
         x = self.attention_norm(x + self.dropout(self.attention_output(attn)))
         x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
@@ -533,7 +508,7 @@ class TupeModel(TupePreTrainedModel):
         """The content-free term added to every layer's logits, (heads, seq_len, seq_len), after the [CLS] reset
         where the scheme has one; None for schemes without such a term (bert-a, bert-a-d, rope)."""
         self._check_length(seq_len)
-        return self.positional(seq_len).bias
+        return self.positional(seq_len).content_free
 
     def _check_positions(self, ids: torch.Tensor) -> None:
         """Positions given as data must lie in the model's range: the length limit applies to positions, not to
@@ -677,6 +652,8 @@ class TupeModel(TupePreTrainedModel):
             padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
                 ~keep, torch.finfo(dtype).min
             )
+        if kernel.reads_content_free:
+            ctx.content_free  # noqa: B018 - a deferred term, built once here for every layer (not when folded)
         mask = padding if kernel.prepare is None else kernel.prepare(ctx, padding, dtype)
         return AttentionInputs(ctx, padding, mask, kernel, probabilities)
 
@@ -737,7 +714,16 @@ class TupeModel(TupePreTrainedModel):
         all_attn = () if output_attentions else None
         # Gradient checkpointing: the per-forward tensors go to every layer as explicit arguments (see TupeLayer)
         checkpointing = self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing
-        shared = shared_tensors(inputs) if checkpointing else ()
+        shared = ()
+        if checkpointing:
+            kept = _kept_graph_tensors(self.positional)
+            if kept:
+                raise TypeError(
+                    f"position_scheme {self.config.position_scheme!r} keeps tensors computed in its forward pass "
+                    f"on itself ({', '.join(kept)}), which gradient checkpointing cannot pass to the layers: "
+                    f"return them in the PositionalContext (its `parts`) and read them from the context"
+                )
+            shared = inputs.tensors()
         for layer in self.layers:
             x, probs = layer(x, inputs, *shared)
             if output_hidden_states:

@@ -240,6 +240,11 @@ def cls_reset(v: torch.Tensor, theta: torch.Tensor, first: torch.Tensor | None =
 class PositionalScheme(PositionalModule):
     """Interface: `forward(n)` returns the `PositionalContext` of a length-n input.
 
+    What a scheme computes after its forward pass (a content-free term built only when a kernel reads it, a term
+    of each layer's queries and keys) is one of its methods, named by the context (`content_free_method`,
+    `layer_term`) and reading the context's tensors (its fields, `parts`), never a closure: gradient checkpointing
+    passes each layer the context's tensors, and those only.
+
     The class attributes describe the scheme to the rest of the package (configuration, bench, analysis, reports,
     `--init-from`), which asks them rather than comparing names: adding a scheme means adding a subclass here and
     registering it (`register_scheme`, from inside or outside the package).
@@ -248,7 +253,7 @@ class PositionalScheme(PositionalModule):
     name: ClassVar[str]
     display_name: ClassVar[str]  # as in the paper's tables
     summary: ClassVar[str]  # one line for `tupe pretrain --scheme`'s help
-    # What its contexts carry that concerns an attention kernel (`kernels.CONTEXT_TERMS`): "bias" a content-free
+    # What its contexts carry that concerns an attention kernel (`kernels.CONTEXT_TERMS`): "content_free" a
     # (h, n, n) term, "fold" its low-rank form, "constant" nothing learned in it, "rotary", "layer" a per-layer
     # content x position term. The one declaration: the booleans below are read from it, and so is `kernels()`.
     terms: ClassVar[frozenset[str]] = frozenset()
@@ -266,7 +271,7 @@ class PositionalScheme(PositionalModule):
     parameter_groups: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     # read from `terms`, set on each subclass (`__init_subclass__`)
-    content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits ("bias")
+    content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits ("content_free")
     low_rank: ClassVar[bool] = False  # ... that folds exactly into extra query/key columns ("fold")
     rotary: ClassVar[bool] = False  # queries and keys rotated by position ("rotary")
     content_position: ClassVar[bool] = False  # a per-layer content x position term ("layer", DeBERTa)
@@ -274,7 +279,7 @@ class PositionalScheme(PositionalModule):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.terms = frozenset(cls.terms)
-        cls.content_free = "bias" in cls.terms
+        cls.content_free = "content_free" in cls.terms
         cls.low_rank = "fold" in cls.terms
         cls.rotary = "rotary" in cls.terms
         cls.content_position = "layer" in cls.terms
@@ -371,7 +376,7 @@ class BertR(BertA):
     display_name = "BERT-R"
     summary = "bert-a plus a T5 relative bias on every layer"
     transformers_comparator = None
-    terms = frozenset({"bias"})
+    terms = frozenset({"content_free"})
     relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
     parameter_groups = BertA.parameter_groups + RELATIVE_BIAS_GROUPS
@@ -382,7 +387,7 @@ class BertR(BertA):
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         ctx = super().forward(n, positions)
-        ctx.bias = self.relative(n, positions)
+        ctx.content_free = self.relative(n, positions)
         return ctx
 
 
@@ -413,7 +418,7 @@ class TupeA(PositionalScheme):
     name = "tupe-a"
     display_name = "TUPE-A"
     summary = "untied absolute positions with the [CLS] reset (the paper's TUPE-A)"
-    terms = frozenset({"bias", "fold"})
+    terms = frozenset({"content_free", "fold"})
     score_dims = 2
     untied_projections = True
     resets_cls = True
@@ -428,16 +433,28 @@ class TupeA(PositionalScheme):
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         q, k = self.untied(n, positions)  # (h, n, d); positions given: (b, h, n, d)
         scale = self.logit_scale
-        ctx = PositionalContext(scale)
+        # the (h, n, n) term is built from `parts` only when a kernel reads it (`content_free_term`)
+        ctx = PositionalContext(
+            scale, parts={"query": q, "key": k}, content_free_method=self.content_free_term
+        )
+        ctx.positions = positions
         if self.resets_cls:
             theta = self.untied.theta(scale)
             first = None if positions is None else positions.first()  # each document's [CLS]
-            ctx.bias_fn = lambda: cls_reset(torch.matmul(q, k.transpose(-1, -2)) * scale, theta, first)
+            ctx.parts["theta"] = theta
             ctx.fold = self._fold_with_reset(q, k, theta, first)
         else:
-            ctx.bias_fn = lambda: torch.matmul(q, k.transpose(-1, -2)) * scale
             ctx.fold = (q * scale, k)
         return ctx
+
+    def content_free_term(self, ctx: PositionalContext) -> torch.Tensor:
+        """`(p U^Q)(p U^K)^T * scale`, [CLS]-reset: (h, n, n), or (b, h, n, n) with positions given as data."""
+        q, k = ctx.parts["query"], ctx.parts["key"]
+        term = torch.matmul(q, k.transpose(-1, -2)) * self.logit_scale
+        if not self.resets_cls:
+            return term
+        first = None if ctx.positions is None else ctx.positions.first()  # each document's [CLS]
+        return cls_reset(term, ctx.parts["theta"], first)
 
     def _fold_with_reset(self, q, k, theta, first=None):
         """Query `[s p U^Q, 1]` (zero for [CLS]), key `[p U^K, 0]` with `[0, theta_2]` for [CLS]: exact because the
@@ -472,7 +489,7 @@ class TupeR(TupeA):
     name = "tupe-r"
     display_name = "TUPE-R"
     summary = "tupe-a plus a T5 relative bias (the paper's TUPE-R)"
-    terms = frozenset({"bias"})  # a relative bias is not low-rank: no fold
+    terms = frozenset({"content_free"})  # a relative bias is not low-rank: no fold
     relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
     parameter_groups = UNTIED_GROUPS + RELATIVE_BIAS_GROUPS
@@ -483,7 +500,7 @@ class TupeR(TupeA):
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         ctx = super().forward(n, positions)
-        ctx.bias = ctx.bias + self.relative(n, positions)
+        ctx.content_free = ctx.content_free + self.relative(n, positions)
         ctx.fold = None
         return ctx
 
@@ -618,7 +635,7 @@ class T5Bias(PositionalScheme):
     name = "t5"
     display_name = "T5 bias"
     summary = "T5's relative bias alone"
-    terms = frozenset({"bias"})
+    terms = frozenset({"content_free"})
     relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
     parameter_groups = RELATIVE_BIAS_GROUPS
@@ -629,9 +646,7 @@ class T5Bias(PositionalScheme):
         self.relative = RelativeBias(config)
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
-        ctx = PositionalContext(self.logit_scale)
-        ctx.bias_fn = lambda: self.relative(n, positions)
-        return ctx
+        return PositionalContext(self.logit_scale, content_free=self.relative(n, positions))
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -659,7 +674,7 @@ class Alibi(PositionalScheme):
     display_name = "ALiBi"
     summary = "symmetric ALiBi: fixed per-head slopes times |j - i|"
     # nothing learned ("constant"): without attention dropout SDPA's flash kernel takes the term as a mask
-    terms = frozenset({"bias", "constant"})
+    terms = frozenset({"content_free", "constant"})
     relative_bias = True
     decomposable = True
 
@@ -670,19 +685,16 @@ class Alibi(PositionalScheme):
         self.register_buffer("device_anchor", torch.empty(0), persistent=False)
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
-        def bias() -> torch.Tensor:
-            if positions is not None:  # (b, h, n, n) from each row's |p_j - p_i|
-                distance = positions.offsets().abs().to(torch.float64)[:, None]
-                slopes = alibi_slopes(self.heads).to(distance.device)[None, :, None, None]
-                return (-slopes * distance).to(self.device_anchor.device, torch.float32)
+        if positions is not None:  # (b, h, n, n) from each row's |p_j - p_i|
+            distance = positions.offsets().abs().to(torch.float64)[:, None]
+            slopes = alibi_slopes(self.heads).to(distance.device)[None, :, None, None]
+            bias = (-slopes * distance).to(self.device_anchor.device, torch.float32)
+        else:
             distance = torch.arange(n, dtype=torch.float64)
             distance = (distance[None, :] - distance[:, None]).abs()  # |j - i|
             bias = -alibi_slopes(self.heads)[:, None, None] * distance  # (h, n, n), exact in float64
-            return bias.to(self.device_anchor.device, torch.float32)
-
-        ctx = PositionalContext(self.logit_scale)
-        ctx.bias_fn = bias
-        return ctx
+            bias = bias.to(self.device_anchor.device, torch.float32)
+        return PositionalContext(self.logit_scale, content_free=bias)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -704,7 +716,7 @@ class Kerple(PositionalScheme):
     triangle of `i - j`); an encoder takes `|i - j|`, symmetric: the kernel knows distance, not direction.
     """
 
-    terms = frozenset({"bias"})
+    terms = frozenset({"content_free"})
     relative_bias = True
     decomposable = True
     parameter_groups = (("bias_p", "KERPLE bias_p"), ("bias_a", "KERPLE bias_a"))
@@ -738,20 +750,16 @@ class Kerple(PositionalScheme):
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         p, a = self._clamped(self.bias_p, self.p_max), self._clamped(self.bias_a, None)
-
-        def bias() -> torch.Tensor:
-            if positions is not None:  # (b, h, n, n) from each row's |p_j - p_i|
-                distance = positions.offsets().abs().to(p.dtype)
-                values = self.kernel(p[:, None], a[:, None], distance.reshape(-1))  # (h, b * n * n)
-                return values.view(-1, *distance.shape).transpose(0, 1)
+        if positions is not None:  # (b, h, n, n) from each row's |p_j - p_i|
+            distance = positions.offsets().abs().to(p.dtype)
+            values = self.kernel(p[:, None], a[:, None], distance.reshape(-1))  # (h, b * n * n)
+            bias = values.view(-1, *distance.shape).transpose(0, 1)
+        else:
             # |j - i| of the 2n - 1 offsets j - i, in `toeplitz`'s slot order (twice the n distances' elementwise
             # work, no slicing that a traced length would have to satisfy)
             distance = torch.arange(-(n - 1), n, device=p.device, dtype=p.dtype).abs()
-            return toeplitz(self.kernel(p[:, None], a[:, None], distance), n)
-
-        ctx = PositionalContext(self.logit_scale)
-        ctx.bias_fn = bias
-        return ctx
+            bias = toeplitz(self.kernel(p[:, None], a[:, None], distance), n)
+        return PositionalContext(self.logit_scale, content_free=bias)
 
 
 class KerpleLog(Kerple):
@@ -799,7 +807,7 @@ class Fire(PositionalScheme):
     name = "fire"
     display_name = "FIRE"
     summary = "FIRE: a learned MLP of the log-scaled signed offset, normalised by the length"
-    terms = frozenset({"bias"})
+    terms = frozenset({"content_free"})
     relative_bias = True
     decomposable = True
     config_fields = (
@@ -876,34 +884,31 @@ class Fire(PositionalScheme):
         return torch.log1p((self.distance_scale * x).abs())
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
-        def bias() -> torch.Tensor:
-            weight = self.mlp_in_weight
-            threshold = (self.threshold_multiplier * self.threshold).abs()  # L
-            if (
-                positions is not None
-            ):  # (b, h, n, n) from each row's p_i - p_j; N: the query's document length
-                ids = positions.ids
-                offset = (-positions.offsets()).to(weight.dtype)  # i - j
-                normalizer = ids if self.per_query else positions.document_lengths()  # (b, n): per query
-                norm = self.psi(torch.maximum(normalizer.to(weight.dtype), threshold))[:, :, None]
-                x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
-                return self.mlp(x).permute(0, 3, 1, 2)
-            if self.per_query:  # psi(max(i, L)) per query row i: an (n, n) input
-                i = torch.arange(n, device=weight.device, dtype=weight.dtype)
-                offset = i[:, None] - i[None, :]  # i - j
-                norm = self.psi(torch.maximum(i, threshold))[:, None]
-                x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
-                return self.mlp(x).permute(2, 0, 1)  # (h, n, n)
-            # slot k holds the offset i - j = n - 1 - k, which `toeplitz` puts at [i, j] with j - i = k - (n - 1)
-            offset = torch.arange(n - 1, -n, -1, device=weight.device, dtype=weight.dtype)
-            length = torch.full((), n, device=weight.device, dtype=weight.dtype)
-            norm = self.psi(torch.maximum(length, threshold))
-            x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
-            return toeplitz(self.mlp(x).t(), n)  # (h, 2n - 1) -> (h, n, n)
+        return PositionalContext(self.logit_scale, content_free=self.offset_bias(n, positions))
 
-        ctx = PositionalContext(self.logit_scale)
-        ctx.bias_fn = bias
-        return ctx
+    def offset_bias(self, n: int, positions: Positions | None = None) -> torch.Tensor:
+        """The term of every pair: (h, n, n) for positions 0..n-1, (b, h, n, n) for given `positions`."""
+        weight = self.mlp_in_weight
+        threshold = (self.threshold_multiplier * self.threshold).abs()  # L
+        if positions is not None:  # (b, h, n, n) from each row's p_i - p_j; N: the query's document length
+            ids = positions.ids
+            offset = (-positions.offsets()).to(weight.dtype)  # i - j
+            normalizer = ids if self.per_query else positions.document_lengths()  # (b, n): per query
+            norm = self.psi(torch.maximum(normalizer.to(weight.dtype), threshold))[:, :, None]
+            x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
+            return self.mlp(x).permute(0, 3, 1, 2)
+        if self.per_query:  # psi(max(i, L)) per query row i: an (n, n) input
+            i = torch.arange(n, device=weight.device, dtype=weight.dtype)
+            offset = i[:, None] - i[None, :]  # i - j
+            norm = self.psi(torch.maximum(i, threshold))[:, None]
+            x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
+            return self.mlp(x).permute(2, 0, 1)  # (h, n, n)
+        # slot k holds the offset i - j = n - 1 - k, which `toeplitz` puts at [i, j] with j - i = k - (n - 1)
+        offset = torch.arange(n - 1, -n, -1, device=weight.device, dtype=weight.dtype)
+        length = torch.full((), n, device=weight.device, dtype=weight.dtype)
+        norm = self.psi(torch.maximum(length, threshold))
+        x = offset.sign() * self.psi(offset.abs()) / (norm + self.eps)
+        return toeplitz(self.mlp(x).t(), n)  # (h, 2n - 1) -> (h, n, n)
 
 
 def log_bucket_position(relative: torch.Tensor, buckets: int, max_position: int) -> torch.Tensor:
@@ -1154,8 +1159,9 @@ class Deberta(PositionalScheme):
         self.max_positions = config.max_position_embeddings
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
-        scale, training, p = self.logit_scale, self.training, self.dropout_p
-        if positions is not None:
+        if positions is None:
+            rel, index = self.relative(n)  # (rows read, hidden); each offset's row (None: one row per offset)
+        else:
             # the rows of the offsets R .. -R that the positions' pairs can have, then each pair's row (b, n, n)
             if torch.compiler.is_compiling() or torch.jit.is_tracing():
                 reach = self.max_positions - 1
@@ -1163,22 +1169,23 @@ class Deberta(PositionalScheme):
                 reach = int(positions.ids.max() - positions.ids.min())
             rel, index = self.relative(reach + 1)
             slots = positions.offsets() + reach  # slot u of the offset i - j = reach - u
-            ctx = PositionalContext(scale, relative_embeddings=rel, layer_term=self._pair_term)
-            ctx.relative_index = slots if index is None else index[slots]
-            return ctx
-        rel, index = self.relative(n)  # (rows read, hidden); each offset's row (None: one row per offset)
+            index = slots if index is None else index[slots]
+        ctx = PositionalContext(
+            self.logit_scale, relative_embeddings=rel, relative_index=index, layer_term=self.layer_term
+        )
+        ctx.positions = positions
+        return ctx
 
-        def layer_term(q: torch.Tensor, k: torch.Tensor, project, rel: torch.Tensor) -> torch.Tensor:
-            qr, kr = project(dropout(rel, p, training))  # (h, rows, d) each: every row projected once
+    def layer_term(self, ctx: PositionalContext, q: torch.Tensor, k: torch.Tensor, project) -> torch.Tensor:
+        """`c2p + p2c` of one layer, (b, h, n, n): its queries and keys against its own projections `project` of
+        the context's relative embeddings (dropped out in every layer, as in DeBERTa)."""
+        qr, kr = project(dropout(ctx.relative_embeddings, self.dropout_p, self.training))  # (h, rows, d) each
+        index = ctx.relative_index
+        if ctx.positions is None:
             if index is not None:  # (h, 2n - 1, d): offsets n - 1 .. -(n - 1)
                 qr, kr = qr.index_select(1, index), kr.index_select(1, index)
-            return relative_scores(q, k, qr, kr, scale)
-
-        return PositionalContext(scale, relative_embeddings=rel, layer_term=layer_term)
-
-    def _pair_term(self, q: torch.Tensor, k: torch.Tensor, project, rel: torch.Tensor, index: torch.Tensor):
-        """The layer term with positions given as data: `index` (b, n, n) the row of `rel` each pair reads."""
-        qr, kr = project(dropout(rel, self.dropout_p, self.training))  # (h, rows, d)
+            return relative_scores(q, k, qr, kr, self.logit_scale)
+        # positions given as data: `index` (b, n, n) the row each pair reads
         b, n = index.shape[:2]
         h = q.shape[1]
         c2p = torch.matmul(q, kr.transpose(-1, -2))  # (b, h, n, rows): [i, r] = q_i . kr_r
