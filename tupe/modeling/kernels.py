@@ -85,6 +85,116 @@ class Positions:
         return largest.gather(1, self.documents) + 1
 
 
+# A group of `DocumentRows` takes every document at least this fraction of its longest one's length: padding then
+# costs at most 1 / GROUP_RATIO^2 (1.78x) of a group's attention work, and lengths 1..512 make at most 22 groups.
+GROUP_RATIO = 0.75
+
+
+class DocumentRows:
+    """The documents of flattened rows laid out one per row, for attention only (`document_attention`): where
+    every document's positions are 0..m-1 (what `DataCollatorWithFlattening` and `--packing documents` write), a
+    document is attended exactly as if alone in its own row, so attention costs the sum of the documents' m^2
+    instead of the rows' n^2, and the positional terms are those of positions 0..L-1, shared by every document
+    (`PositionalContext.leading`), not one (n, n) term per row. The linear layers stay on the flattened tokens.
+
+    Documents are sorted by length (longest first) and grouped (`GROUP_RATIO`); a group of g documents padded to
+    the length L of its longest is one (g, h, L, d) batch of the kernel, the extra slots of its shorter documents
+    masked as keys (they read the document's first token; their outputs are dropped). The layout's S slots are
+    the groups' g * L, group after group, each document's L slots in a run.
+    - reads (S,) long: the token (index into the b * n flattened tokens) each slot reads.
+    - writes (b * n,) long: each token's slot.
+    - groups ((g, L), ...) in layout order; paddings: per group, its (g, 1, 1, L) additive key mask (0 /
+      dtype-min for extra slots and padded tokens), or None where it has neither.
+    - length: the longest document (the positional terms are built for positions 0..length-1).
+    """
+
+    def __init__(
+        self,
+        reads: torch.Tensor,
+        writes: torch.Tensor,
+        groups: tuple[tuple[int, int], ...],
+        paddings: tuple[torch.Tensor | None, ...],
+    ):
+        self.reads = reads
+        self.writes = writes
+        self.groups = groups
+        self.paddings = paddings
+        self.length = groups[0][1]
+
+    @classmethod
+    def of(cls, positions: Positions, dtype: torch.dtype) -> DocumentRows | None:
+        """The layout of `positions`' documents, or None where a document's positions are not 0..m-1 (a
+        document's later part; boundaries from `seq_idx`): such rows keep the (b, 1, n, n) block-diagonal mask.
+        Padded tokens stay in their document, as masked keys. Decided on the host (from tensor values), so not
+        while tracing."""
+        b, n = positions.ids.shape
+        device = positions.ids.device
+        documents = (
+            positions.documents if positions.documents is not None else torch.zeros_like(positions.ids)
+        )
+        counts = documents[:, -1] + 1  # (b,) documents per row (numbered 0.. in each row)
+        document = (documents + (torch.cumsum(counts, 0) - counts)[:, None]).reshape(-1)  # (b * n,) global id
+        token = torch.arange(b * n, device=device)
+        first = torch.full((int(counts.sum()),), b * n, device=device).scatter_reduce(
+            0, document, token, "amin"
+        )  # (documents,) each document's first token
+        ids = positions.ids.reshape(-1)
+        if not torch.equal(ids, token - first[document]):
+            return None
+        lengths = torch.bincount(document)  # (documents,)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        groups, begin, sorted_lengths = [], 0, lengths[order].tolist()
+        while begin < len(sorted_lengths):
+            length, end = sorted_lengths[begin], begin
+            while end < len(sorted_lengths) and sorted_lengths[end] >= GROUP_RATIO * length:
+                end += 1
+            groups.append((end - begin, length))
+            begin = end
+        widths = torch.tensor([length for count, length in groups for _ in range(count)], device=device)
+        start = torch.zeros_like(lengths)
+        start[order] = torch.cumsum(widths, 0) - widths  # each document's first slot
+        writes = start[document] + ids  # (b * n,) each token's slot: its position in its document's run
+        reads = first[torch.repeat_interleave(order, widths)].index_copy_(0, writes, token)
+        real = torch.zeros(reads.shape[0], dtype=torch.bool, device=device)
+        real[writes] = True if positions.real is None else positions.real.reshape(-1)
+        paddings, begin = [], 0
+        for count, length in groups:
+            keep = real[begin : begin + count * length].view(count, 1, 1, length)
+            padding = torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(
+                ~keep, torch.finfo(dtype).min
+            )
+            paddings.append(None if bool(keep.all()) else padding)
+            begin += count * length
+        return cls(reads, writes, tuple(groups), tuple(paddings))
+
+
+def document_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: DocumentRows,
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor | None], torch.Tensor],
+) -> torch.Tensor:
+    """Attention of (b, h, n, d) queries, keys and values inside each document, one group of `rows` at a time:
+    `attend(q, k, v, L, padding)` runs a kernel on a group's (g, h, L, d) rows with its (g, 1, 1, L) key padding
+    (or None) and returns (g, h, L, d). Returns (b, h, n, d), a transposed view of a contiguous (b, n, h, d)
+    tensor, as the output projection reads it. One gather (`index_select`) per input and one for the output;
+    the groups are split off the gathered slots, so their gradients join in one concatenation."""
+    b, h, n, d = q.shape
+    sizes = [count * length for count, length in rows.groups]
+    # (b, h, n, d) -> (b * n, h, d) tokens (a view of the fused projection's output) -> (S, h, d) slots
+    q, k, v = (
+        x.transpose(1, 2).reshape(b * n, h, d).index_select(0, rows.reads).split(sizes) for x in (q, k, v)
+    )
+    outputs = [
+        attend(*(x.view(count, length, h, d).transpose(1, 2) for x in group), length, padding)
+        .transpose(1, 2)
+        .reshape(count * length, h, d)
+        for (count, length), padding, *group in zip(rows.groups, rows.paddings, q, k, v)
+    ]
+    return torch.cat(outputs).index_select(0, rows.writes).view(b, n, h, d).transpose(1, 2)
+
+
 class PositionalContext:
     """What a scheme contributes to one forward pass; shapes use n = sequence length, h = heads, d = head dim.
 
@@ -235,6 +345,21 @@ class PositionalContext:
         """A shallow copy carrying one layer's `layer_logits` (the shared context is never modified)."""
         ctx = self.copy()
         ctx.layer_logits = layer_logits
+        return ctx
+
+    def leading(self, length: int) -> PositionalContext:
+        """A shallow copy with the terms of positions 0..length-1 only (positions 0..n-1, not given as data): the
+        context of a document of that length in its own row (`DocumentRows`), views of this one's terms, so their
+        gradients reach the shared term. Not for `layer_term` (built for one length)."""
+        ctx = self.copy()
+        term = self.content_free  # built once (then cached on this shared context), sliced per length
+        ctx.content_free = None if term is None else term[..., :length, :length]
+        if self.query_add is not None:
+            ctx.query_add, ctx.key_add = self.query_add[..., :length, :], self.key_add[..., :length, :]
+        if self.rotary is not None:
+            ctx.rotary = tuple(t[..., :length, :] for t in self.rotary)
+        if self.fold is not None:
+            ctx.fold = tuple(t[..., :length, :] for t in self.fold)
         return ctx
 
     @property
@@ -616,7 +741,8 @@ class AttentionKernel:
     - probabilities: whether it returns the attention probabilities (`output_attentions` needs one that does).
     - prepare(ctx, padding, dtype) -> mask: run once per forward pass, its result is every layer's `mask`.
     - auto(situation) -> bool: when "auto" picks it (first match in registration order; else `AUTO_FALLBACK`).
-    - documents: how it keeps attention inside the documents of a row: "mask" (the model merges them into the
+    - documents: how it keeps attention inside the documents of a row: "mask" (the model runs each document as
+      a row of its own through it, `DocumentRows`, where their positions allow, else merges them into the
       additive mask it hands `prepare` / the kernel: (b, 1, n, n), 0 inside a document, dtype-min across and for
       padded keys), "context" (the kernel reads `ctx.positions.documents` itself; its mask stays the padding), or
       None: it cannot, and refuses such a pass (then "auto" picks another).

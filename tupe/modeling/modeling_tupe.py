@@ -39,10 +39,12 @@ from .configuration_tupe import TupeConfig
 from .kernels import (
     AUTO,
     AttentionKernel,
+    DocumentRows,
     FastDropout,
     KernelSituation,
     canonical_kernel_name,
     check_kernel_for_scheme,
+    document_attention,
     get_attention_kernel,
     masked_lm_loss,
     registry_version,
@@ -174,6 +176,9 @@ class AttentionInputs:
     )  # what every layer's kernel gets: `kernel.prepare(ctx, padding, dtype)`, else padding
     kernel: AttentionKernel  # the registry entry resolved for this pass (`resolve_attention_kernel`)
     probabilities: bool = False  # output_attentions
+    # documents run as rows of their own (`DocumentRows`): `ctx` is then that of positions 0..rows.length-1 (its
+    # input embedding looked up per token), `padding` and `mask` are None, each group carries its own key padding
+    rows: DocumentRows | None = None
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor the layers read: the padding, the mask (a kernel's own mask object, e.g. flex's block
@@ -219,6 +224,17 @@ class TupeEmbeddings(nn.Module):
         return self.dropout(x)
 
 
+def _positioned(
+    q: torch.Tensor, k: torch.Tensor, ctx: PositionalContext
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries and keys with the context's rotary positions and added positional queries / keys applied."""
+    if ctx.rotary is not None:
+        q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
+    if ctx.query_add is not None:
+        q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
+    return q, k
+
+
 class TupeSelfAttention(nn.Module):
     """Multi-head self-attention with a fused QKV projection and the scheme's positional context."""
 
@@ -257,13 +273,19 @@ class TupeSelfAttention(nn.Module):
         """The attention core on projected (b, h, n, d) queries, keys, values: the scheme's rotary / added
         positions, then the resolved registry kernel (`tupe bench --attention-only` times this)."""
         ctx, kernel = inputs.ctx, inputs.kernel
-        if ctx.rotary is not None:
-            q, k = apply_rotary(q, *ctx.rotary), apply_rotary(k, *ctx.rotary)
-        if ctx.query_add is not None:
-            q, k = q + ctx.query_add.to(q.dtype), k + ctx.key_add.to(k.dtype)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if inputs.rows is not None:  # each document in a row of its own: the terms of its positions 0..L-1
+
+            def attend_rows(q, k, v, length: int, padding: torch.Tensor | None) -> torch.Tensor:
+                rows_ctx = ctx.leading(length)
+                q, k = _positioned(q, k, rows_ctx)
+                mask = padding if kernel.prepare is None else kernel.prepare(rows_ctx, padding, q.dtype)
+                return kernel.fn(q, k, v, rows_ctx, mask, dropout_p, False)[0]
+
+            return document_attention(q, k, v, inputs.rows, attend_rows), None
+        q, k = _positioned(q, k, ctx)
         if ctx.layer_term is not None:  # a term of this layer's own queries, keys and projections (DeBERTa)
             ctx = ctx.for_layer(ctx.layer_term(ctx, q, k, self.project_positions))
-        dropout_p = self.dropout_p if self.training else 0.0
         return kernel.fn(q, k, v, ctx, inputs.mask, dropout_p, inputs.probabilities)
 
 
@@ -623,19 +645,35 @@ class TupeModel(TupePreTrainedModel):
         probabilities: bool = False,
         positions: Positions | None = None,
     ) -> AttentionInputs:
-        if positions is None:
-            ctx = self.positional(n)
-        elif not self._scheme_takes_positions:
+        if positions is not None and not self._scheme_takes_positions:
             raise ValueError(
                 f"position_scheme {self.config.position_scheme!r} takes no position_ids (its forward(n) has no "
                 f"positions argument); call it without position_ids, cu_seq_lens_q or seq_idx"
             )
-        else:
-            ctx = self.positional(n, positions)
-            ctx.positions = positions
         documents = positions is not None and positions.documents is not None
         device = self.embeddings.word_embeddings.weight.device
         kernel = self._kernel(device, dtype, torch.is_grad_enabled(), probabilities, documents)
+        rows = None
+        if (
+            documents
+            and kernel.documents == "mask"
+            and not probabilities
+            and type(self.positional).document_rows
+            and not _tracing()
+        ):
+            rows = DocumentRows.of(positions, dtype)
+        if (
+            rows is not None
+        ):  # documents at positions 0..m-1: each attended in a row of its own, one shared term
+            ctx = self.positional(rows.length)
+            if ctx.input_embedding is not None:  # absolute positions, added to the flattened tokens
+                ctx.input_embedding = ctx.input_embedding[positions.ids]
+            return AttentionInputs(ctx, None, None, kernel, probabilities, rows)
+        if positions is None:
+            ctx = self.positional(n)
+        else:
+            ctx = self.positional(n, positions)
+            ctx.positions = positions
         padding = None
         # Without padding no mask at all (faster kernels); traced or compiled, the padding term is always built:
         # whether a mask has zeros is a tensor's value, and export/compile need one graph for every mask.

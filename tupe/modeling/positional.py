@@ -263,6 +263,10 @@ class PositionalScheme(PositionalModule):
     relative_bias: ClassVar[bool] = False  # b_{j-i} on the logits
     resets_cls: ClassVar[bool] = False  # [CLS] row/column of the content-free term replaced by theta
     decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
+    # A document at positions 0..m-1 gets the terms of positions 0..m-1 of any longer input (the leading m x m
+    # block of its content-free term): packed documents then run as rows of their own (`kernels.DocumentRows`,
+    # one shared term). Not fire (its normaliser is the length), nor deberta (its layer term is built per length).
+    document_rows: ClassVar[bool] = False
     position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
     transformers_comparator: ClassVar[str | None] = None  # `tupe bench`'s transformers model of this scheme
     # `TupeConfig` fields this scheme reads (every config carries every registered scheme's fields)
@@ -352,6 +356,7 @@ class BertA(PositionalScheme):
     """BERT-A: `p_i` added to the word embedding at the input; plain scaled dot-product logits."""
 
     name = "bert-a"
+    document_rows = True
     display_name = "BERT-A"
     summary = "learned absolute positions added to the input (BERT)"
     parameter_groups = (("embeddings", "position table"),)
@@ -395,6 +400,7 @@ class BertAd(PositionalScheme):
     """BERT-A^d: the four terms of `(x W^Q + p U^Q)(x W^K + p U^K)^T / sqrt(4d)`, i.e. `p U` added to q and k."""
 
     name = "bert-a-d"
+    document_rows = True
     display_name = "BERT-A^d"
     summary = "absolute positions added to queries and keys through their own projections"
     parameter_groups = UNTIED_GROUPS
@@ -416,6 +422,7 @@ class TupeA(PositionalScheme):
     """TUPE-A: content logits / sqrt(2d) plus `reset_theta((p_i U^Q)(p_j U^K)^T / sqrt(2d))`."""
 
     name = "tupe-a"
+    document_rows = True
     display_name = "TUPE-A"
     summary = "untied absolute positions with the [CLS] reset (the paper's TUPE-A)"
     terms = frozenset({"content_free", "fold"})
@@ -518,6 +525,7 @@ class Rope(PositionalScheme):
     """Rotary positions on queries and keys (no absolute table): the comparator modern encoders use."""
 
     name = "rope"
+    document_rows = True
     display_name = "RoPE"
     summary = "rotary positions on queries and keys"
     terms = frozenset({"rotary"})
@@ -565,6 +573,7 @@ class Nope(PositionalScheme):
     """
 
     name = "nope"
+    document_rows = True
     display_name = "NoPE"
     summary = "no positions at all (the bag-of-words control)"
 
@@ -593,6 +602,7 @@ class Sinusoidal(PositionalScheme):
     """
 
     name = "sinusoidal"
+    document_rows = True
     display_name = "Sinusoidal"
     summary = "bert-a with the fixed sine/cosine table"
     absolute_input = True
@@ -633,6 +643,7 @@ class T5Bias(PositionalScheme):
     no absolute positions. Unlike T5 the content logits keep BERT's 1/sqrt(d) (T5 folds it into its init)."""
 
     name = "t5"
+    document_rows = True
     display_name = "T5 bias"
     summary = "T5's relative bias alone"
     terms = frozenset({"content_free"})
@@ -671,6 +682,7 @@ class Alibi(PositionalScheme):
     the sequence's ends)."""
 
     name = "alibi"
+    document_rows = True
     display_name = "ALiBi"
     summary = "symmetric ALiBi: fixed per-head slopes times |j - i|"
     # nothing learned ("constant"): without attention dropout SDPA's flash kernel takes the term as a mask
@@ -716,6 +728,7 @@ class Kerple(PositionalScheme):
     triangle of `i - j`); an encoder takes `|i - j|`, symmetric: the kernel knows distance, not direction.
     """
 
+    document_rows = True
     terms = frozenset({"content_free"})
     relative_bias = True
     decomposable = True
