@@ -64,14 +64,14 @@ def test_cpu_dry_run_of_the_studies_resumes_and_returns_one_archive(tmp_path: Pa
     for packing in gpu_studies.PACKINGS:
         folder = results / f"packing-{packing}"
         table = (folder / "study.md").read_text()
-        assert "| bert-a |" in table and "| tupe-a |" in table and "SST-2 dev acc." in table
+        assert "| tupe-a |" in table and "SST-2 dev acc." in table
         assert "built-in: word order" in table
         compare = json.loads((folder / "runs" / "compare_summary.json").read_text())
-        assert set(compare["stats"]["schemes"]) == {"bert-a", "tupe-a"}
+        assert set(compare["stats"]["schemes"]) == {"tupe-a"}
         assert json.loads((folder / "glue" / "SST-2-tupe-a-seed-0" / "results.json").read_text())["complete"]
         assert (folder / "runs" / "tupe-a" / "seed-1" / "metrics.jsonl").stat().st_size > 0
     record = json.loads(
-        (results / "packing-documents" / "runs" / "bert-a" / "seed-0" / "pretrain_summary.json").read_text()
+        (results / "packing-documents" / "runs" / "tupe-a" / "seed-0" / "pretrain_summary.json").read_text()
     )
     assert record["packing"] == "documents"
     length = results / "length-1"
@@ -84,7 +84,7 @@ def test_cpu_dry_run_of_the_studies_resumes_and_returns_one_archive(tmp_path: Pa
     assert not [
         p for p in results.rglob("*") if p.suffix == ".safetensors" or p.name.startswith("checkpoint-")
     ]
-    assert (work / "packing-stream" / "runs" / "bert-a" / "seed-0" / "model.safetensors").is_file()
+    assert (work / "packing-stream" / "runs" / "tupe-a" / "seed-0" / "model.safetensors").is_file()
 
     # one archive of --out, named as the device returns files; the summary names every job
     (archive,) = ret.iterdir()
