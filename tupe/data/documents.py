@@ -390,8 +390,9 @@ def load_or_build_documents(
 def describe_packing(blocks: DocumentBlocks) -> str:
     """One line for the console: blocks, pieces, documents and the packing efficiency."""
     s = blocks.stats
+    documents = f"{s['documents']:,} document{'' if s['documents'] == 1 else 's'}"
     return (
-        f"data: --packing documents: {s['documents']:,} documents in {s['all']['pieces']:,} pieces, best fit into "
+        f"data: --packing documents: {documents} in {s['all']['pieces']:,} pieces, best fit into "
         f"{s['all']['blocks']:,} blocks of {blocks.block_size}; packing efficiency {s['all']['efficiency']:.1%} "
         f"(train {s['train']['efficiency']:.1%}, valid {s['valid']['efficiency']:.1%}) of block tokens are not "
         f"padding, {s['all']['content_share']:.1%} are document tokens"
