@@ -38,7 +38,7 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -271,15 +271,21 @@ def run(args: argparse.Namespace) -> int:
                     loaded.append(m)
             return [m for m in loaded if _applies(m, method)]
 
-        if "lengths" in stages:
+        def per_method(stage: str) -> Iterator[tuple[str, Path, list[Any]]]:
+            """Each --extend-positions method of `stage` still to do, with its result file and the runs it
+            applies to."""
             for ext in methods:
-                path = out / f"lengths-{ext}.json"
+                path = out / f"{stage}-{ext}.json"
                 if _done(path, args.resume, log):
                     continue
                 models = models_for(ext)
                 if not models:
-                    log(f"lengths, {ext}: no run it applies to")
+                    log(f"{stage}, {ext}: no run it applies to")
                     continue
+                yield ext, path, models
+
+        if "lengths" in stages:
+            for ext, path, models in per_method("lengths"):
                 base_len = min(m.train_length or m.max_length for m in models)
                 lengths = [base_len * f for f in args.length_factors]
                 log(f"lengths {lengths}, --extend-positions {ext}: {len(models)} run(s)")
@@ -297,14 +303,7 @@ def run(args: argparse.Namespace) -> int:
         if "passkey" in stages:
             from tupe.evaluation.passkey import PasskeySettings, passkey_probe
 
-            for ext in methods:
-                path = out / f"passkey-{ext}.json"
-                if _done(path, args.resume, log):
-                    continue
-                models = models_for(ext)
-                if not models:
-                    log(f"passkey, {ext}: no run it applies to")
-                    continue
+            for ext, path, models in per_method("passkey"):
                 log(
                     f"passkey at distances {args.probe_distances}, --extend-positions {ext}: {len(models)} run(s)"
                 )
