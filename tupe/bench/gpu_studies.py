@@ -318,6 +318,14 @@ def stage_packing_speed(args: argparse.Namespace, out: Path, timeout: float) -> 
     work.mkdir(parents=True, exist_ok=True)
     env = child_env()
     result: dict = {}
+
+    def script(cmd: list[str], written: Path, timeout: float) -> dict:
+        """Run a benchmark script (its output to packing_speed.log): its exit record, and the JSON it wrote."""
+        record = {**run_logged(cmd, out / "packing_speed.log", timeout, env), "cmd": " ".join(cmd[1:])}
+        if written.exists():
+            record["result"] = json.loads(written.read_text())
+        return record
+
     step = [*python_command(), "docs/benchmarks/packing_step.py", "--device", args.device, "--json",
             str(out / "packing_step.json")]  # fmt: skip
     if args.smoke:
@@ -343,10 +351,7 @@ def stage_packing_speed(args: argparse.Namespace, out: Path, timeout: float) -> 
             "--threads",
             "4",
         ]
-    run = run_logged(step, out / "packing_speed.log", deadline - time.monotonic(), env)
-    result["packing_step"] = {**run, "cmd": " ".join(step[1:])}
-    if (out / "packing_step.json").exists():
-        result["packing_step"]["result"] = json.loads((out / "packing_step.json").read_text())
+    result["packing_step"] = script(step, out / "packing_step.json", deadline - time.monotonic())
     tasks = [t for t in ("CoLA", "SST-2") if args.glue_data and (Path(args.glue_data) / t).is_dir()]
     if not tasks:
         result["glue"] = {"skipped": "no --glue-data with CoLA/ and SST-2/"}
@@ -383,10 +388,7 @@ def stage_packing_speed(args: argparse.Namespace, out: Path, timeout: float) -> 
     if left < 20:
         result["glue"] = {"skipped": "out of time"}
         return result
-    run = run_logged(glue, out / "packing_speed.log", left, env)
-    result["glue"] = {**run, "cmd": " ".join(glue[1:])}
-    if (out / "glue_padding_free.json").exists():
-        result["glue"]["result"] = json.loads((out / "glue_padding_free.json").read_text())
+    result["glue"] = script(glue, out / "glue_padding_free.json", left)
     return result
 
 
