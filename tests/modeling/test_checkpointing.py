@@ -284,3 +284,27 @@ def test_tupe_a_term_is_built_once_per_pass_and_never_when_folded(monkeypatch, k
     model(input_ids=ids, labels=ids).loss.backward()
     assert len(calls) == builds
     assert model.tupe.positional.untied.pos_query.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("use_reentrant", [None, False, True])
+@pytest.mark.parametrize("kernel", ["eager", "fused", "sdpa"])
+def test_tupe_a_term_is_built_once_per_pass_with_documents_as_rows(monkeypatch, kernel, use_reentrant):
+    """Packed documents at positions 0..m-1 run as rows of their own (`DocumentRows`) on one term of positions
+    0..L-1: it too is built once per pass, before the layers, not by each (checkpointed) layer."""
+    calls = []
+    build = TupeA.content_free_term
+
+    def counted(self, ctx):
+        calls.append(1)
+        return build(self, ctx)
+
+    monkeypatch.setattr(TupeA, "content_free_term", counted)
+    model = TupeForMaskedLM(tiny_config("tupe-a", num_hidden_layers=3)).train()
+    model.set_attn_implementation(kernel)
+    if use_reentrant is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    ids = torch.randint(5, 50, (1, 9))
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]])  # two documents
+    model(input_ids=ids, position_ids=positions, labels=ids).loss.backward()
+    assert len(calls) == 1
+    assert model.tupe.positional.untied.pos_query.weight.grad.abs().sum() > 0

@@ -662,12 +662,13 @@ class TupeModel(TupePreTrainedModel):
             and not _tracing()
         ):
             rows = DocumentRows.of(positions, dtype)
-        if (
-            rows is not None
-        ):  # documents at positions 0..m-1: each attended in a row of its own, one shared term
+        # documents at positions 0..m-1: each attended in a row of its own, one shared term
+        if rows is not None:
             ctx = self.positional(rows.length)
             if ctx.input_embedding is not None:  # absolute positions, added to the flattened tokens
                 ctx.input_embedding = ctx.input_embedding[positions.ids]
+            if kernel.reads_content_free:
+                ctx.content_free  # noqa: B018 - built once here for every layer, as below
             return AttentionInputs(ctx, None, None, kernel, probabilities, rows)
         if positions is None:
             ctx = self.positional(n)
