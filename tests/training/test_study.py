@@ -15,7 +15,7 @@ from tupe.comparison.study import main
 
 @pytest.mark.slow
 def test_study_stages_on_tiny_runs(
-    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ):
     out = tmp_path / "study"
     args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "2"]
@@ -69,7 +69,12 @@ def test_study_stages_on_tiny_runs(
     assert (out / "ood-built-in.json").stat().st_mtime_ns == mtime
 
     # SST-2 for the seed-0 runs only (one learning rate: time), two `tupe glue` processes at a time; the summary
-    # gains its column
+    # gains its column. It starts while a seed-1 run is unfinished (no config.json yet), which the evaluation
+    # stages refuse by name
+    (out / "runs" / "rope" / "seed-1" / "config.json").rename(tmp_path / "rope-seed-1-config.json")
+    capsys.readouterr()
+    assert main([*common, "--stages", "ood", "--resume"]) == 2
+    assert "runs not finished: rope/seed-1" in capsys.readouterr().err
     write_task(tmp_path / "glue", "SST-2", n_train=8, n_dev=8)
     glue = [
         "--glue-data",
