@@ -15,7 +15,11 @@ from tupe.comparison.study import main
 
 @pytest.mark.slow
 def test_study_stages_on_tiny_runs(
-    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    tiny_corpus: Path,
+    tiny_tokenizer_dir: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
 ):
     out = tmp_path / "study"
     args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "2"]
