@@ -54,8 +54,12 @@ def test_cpu_dry_run_of_the_studies_resumes_and_returns_one_archive(tmp_path: Pa
 
     studies = summary["stages"]["studies"]
     jobs = {j["name"]: j for j in studies["jobs"]}
-    assert list(jobs) == ["packing", "length-1"]  # the smoke plan: one length chunk
+    assert list(jobs) == ["packing", "length-1", "paragraphs"]  # the smoke plan: one length chunk
     assert [s["step"] for s in jobs["packing"]["steps"]] == ["train", "evaluate", "sst-2"]
+    assert [s["step"] for s in jobs["paragraphs"]["steps"]] == ["train", "evaluate", "sst-2"]
+    assert all(
+        f"--corpus {work / 'texts' / 'paragraphs'}" in c for c in jobs["paragraphs"]["steps"][0]["commands"]
+    )
     assert [s["step"] for s in jobs["length-1"]["steps"]] == ["train", "evaluate"]
     assert {j["status"] for j in jobs.values()} == {"done"}, jobs
     assert any("absent.txt" in n for n in studies["notes"])
@@ -113,7 +117,33 @@ def test_length_chunks_cover_every_scheme_once_comparators_first() -> None:
     assert sorted(flat) == sorted(POSITION_SCHEMES) and len(flat) == len(set(flat))
     assert chunks[0] == ["bert-a", "rope", "alibi", "fire"]
     assert all(len(c) <= gpu_studies.LENGTH_CHUNK for c in chunks)
-    assert gpu_studies.job_names() == ["packing"] + [f"length-{i + 1}" for i in range(len(chunks))]
+    assert gpu_studies.job_names() == ["packing"] + [f"length-{i + 1}" for i in range(len(chunks))] + [
+        "paragraphs"
+    ]
+
+
+def test_paragraph_corpus_makes_every_paragraph_a_document_and_keeps_the_text(tmp_path: Path) -> None:
+    import gzip
+
+    from tupe.data import DEFAULT_CORPUS_DIR
+    from tupe.data.corpus import iter_line_batches, resolve_corpus
+
+    n = gpu_studies.paragraph_corpus(tmp_path / "paragraphs")
+    books = sorted(DEFAULT_CORPUS_DIR.glob("*.txt.gz"))
+    assert sorted(p.name for p in (tmp_path / "paragraphs").iterdir()) == [b.name[:-3] for b in books]
+    lines, ends = [], []
+    for batch, batch_ends, _ in iter_line_batches(resolve_corpus([str(tmp_path / "paragraphs")])):
+        lines += batch
+        ends += batch_ends
+    assert len(lines) == n and all(ends)  # every paragraph (line) closes a document
+    original = [
+        ln.strip() for b in books for ln in gzip.decompress(b.read_bytes()).decode().split("\n") if ln.strip()
+    ]
+    assert len(original) == n  # the same paragraphs; the reader only cuts over-long lines
+    built_in = [
+        ln for batch, _, _ in iter_line_batches(resolve_corpus([str(DEFAULT_CORPUS_DIR)])) for ln in batch
+    ]
+    assert lines == built_in
 
 
 def test_unknown_study_job_is_refused(capsys) -> None:  # noqa: ANN001

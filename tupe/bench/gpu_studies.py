@@ -20,6 +20,9 @@ job is one or two `python -m tupe.comparison.study` folders under `--studies-wor
    with every extension method; the passkey probe; the summary) before the next chunk starts, so that a chunk
    that comes back is complete. Runs of one seed share the initialisation seed, the data order and the masks in
    every chunk (the same tokenizer and blocks), so chunks compare as one study would, paired by seed.
+3. `paragraphs` (issue 36, item 6's short-document arm): the `packing` job's steps for `PARAGRAPH_SCHEMES` on the
+   built-in books with every paragraph a document (`paragraph_corpus`, written on the device: on the built-in
+   corpus, where a book is a document, the two packings differ only at the 23 book ends).
 
 Resuming: the study folders live in `--studies-work` (default `/tmp/tupe-gpu-studies`, kept between calls): a
 call cut off by its limit is continued by the next call on the same machine (the device keeps a machine for a
@@ -51,6 +54,9 @@ from pathlib import Path
 PACKING_SCHEMES = ("bert-a", "tupe-a", "tupe-r", "rope", "alibi", "deberta")  # issue 36, item 6
 PACKINGS = ("stream", "documents")
 PACKING_SEEDS = "0,1,2"
+# the short-document arm: the built-in books with every paragraph a document (`paragraph_corpus`), where
+# `documents` gives each paragraph its own [CLS]; TUPE's [CLS] reset with and without its tie-cls ablation
+PARAGRAPH_SCHEMES = ("bert-a", "tupe-a", "tupe-a-tie-cls", "tupe-r", "tupe-r-tie-cls")
 LENGTH_SEEDS = "0,1,2,3,4"  # issue 37, item 5: Part C's three seeds and two more
 # issue 37's comparators for length and its three new schemes first, then the rest of the registry
 LENGTH_FIRST = ("bert-a", "rope", "alibi", "fire", "kerple-log", "kerple-power", "tupe-a", "deberta")
@@ -75,7 +81,24 @@ def length_chunks(schemes: tuple[str, ...] | None = None, size: int = LENGTH_CHU
 
 
 def job_names() -> list[str]:
-    return ["packing"] + [f"length-{i}" for i in range(1, len(length_chunks()) + 1)]
+    return ["packing"] + [f"length-{i}" for i in range(1, len(length_chunks()) + 1)] + ["paragraphs"]
+
+
+def paragraph_corpus(out: Path, books: int | None = None) -> int:
+    """The built-in corpus with every paragraph a document, one `.txt` per book in `out` (a blank line after
+    each of its one-paragraph lines; the text otherwise unchanged), all its books or the first `books` (file name
+    order): returns the number of paragraphs."""
+    from tupe.data import DEFAULT_CORPUS_DIR
+
+    out.mkdir(parents=True, exist_ok=True)
+    paragraphs = 0
+    for book in sorted(DEFAULT_CORPUS_DIR.glob("*.txt.gz"))[:books]:
+        lines = [
+            line for line in gzip.decompress(book.read_bytes()).decode("utf-8").split("\n") if line.strip()
+        ]
+        (out / book.name.removesuffix(".gz")).write_text("\n\n".join(lines) + "\n", encoding="utf-8")
+        paragraphs += len(lines)
+    return paragraphs
 
 
 # ---- the plan -------------------------------------------------------------------------------------------------
@@ -103,20 +126,29 @@ def plan(args: argparse.Namespace, work: Path) -> list[dict]:
     parallel = args.studies_parallel
     jobs = []
     for name in args.studies:
-        if name == "packing":
+        if name in ("packing", "paragraphs"):
             per = max(1, parallel // len(PACKINGS))
-            folders = {p: work / f"packing-{p}" for p in PACKINGS}
+            if name == "packing":
+                schemes, prefix, corpus = packing_schemes, "packing", []
+            else:
+                schemes, prefix = (["tupe-a"] if smoke else list(PARAGRAPH_SCHEMES)), "paragraphs"
+                corpus = ["--corpus", str(work / "texts" / "paragraphs")]
+            folders = {p: work / f"{prefix}-{p}" for p in PACKINGS}
             steps = [
-                ("train", [_study(f, packing_schemes, seeds_p, "train", [*train, "--packing", p, "--parallel",
-                                                                           str(per)]) for p, f in folders.items()]),
-                ("evaluate", [_study(f, packing_schemes, seeds_p, "ood,summary", ["--packing", p, *evaluate])
+                ("train", [_study(f, schemes, seeds_p, "train", [*train, *corpus, "--packing", p, "--parallel",
+                                                                   str(per)]) for p, f in folders.items()]),
+                ("evaluate", [_study(f, schemes, seeds_p, "ood,summary", ["--packing", p, *evaluate])
                               for p, f in folders.items()]),
             ]  # fmt: skip
             if glue:
-                steps.append(("sst-2", [_study(f, packing_schemes, seeds_p, "glue,summary",
+                steps.append(("sst-2", [_study(f, schemes, seeds_p, "glue,summary",
                                                ["--packing", p, *glue, "--parallel", str(per)])
                                         for p, f in folders.items()]))  # fmt: skip
-            jobs.append({"name": name, "folders": list(folders.values()), "steps": steps})
+            job = {"name": name, "folders": list(folders.values()), "steps": steps}
+            if corpus:
+                job["corpus"] = corpus[1]
+                job["corpus_books"] = 2 if smoke else None  # smoke: two books (a short tokenizer training)
+            jobs.append(job)
         else:
             index = int(name.split("-", 1)[1]) - 1
             if not 0 <= index < len(chunks):
@@ -272,6 +304,8 @@ def stage_studies(args: argparse.Namespace, out: Path, timeout: float) -> dict:
         if stop:
             record["status"] = "not started: out of time"
             continue
+        if "corpus" in job:
+            paragraph_corpus(Path(job["corpus"]), job["corpus_books"])
         for step, cmds in job["steps"]:
             left = deadline - time.monotonic() - RESERVE_S
             if left < 20:

@@ -11,7 +11,8 @@ lines; a JSON object of records is not a table the corpus reader takes. `conll-n
 Stages, each written under `--out` (outside the repository) and skipped on `--resume` when its output exists:
 
 1. `train`: `tupe compare` of every scheme in `tupe.POSITION_SCHEMES` x `--seeds` (default 0,1,2) at the demo's
-   recipe (mini preset, built-in corpus, `--max-steps`, default the demo's 1,400; `--packing`, default stream)
+   recipe (mini preset, `--corpus`, default the built-in one; `--max-steps`, default the demo's 1,400;
+   `--packing`, default stream)
    into `OUT/runs/`; interrupted runs continue from their latest checkpoint, finished ones are kept.
 2. `ood`: every run on each out-of-domain text (`built-in`, plus each `--ood-text`, repeatable): `tupe evaluate`'s
    loss, tokens per word, paired intervals and word-order check -> `OUT/ood-<name>.json`.
@@ -63,6 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=V.positive_int, default=DEMO_STEPS, help=f"default {DEMO_STEPS}")
     p.add_argument("--parallel", type=V.positive_int, default=2, help="runs trained at once (default 2)")
     add_packing_argument(p)
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        metavar="PATH",
+        help="train stage: the pre-training corpus, as `tupe pretrain --corpus` takes it (default: the built-in "
+        "corpus; its validation blocks are every run's validation text)",
+    )
     p.add_argument(
         "--resume", action="store_true", help="keep every finished stage and run, continue the rest"
     )
@@ -237,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
                 threads=1,
                 attention_kernel=args.attention_kernel,
                 packing=args.packing,
+                corpus=args.corpus,
             )
             compare(base, schemes, seeds=seeds, parallel=args.parallel, log=log)
         # each stage needs the runs it reads (the glue stage those of --glue-pretrain-seeds; the summary none), so

@@ -226,7 +226,34 @@ def main(argv: list[str] | None = None) -> int:
                 cells += [f"{np.mean(th[x]):+.2f}" for x in ("theta_1", "theta_2", "mean_logit_replaced")] if th else [
                     "", "", ""]  # fmt: skip
                 out.append(f"| {name} | {k} | " + " | ".join(cells) + " |")
-        tables += ["## [CLS]", "", f"Uniform attention over a 128-token block: {1 / 128:.4f}.", "", *out, ""]
+        summary = [
+            "| scheme | packing | runs | attention on [CLS], layer 1 | layer 2 | content-free on [CLS], mean head "
+            "| theta_2 minus the mean logit it replaces |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for s in schemes:
+            for k in PACKINGS:
+                rs = [r for n, r in cls[k].items() if n.split("/")[0] == s]
+                if not rs:
+                    continue
+                cells = [mean_std_cell([r["attention_to_cls"][layer] for r in rs]) for layer in (0, 1)]
+                cf = [r["content_free_to_cls"]["mean"] for r in rs if "content_free_to_cls" in r]
+                th = [
+                    float(np.mean(r["theta"]["theta_2"]) - np.mean(r["theta"]["mean_logit_replaced"]))
+                    for r in rs
+                    if "theta" in r
+                ]
+                cells += [mean_std_cell(cf), mean_std_cell(th)]
+                summary.append(f"| {s} | {k} | {len(rs)} | " + " | ".join(cells) + " |")
+        tables += [
+            "## [CLS]",
+            "",
+            f"Uniform attention over a 128-token block: {1 / 128:.4f}.",
+            "",
+            *summary,
+            "",
+        ]
+        tables += ["Each run:", "", *out, ""]
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "packing.md").write_text("\n".join(tables))
