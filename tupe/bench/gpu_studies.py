@@ -140,7 +140,9 @@ def plan(args: argparse.Namespace, work: Path) -> list[dict]:
                 ("evaluate", [_study(f, schemes, seeds_p, "ood,summary", ["--packing", p, *evaluate])
                               for p, f in folders.items()]),
             ]  # fmt: skip
-            if glue:
+            if glue and not (
+                smoke and name == "paragraphs"
+            ):  # smoke: the packing job's SST-2 step is the same
                 steps.append(("sst-2", [_study(f, schemes, seeds_p, "glue,summary",
                                                ["--packing", p, *glue, "--parallel", str(per)])
                                         for p, f in folders.items()]))  # fmt: skip

@@ -92,9 +92,8 @@ def cls_measures(run: Path, blocks: Any, n_blocks: int) -> dict[str, Any]:
         for layer, a in enumerate(out.attentions):  # (b, h, n, n)
             mass[layer] += float(a[:, :, 1:, 0].mean(dim=(1, 2)).sum())
     result: dict[str, Any] = {"attention_to_cls": [v / ids.shape[0] for v in mass]}
-    logits = m.model.tupe.positional_logits(
-        ids.shape[1]
-    )  # (h, n, n) after the [CLS] reset; None: no such term
+    # (h, n, n) content-free logits after the [CLS] reset; None: the scheme has no such term
+    logits = m.model.tupe.positional_logits(ids.shape[1])
     if logits is not None:
         to_cls = [h.to_cls for h in head_patterns(logits)]
         result["content_free_to_cls"] = {"mean": float(np.mean(to_cls)), "max": float(np.max(to_cls))}
