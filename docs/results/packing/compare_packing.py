@@ -1,28 +1,39 @@
-"""`--packing stream` against `--packing documents`: the tables of docs/RESULTS.md Part D.
+"""`--packing stream` against `--packing documents`: the tables of docs/RESULTS.md Part D, from one record per run.
 
-    python docs/results/packing/compare_packing.py --stream STUDY_S --documents STUDY_D --out docs/results/packing
+    # as runs finish (again and again: a run with a complete record is skipped), in each packing's `tupe compare`
+    # output folder; the record is a small JSON kept in the repository, so a finished run's measures outlive the
+    # machine it trained on (its checkpoint does not need to)
+    python docs/results/packing/compare_packing.py record --runs RUNS_STREAM --packing stream \
+        --records docs/results/packing/records [--sst2-data GLUE_ROOT --sst2-seeds 0]
+    # the tables, from whatever records there are (a run not yet recorded: a blank cell)
+    python docs/results/packing/compare_packing.py report --records docs/results/packing/records \
+        --out docs/results/packing
 
-STUDY_S and STUDY_D are `python -m tupe.comparison.study` folders of the same schemes and seeds, one per packing
-(their runs in `STUDY/runs/SCHEME/seed-K`). The script reads what each has so far (a run not yet finished, a stage
-not yet run: a blank cell) and writes `packing.json` and `packing.md`:
+RUNS is the `--out` of `tupe compare --packing P` (its runs in `RUNS/SCHEME/seed-K`). A record
+(`records/P/SCHEME-seed-K.json`) holds, for one finished run:
 
-1. pre-training: final validation loss per seed and packing, documents minus stream paired by seed (the same
-   seed gives both runs the same initialisation; the data order and masks differ with the blocks), 95% t
-   interval; the step each run left the bag-of-words plateau (1 nat below the unigram of its validation blocks);
-2. from each study's `study.json` (stages ood, glue, summary): the loss on the built-in out-of-domain text
-   (*Great Astronomers*), its word-order delta, and SST-2 (best learning rate's median over fine-tuning seeds);
-3. [CLS]: for each finished run, computed here on `--blocks` blocks of the built-in evaluation text (128 tokens,
-   [CLS] at position 0, as both packings train): the attention every other token pays to [CLS], per layer (mean
-   over heads and queries), in the model's real attention; and for schemes with a content-free term, the same
-   mass in the content-free attention alone (`tupe analyze`'s `to[CLS]`, mean and largest head), and for TUPE's
-   [CLS] reset the two learned values theta_1 ([CLS] as query) and theta_2 (others to [CLS]) beside the mean of
-   the content-free logits they replace.
+1. pre-training: the final validation loss, the validation curve, the step the run left the bag-of-words plateau
+   (1 nat below the unigram of its validation blocks), the packing efficiency;
+2. `tupe evaluate` on the built-in out-of-domain text (*Great Astronomers*): loss, tokens per word, word-order
+   delta (the study's `ood` stage for one run);
+3. [CLS], on `--blocks` blocks of the built-in evaluation text (the run's training length, [CLS] at position 0, as
+   both packings train): the attention every other token pays to [CLS], per layer (mean over heads and queries), in the model's
+   real attention; for schemes with a content-free term the same mass in the content-free attention alone
+   (`tupe analyze`'s `to[CLS]`, mean and largest head); for TUPE's [CLS] reset the two learned values theta_1
+   ([CLS] as query) and theta_2 (others to [CLS]) beside the mean of the content-free logits they replace;
+4. with `--sst2-data`, for runs of `--sst2-seeds`: SST-2 as the study's `glue` stage runs it (the 8,000-sentence
+   subset, the small-model grid, fine-tuning seeds 1,2,3; the best learning rate's median).
+
+The report pairs documents with stream by seed (the same seed gives both runs the same initialisation; the data
+order and masks differ with the blocks), with a 95% t interval.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,59 +42,87 @@ import numpy as np
 import torch
 
 PACKINGS = ("stream", "documents")
+SST2_SEEDS = "1,2,3"  # the fine-tuning seeds of the study's glue stage
+SST2_SAMPLES = 8000  # the study's SST-2 subset (RESULTS A.7)
 
 
-def runs_of(study: Path) -> dict[tuple[str, int], Path]:
-    """Every finished run (config.json written) of a study folder, by (scheme, seed)."""
+def finished_runs(runs: Path) -> dict[tuple[str, int], Path]:
+    """Every finished run (config.json written) of a `tupe compare` folder, by (scheme, seed)."""
     found = {}
-    for cfg in sorted((study / "runs").glob("*/seed-*/config.json")):
+    for cfg in sorted(runs.glob("*/seed-*/config.json")):
         d = cfg.parent
         found[(d.parent.name, int(d.name.split("-", 1)[1]))] = d
     return found
 
 
-def pretraining(study: Path) -> dict[tuple[str, int], dict[str, Any]]:
-    """Final validation loss and plateau exit of each finished run."""
+def pretraining(run: Path) -> dict[str, Any]:
+    """Final validation loss, validation curve, plateau exit and packing efficiency of a finished run."""
     from tupe.analysis.baseline import run_unigram
     from tupe.analysis.curves import read_metrics
     from tupe.analysis.seeds import plateau_exit_step
 
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    unigram: float | None = None
-    for key, d in runs_of(study).items():
-        if unigram is None:
-            u = run_unigram(d)
-            unigram = None if u is None else float(u["unigram_loss"])
-        summary = json.loads((d / "pretrain_summary.json").read_text())
-        valid = read_metrics(d)[1]
-        out[key] = {
-            "final_loss": float(summary["final_eval_loss"]),
-            "plateau_exit": None if unigram is None else plateau_exit_step(valid, unigram),
-            "unigram": unigram,
-            "packing_efficiency": summary.get("packing_efficiency"),
-        }
-    return out
+    u = run_unigram(run)
+    unigram = None if u is None else float(u["unigram_loss"])
+    summary = json.loads((run / "pretrain_summary.json").read_text())
+    valid = read_metrics(run)[1]
+    return {
+        "final_loss": float(summary["final_eval_loss"]),
+        "valid_curve": [[int(r["step"]), float(r["eval_loss"])] for r in valid if "eval_loss" in r],
+        "plateau_exit": None if unigram is None else plateau_exit_step(valid, unigram),
+        "unigram": unigram,
+        "packing_efficiency": summary.get("packing_efficiency"),
+    }
 
 
-def scheme_order(study: Path) -> list[str]:
-    """The schemes in the order the study's `tupe compare` was given them (its reference first)."""
-    path = study / "runs" / "compare_run.json"
-    return list(json.loads(path.read_text()).get("schemes", [])) if path.exists() else []
+def out_of_domain(run: Path, name: str) -> dict[str, Any]:
+    """`tupe evaluate` of one run on the built-in out-of-domain text: loss, tokens per word, word-order delta."""
+    from tupe.evaluation.runs import evaluate_runs
+
+    result = evaluate_runs({name: run}, ["built-in"], progress=False, log=lambda _m: None)
+    (m,) = result["models"]
+    return {
+        "text": "built-in",
+        "loss": m["loss"],
+        "tokens_per_word": m.get("tokens_per_word"),
+        "word_order_delta": m["word_order_delta"],
+    }
 
 
-def study_values(study: Path) -> dict[str, dict[str, list[float | None]]]:
-    path = study / "study.json"
-    return json.loads(path.read_text())["schemes"] if path.exists() else {}
+def sst2(run: Path, glue_root: Path, out: Path) -> dict[str, Any] | None:
+    """SST-2 as the study's glue stage runs it (`tupe glue` resumes what it finds in `out`); None: incomplete."""
+    argv = [sys.executable, "-m", "tupe", "glue", "--model", str(run), "--task", "SST-2", "--data-dir",
+            str(glue_root), "--out", str(out), "--seeds", SST2_SEEDS, "--max-train-samples", str(SST2_SAMPLES),
+            "--threads", "1", "--no-progress"]  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "glue.log", "ab") as fh:
+        rc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+    path = out / "results.json"
+    if rc != 0 or not path.exists():
+        print(f"[record] tupe glue failed on {run} (rc {rc}; log {out / 'glue.log'})", flush=True)
+        return None
+    result = json.loads(path.read_text())
+    if not result.get("complete"):
+        return None
+    best = result["best"]
+    return {
+        "accuracy": 100 * best["main_median"],
+        "best": {k: v for k, v in best.items() if isinstance(v, (int, float, str))},
+        "dev_majority": 100 * result["data"]["dev_majority_accuracy"]["dev"],
+        "command": " ".join(argv[1:]),
+    }
 
 
 @torch.no_grad()
-def cls_measures(run: Path, blocks: Any, n_blocks: int) -> dict[str, Any]:
-    """Attention on [CLS] (position 0) from the other tokens of `blocks`, per layer; content-free and theta."""
+def cls_measures(run: Path, corpus: Any, n_blocks: int) -> dict[str, Any]:
+    """Attention on [CLS] (position 0) from the other tokens of `n_blocks` blocks of `corpus` at the run's own
+    training length, per layer; content-free and theta."""
     from tupe.analysis.patterns import head_patterns
-    from tupe.evaluation.evaluate import load_eval_model
+    from tupe.evaluation.evaluate import load_eval_model, make_blocks
     from tupe.modeling.positional import scheme_class
 
     m = load_eval_model(run, device="cpu")
+    length = min(m.train_length or m.max_length, m.max_length)
+    blocks = make_blocks(corpus, m.tokenizer, length, max_blocks=n_blocks, log=lambda _m: None)
     ids = torch.from_numpy(np.stack([blocks.ids(k) for k in range(min(n_blocks, len(blocks)))])).long()
     mass = [0.0] * m.model.config.num_hidden_layers
     for start in range(0, ids.shape[0], 8):
@@ -91,7 +130,7 @@ def cls_measures(run: Path, blocks: Any, n_blocks: int) -> dict[str, Any]:
         out = m.model.tupe(x, attention_mask=torch.ones_like(x), output_attentions=True, return_dict=True)
         for layer, a in enumerate(out.attentions):  # (b, h, n, n)
             mass[layer] += float(a[:, :, 1:, 0].mean(dim=(1, 2)).sum())
-    result: dict[str, Any] = {"attention_to_cls": [v / ids.shape[0] for v in mass]}
+    result: dict[str, Any] = {"block_length": length, "attention_to_cls": [v / ids.shape[0] for v in mass]}
     # (h, n, n) content-free logits after the [CLS] reset; None: the scheme has no such term
     logits = m.model.tupe.positional_logits(ids.shape[1])
     if logits is not None:
@@ -125,39 +164,71 @@ def mean_std_cell(values: list[float]) -> str:
     return "" if m is None else f"{m:.3f}" + ("" if s is None else f" ± {s:.3f}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--stream", type=Path, required=True, help="the study folder of --packing stream")
-    p.add_argument("--documents", type=Path, required=True, help="the study folder of --packing documents")
-    p.add_argument("--out", type=Path, required=True, help="folder for packing.json and packing.md")
-    p.add_argument("--blocks", type=int, default=64, help="evaluation-text blocks for the [CLS] measures")
-    p.add_argument(
-        "--no-cls", action="store_true", help="leave out the [CLS] measures (they load every model)"
-    )
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    studies = {"stream": args.stream, "documents": args.documents}
-    pre = {k: pretraining(v) for k, v in studies.items()}
-    extra = {k: study_values(v) for k, v in studies.items()}
-    found = {s for k in PACKINGS for s, _ in pre[k]}
-    order = [s for k in PACKINGS for s in scheme_order(studies[k])]
-    schemes = [s for s in dict.fromkeys(order) if s in found] + sorted(found - set(order))
-    seeds = sorted({seed for k in PACKINGS for _, seed in pre[k]})
-    cls: dict[str, dict[str, Any]] = {k: {} for k in PACKINGS}
-    if not args.no_cls:
-        from tupe.evaluation.evaluate import make_blocks
-        from tupe.evaluation.runs import resolve_text
-        from tupe.io.checkpoints import load_tokenizer
+def record(args: argparse.Namespace) -> int:
+    """Measure every finished run of `--runs` that has no complete record yet and write its record."""
+    from tupe.evaluation.command import versions
+    from tupe.evaluation.runs import resolve_text
+    from tupe.io.files import atomic_write_text
 
-        corpus = resolve_text(["built-in"])
-        for k in PACKINGS:
-            for (s, seed), d in sorted(runs_of(studies[k]).items()):
-                tok = load_tokenizer(d)
-                blocks = make_blocks(corpus, tok, 128, max_blocks=args.blocks, log=lambda _m: None)
-                cls[k][f"{s}/seed-{seed}"] = cls_measures(d, blocks, args.blocks)
-                print(
-                    f"[cls] {k} {s}/seed-{seed}: {cls[k][f'{s}/seed-{seed}']['attention_to_cls']}", flush=True
-                )
+    folder = args.records / args.packing
+    folder.mkdir(parents=True, exist_ok=True)
+    sst2_seeds = {int(x) for x in args.sst2_seeds.split(",")} if args.sst2_data else set()
+    corpus = None
+    for (scheme, seed), run in sorted(finished_runs(args.runs).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        path = folder / f"{scheme}-seed-{seed}.json"
+        rec = json.loads(path.read_text()) if path.exists() else {}
+        if rec.get("run", {}).get("packing") not in (None, args.packing):
+            raise SystemExit(f"{path}: a record of packing {rec['run']['packing']}, not {args.packing}")
+        trained = json.loads((run / "pretrain_summary.json").read_text()).get("packing", "stream")
+        if trained != args.packing:  # a stream run's summary names no packing
+            raise SystemExit(f"{run}: trained with --packing {trained}, not {args.packing}")
+        wanted = {"pretraining", "ood", "cls"} | ({"sst2"} if seed in sst2_seeds else set())
+        if wanted <= set(rec):
+            continue
+        name = f"{scheme}/seed-{seed}"
+        print(f"[record] {args.packing} {name}: {', '.join(sorted(wanted - set(rec)))}", flush=True)
+        rec["run"] = {"scheme": scheme, "seed": seed, "packing": args.packing, "folder": str(run)}
+        if "pretraining" not in rec:
+            rec["pretraining"] = pretraining(run)
+        if "ood" not in rec:
+            rec["ood"] = out_of_domain(run, name)
+        if "cls" not in rec:
+            if corpus is None:
+                corpus = resolve_text(["built-in"])
+            rec["cls"] = cls_measures(run, corpus, args.blocks)
+        rec["machine"] = f"{platform.machine()}, {platform.processor() or 'cpu'}, torch threads 1"
+        rec["versions"] = versions()
+        # the cheap measures first: kept if SST-2 fails
+        atomic_write_text(path, json.dumps(rec, indent=1) + "\n")
+        if "sst2" in wanted and "sst2" not in rec:
+            glue_out = args.runs / "glue" / f"SST-2-{scheme}-seed-{seed}"
+            result = sst2(run, args.sst2_data, glue_out)
+            if result is not None:
+                rec["sst2"] = result
+                atomic_write_text(path, json.dumps(rec, indent=1) + "\n")
+        print(f"[record] wrote {path}", flush=True)
+    return 0
+
+
+def read_records(folder: Path) -> dict[str, dict[tuple[str, int], dict[str, Any]]]:
+    out: dict[str, dict[tuple[str, int], dict[str, Any]]] = {k: {} for k in PACKINGS}
+    for k in PACKINGS:
+        for path in sorted((folder / k).glob("*-seed-*.json")):
+            rec = json.loads(path.read_text())
+            out[k][(rec["run"]["scheme"], int(rec["run"]["seed"]))] = rec
+    return out
+
+
+def report(args: argparse.Namespace) -> int:
+    recs = read_records(args.records)
+    found = {s for k in PACKINGS for s, _ in recs[k]}
+    schemes = [s for s in args.schemes.split(",") if s in found] + sorted(
+        found - set(args.schemes.split(","))
+    )
+    seeds = sorted({seed for k in PACKINGS for _, seed in recs[k]})
+
+    def values(k: str, s: str, get: Any) -> list[float | None]:
+        return [get(recs[k][(s, seed)]) if (s, seed) in recs[k] else None for seed in seeds]
 
     lines = [
         "| scheme | stream: final loss (seeds) | documents: final loss (seeds) | documents - stream, by seed "
@@ -166,20 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     ]
     rows: dict[str, Any] = {}
     for s in schemes:
-        per = {k: [pre[k].get((s, seed)) for seed in seeds] for k in PACKINGS}
-        loss = {k: [r["final_loss"] if r else None for r in per[k]] for k in PACKINGS}
+        loss = {k: values(k, s, lambda r: r["pretraining"]["final_loss"]) for k in PACKINGS}
         diffs = [
             d - st for st, d in zip(loss["stream"], loss["documents"]) if st is not None and d is not None
         ]
-        exits = {k: [r["plateau_exit"] if r else "-" for r in per[k]] for k in PACKINGS}
+        exits = {k: values(k, s, lambda r: r["pretraining"]["plateau_exit"] or "not left") for k in PACKINGS}
         rows[s] = {"final_loss": loss, "documents_minus_stream": diffs, "plateau_exit": exits}
-
         cells = {
             k: f"{mean_std_cell([v for v in loss[k] if v is not None])} "
             f"({', '.join('-' if v is None else f'{v:.3f}' for v in loss[k])})"
             for k in PACKINGS
         }
-        left = {k: ", ".join("not left" if v is None else str(v) for v in exits[k]) for k in PACKINGS}
+        left = {k: ", ".join("-" if v is None else str(v) for v in exits[k]) for k in PACKINGS}
         lines.append(
             f"| {s} | {cells['stream']} | {cells['documents']} | {t_cell(diffs)} | {left['stream']} | "
             f"{left['documents']} |"
@@ -187,85 +256,102 @@ def main(argv: list[str] | None = None) -> int:
     tables = ["## Pre-training", "", f"Seeds: {', '.join(map(str, seeds))}.", "", *lines, ""]
 
     cols = [
-        ("ood:built-in", "Great Astronomers: loss"),
-        ("word_order:built-in", "word order"),
-        ("sst2", "SST-2"),
+        ("Great Astronomers: loss", lambda r: r["ood"]["loss"]["value"]),
+        ("word order", lambda r: r["ood"]["word_order_delta"]["value"]),
+        ("SST-2", lambda r: r["sst2"]["accuracy"] if "sst2" in r else None),
     ]
-    if any(extra.values()):
-        head = "| scheme | " + " | ".join(f"{t}, {k}" for _, t in cols for k in PACKINGS) + " |"
-        out = [head, "|---" + "|---:" * (2 * len(cols)) + "|"]
-        for s in schemes:
-            cells = []
-            for c, _ in cols:
-                for k in PACKINGS:
-                    xs = [v for v in extra[k].get(s, {}).get(c, []) if v is not None]
-                    cells.append(mean_std_cell(xs) + (f" ({len(xs)})" if c == "sst2" and xs else ""))
-            out.append(f"| {s} | " + " | ".join(cells) + " |")
-        tables += ["## Word order, *Great Astronomers*, SST-2", "", *out, ""]
-
-    if not args.no_cls:
-        out = [
-            "| run | packing | attention on [CLS], layer 1 | layer 2 | content-free on [CLS]: mean head | "
-            "largest head | theta_1 (mean over heads) | theta_2 | mean logit replaced |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for name in sorted(
-            {n for k in PACKINGS for n in cls[k]}, key=lambda n: (schemes.index(n.split("/")[0]), n)
-        ):
+    head = "| scheme | " + " | ".join(f"{t}, {k}" for t, _ in cols for k in PACKINGS) + " |"
+    out = [head, "|---" + "|---:" * (2 * len(cols)) + "|"]
+    for s in schemes:
+        cells = []
+        for t, get in cols:
             for k in PACKINGS:
-                r = cls[k].get(name)
-                if r is None:
+                xs = [v for v in values(k, s, get) if v is not None]
+                rows[s].setdefault(t, {})[k] = xs
+                cells.append(mean_std_cell(xs) + (f" ({len(xs)})" if xs else ""))
+        out.append(f"| {s} | " + " | ".join(cells) + " |")
+    majority = {r["sst2"]["dev_majority"] for k in PACKINGS for r in recs[k].values() if "sst2" in r}
+    tables += [
+        "## Word order, *Great Astronomers*, SST-2",
+        "",
+        "Mean ± standard deviation over pre-training seeds (their count in brackets). "
+        + (
+            f"SST-2 dev majority class: {', '.join(f'{m:.2f}' for m in sorted(majority))}."
+            if majority
+            else ""
+        ),
+        "",
+        *out,
+        "",
+    ]
+
+    each = [
+        "| run | packing | attention on [CLS], layer 1 | layer 2 | content-free on [CLS]: mean head | "
+        "largest head | theta_1 (mean over heads) | theta_2 | mean logit replaced |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    summary = [
+        "| scheme | packing | runs | attention on [CLS], layer 1 | layer 2 | content-free on [CLS], mean head "
+        "| theta_2 minus the mean logit it replaces |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in schemes:
+        for k in PACKINGS:
+            rs = [recs[k][(s, seed)]["cls"] for seed in seeds if (s, seed) in recs[k]]
+            if not rs:
+                continue
+            cells = [mean_std_cell([r["attention_to_cls"][layer] for r in rs]) for layer in (0, 1)]
+            cf = [r["content_free_to_cls"]["mean"] for r in rs if "content_free_to_cls" in r]
+            th = [
+                float(np.mean(r["theta"]["theta_2"]) - np.mean(r["theta"]["mean_logit_replaced"]))
+                for r in rs
+                if "theta" in r
+            ]
+            cells += [mean_std_cell(cf), mean_std_cell(th)]
+            summary.append(f"| {s} | {k} | {len(rs)} | " + " | ".join(cells) + " |")
+        for seed in seeds:
+            for k in PACKINGS:
+                if (s, seed) not in recs[k]:
                     continue
-                att = r["attention_to_cls"]
-                cf = r.get("content_free_to_cls")
-                th = r.get("theta")
-                cells = [f"{v:.3f}" for v in att[:2]] + (
-                    [f"{cf['mean']:.3f}", f"{cf['max']:.3f}"] if cf else ["", ""]
-                )
+                r = recs[k][(s, seed)]["cls"]
+                cf, th = r.get("content_free_to_cls"), r.get("theta")
+                cells = [f"{v:.3f}" for v in r["attention_to_cls"][:2]]
+                cells += [f"{cf['mean']:.3f}", f"{cf['max']:.3f}"] if cf else ["", ""]
                 cells += [f"{np.mean(th[x]):+.2f}" for x in ("theta_1", "theta_2", "mean_logit_replaced")] if th else [
                     "", "", ""]  # fmt: skip
-                out.append(f"| {name} | {k} | " + " | ".join(cells) + " |")
-        summary = [
-            "| scheme | packing | runs | attention on [CLS], layer 1 | layer 2 | content-free on [CLS], mean head "
-            "| theta_2 minus the mean logit it replaces |",
-            "|---|---|---:|---:|---:|---:|---:|",
-        ]
-        for s in schemes:
-            for k in PACKINGS:
-                rs = [r for n, r in cls[k].items() if n.split("/")[0] == s]
-                if not rs:
-                    continue
-                cells = [mean_std_cell([r["attention_to_cls"][layer] for r in rs]) for layer in (0, 1)]
-                cf = [r["content_free_to_cls"]["mean"] for r in rs if "content_free_to_cls" in r]
-                th = [
-                    float(np.mean(r["theta"]["theta_2"]) - np.mean(r["theta"]["mean_logit_replaced"]))
-                    for r in rs
-                    if "theta" in r
-                ]
-                cells += [mean_std_cell(cf), mean_std_cell(th)]
-                summary.append(f"| {s} | {k} | {len(rs)} | " + " | ".join(cells) + " |")
-        tables += [
-            "## [CLS]",
-            "",
-            f"Uniform attention over a 128-token block: {1 / 128:.4f}.",
-            "",
-            *summary,
-            "",
-        ]
-        tables += ["Each run:", "", *out, ""]
+                each.append(f"| {s}/seed-{seed} | {k} | " + " | ".join(cells) + " |")
+    sizes = sorted({r["cls"]["block_length"] for k in PACKINGS for r in recs[k].values()})
+    uniform = "; ".join(f"{1 / n:.4f} over a {n}-token block" for n in sizes)
+    tables += ["## [CLS]", "", f"Uniform attention: {uniform}.", "", *summary, ""]
+    tables += ["Each run:", "", *each, ""]
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "packing.md").write_text("\n".join(tables))
-    payload = {
-        "command": " ".join(["python", *sys.argv]),
-        "seeds": seeds,
-        "schemes": rows,
-        "study": extra,
-        "cls": cls,
-    }
+    payload = {"command": " ".join(["python", *sys.argv]), "seeds": seeds, "schemes": rows}
     (args.out / "packing.json").write_text(json.dumps(payload, indent=1) + "\n")
     print("\n".join(tables))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("record", help="write a record for each finished run of one packing")
+    r.add_argument("--runs", type=Path, required=True, help="the --out folder of `tupe compare --packing P`")
+    r.add_argument("--packing", choices=PACKINGS, required=True, help="the packing those runs trained with")
+    r.add_argument("--records", type=Path, required=True, help="records folder (one sub-folder per packing)")
+    r.add_argument("--blocks", type=int, default=64, help="evaluation-text blocks for the [CLS] measures")
+    r.add_argument("--sst2-data", type=Path, help="GLUE root with SST-2/: fine-tune the runs of --sst2-seeds")
+    r.add_argument("--sst2-seeds", default="0", help="pre-training seeds whose runs get SST-2 (default 0)")
+    q = sub.add_parser("report", help="the tables of docs/RESULTS.md Part D from the records")
+    q.add_argument("--records", type=Path, required=True)
+    q.add_argument("--out", type=Path, required=True, help="folder for packing.json and packing.md")
+    q.add_argument(
+        "--schemes", default="bert-a,tupe-a,tupe-r,rope,alibi,deberta", help="row order (others follow)"
+    )
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    return record(args) if args.command == "record" else report(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""docs/results/packing/compare_packing.py: a record per finished run (kept, skipped once complete), the report's
+pairing of documents with stream by seed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.training.conftest import tiny_cli_args
+from tupe.cli import main as cli
+
+SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "results" / "packing" / "compare_packing.py"
+
+
+def _script():  # noqa: ANN202 - the script as a module
+    spec = importlib.util.spec_from_file_location("compare_packing", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_records_of_both_packings_and_the_report(
+    tiny_corpus: Path, tiny_tokenizer_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    cp = _script()
+    records = tmp_path / "records"
+    args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "2"]
+    for packing in cp.PACKINGS:
+        runs = tmp_path / packing
+        argv = ["compare", "--schemes", "bert-a,tupe-a", "--seeds", "0,1", "--packing", packing]
+        assert cli([*argv, "--out", str(runs), *args]) == 0
+        assert cp.main(["record", "--runs", str(runs), "--packing", packing, "--records", str(records),
+                        "--blocks", "4"]) == 0  # fmt: skip
+    rec = json.loads((records / "documents" / "tupe-a-seed-1.json").read_text())
+    assert rec["run"] == {
+        "scheme": "tupe-a",
+        "seed": 1,
+        "packing": "documents",
+        "folder": str(tmp_path / "documents" / "tupe-a" / "seed-1"),
+    }
+    summary = json.loads((tmp_path / "documents" / "tupe-a" / "seed-1" / "pretrain_summary.json").read_text())
+    assert rec["pretraining"]["final_loss"] == summary["final_eval_loss"]
+    assert rec["pretraining"]["packing_efficiency"] == summary["packing_efficiency"]
+    assert rec["pretraining"]["valid_curve"][-1][0] == 2
+    assert math.isfinite(rec["ood"]["loss"]["value"]) and rec["ood"]["tokens_per_word"] > 1.0
+    cls = rec["cls"]
+    assert cls["block_length"] == 32 and len(cls["attention_to_cls"]) == 2
+    assert all(0.0 < a < 1.0 for a in cls["attention_to_cls"])
+    assert len(cls["theta"]["theta_1"]) == 2  # tupe-a resets [CLS]: theta per head (2 heads)
+    assert "theta" not in json.loads((records / "stream" / "bert-a-seed-0.json").read_text())["cls"]
+
+    # a complete record is kept; a stream folder recorded as documents is refused by name
+    mtime = (records / "documents" / "tupe-a-seed-1.json").stat().st_mtime_ns
+    assert cp.main(["record", "--runs", str(tmp_path / "documents"), "--packing", "documents", "--records",
+                    str(records)]) == 0  # fmt: skip
+    assert (records / "documents" / "tupe-a-seed-1.json").stat().st_mtime_ns == mtime
+    with pytest.raises(SystemExit, match="trained with --packing stream, not documents"):
+        cp.main(["record", "--runs", str(tmp_path / "stream"), "--packing", "documents", "--records",
+                 str(tmp_path / "other")])  # fmt: skip
+
+    out = tmp_path / "report"
+    assert cp.main(["report", "--records", str(records), "--out", str(out)]) == 0
+    payload = json.loads((out / "packing.json").read_text())
+    assert payload["seeds"] == [0, 1] and list(payload["schemes"]) == ["bert-a", "tupe-a"]
+    loss = payload["schemes"]["tupe-a"]["final_loss"]
+    diffs = payload["schemes"]["tupe-a"]["documents_minus_stream"]
+    assert diffs == pytest.approx([d - s for s, d in zip(loss["stream"], loss["documents"])])
+    table = (out / "packing.md").read_text()
+    assert "| tupe-a | " in table and "Uniform attention: 0.0312 over a 32-token block." in table
