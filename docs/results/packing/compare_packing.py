@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -196,7 +197,7 @@ def record(args: argparse.Namespace) -> int:
             if corpus is None:
                 corpus = resolve_text(["built-in"])
             rec["cls"] = cls_measures(run, corpus, args.blocks)
-        rec["machine"] = f"{platform.machine()}, {platform.processor() or 'cpu'}, torch threads 1"
+        rec["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores; the measures at 1 torch thread"
         rec["versions"] = versions()
         # the cheap measures first: kept if SST-2 fails
         atomic_write_text(path, json.dumps(rec, indent=1) + "\n")
