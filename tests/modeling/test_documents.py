@@ -267,11 +267,16 @@ def _reference_statistics(scheme: str) -> list[float]:
 def test_default_path_gives_the_outputs_of_the_code_before_positions(scheme):
     if scheme not in BEFORE_POSITIONS:
         pytest.skip(f"no recorded statistics for {scheme} (a scheme added later)")
+    # Recorded with torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2 reproduces them to 0). Other vector widths draw
+    # the float32 initialisation and evaluate log/exp in other last bits: measured up to 4e-9 relative under
+    # avx512 and 2.5e-7 under default. A change of the computation moves these sums by O(1); the default path's
+    # bit-for-bit identity is test_default_positions_take_the_fast_path_bit_for_bit's.
+    rtol = 1e-12 if torch.backends.cpu.get_cpu_capability() == "AVX2" else 1e-6
     torch.testing.assert_close(
         torch.tensor(_reference_statistics(scheme), dtype=torch.float64),
         torch.tensor(BEFORE_POSITIONS[scheme], dtype=torch.float64),
         atol=0,
-        rtol=1e-12,
+        rtol=rtol,
     )
 
 

@@ -204,7 +204,9 @@ def test_glue_scores_as_with_padding(tmp_path, task) -> None:
     assert (default["trainer"]["batches"], padded["trainer"]["batches"]) == ("padding-free", "padded")
     assert default["train_loss"] == pytest.approx(padded["train_loss"], rel=1e-5)
     assert default["scores"].keys() == padded["scores"].keys() == {"dev"}
-    assert default["scores"]["dev"] == pytest.approx(padded["scores"]["dev"], rel=1e-4, abs=1e-5)
+    # This STS-B regressor predicts nearly one value (0.0558, standard deviation 6.4e-5): Pearson's r divides the
+    # float32 rounding of the two paths' sums (~1e-8 of a prediction) by that spread; 1.2e-5 apart seen on AVX-512.
+    assert default["scores"]["dev"] == pytest.approx(padded["scores"]["dev"], rel=1e-3, abs=1e-4)
     files = [(tmp_path / d / "runs" / "lr0.001_seed1" / "predictions-dev.tsv") for d in ("default", "padded")]
     rows = [[line.split("\t") for line in f.read_text().splitlines()[1:]] for f in files]
     assert [r[:2] for r in rows[0]] == [r[:2] for r in rows[1]]
