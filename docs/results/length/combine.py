@@ -1,0 +1,193 @@
+"""The length study's chunks as one report: the tables of docs/RESULTS.md Part E.
+
+    python docs/results/length/combine.py docs/results/length
+
+The study ran in chunks of four schemes (`length-1` ... `length-4`, `tupe.bench.gpu_studies.length_chunks`), each
+a `python -m tupe.comparison.study` folder whose results were copied here by `tupe.bench.gpu_studies.collect`.
+Every chunk used seeds 0-4, and a seed gives every scheme the same data order and masks whichever chunk it ran in,
+so differences between schemes are paired by seed across chunks. This script reads each chunk's `study.json`
+(per-seed values) and writes `length.md` and `length.json` beside them:
+
+1. pre-training: final validation loss (mean +- std, per seed), minus bert-a paired by seed with the 95% t
+   interval, the step each seed left the plateau; Part C's three seeds (RESULTS C.2) beside seeds 3 and 4;
+2. every out-of-domain text: loss, tokens per word, word order, minus bert-a;
+3. loss at each length and each extension method that applies to the scheme, and at 8x minus bert-a's;
+4. passkey: accuracy of recovering the masked key minus the same blocks' guess without the key, per distance and
+   method, mean +- std over seeds and the 95% t interval of the mean (is it above 0?).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+REFERENCE = "bert-a"
+
+
+def read_chunks(folder: Path) -> tuple[list[int], dict[str, dict[str, Any]], list[str]]:
+    seeds: list[int] | None = None
+    rows: dict[str, dict[str, Any]] = {}
+    chunks = []
+    for path in sorted(folder.glob("length-*/study.json"), key=lambda p: int(p.parent.name.split("-")[1])):
+        data = json.loads(path.read_text())
+        if seeds is None:
+            seeds = data["seeds"]
+        elif data["seeds"] != seeds:
+            raise SystemExit(f"{path}: seeds {data['seeds']}, the other chunks' {seeds}")
+        chunks.append(path.parent.name)
+        for scheme, row in data["schemes"].items():
+            if scheme in rows:
+                raise SystemExit(f"{path}: {scheme} is in two chunks")
+            rows[scheme] = row
+    if seeds is None:
+        raise SystemExit(f"{folder}: no length-*/study.json")
+    return seeds, rows, chunks
+
+
+def _values(xs: list[float | None]) -> list[float]:
+    return [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+
+
+def mean_std(xs: list[float | None], digits: int = 3) -> str:
+    v = _values(xs)
+    if not v:
+        return ""
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f} (1)"
+    note = "" if len(v) == len(xs) else f" ({len(v)})"
+    return f"{statistics.mean(v):.{digits}f} ± {statistics.stdev(v):.{digits}f}{note}"
+
+
+def t_interval(xs: list[float]) -> tuple[float, float, float] | None:
+    if len(xs) < 2:
+        return None
+    m = statistics.mean(xs)
+    half = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+def fmt_interval(ci: tuple[float, float, float] | None, digits: int = 3) -> str:
+    if ci is None:
+        return ""
+    m, lo, hi = ci
+    mark = " *" if lo > 0 or hi < 0 else ""
+    return f"{m:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{mark}"
+
+
+def paired(a: list[float | None], b: list[float | None]) -> tuple[float, float, float] | None:
+    """a - b paired by seed (seeds where both have a value)."""
+    return t_interval([x - y for x, y in zip(a, b) if x is not None and y is not None])
+
+
+def report(folder: Path) -> str:
+    seeds, rows, chunks = read_chunks(folder)
+    ref = rows.get(REFERENCE, {})
+    schemes = list(rows)
+    out: list[str] = [
+        f"Chunks: {', '.join(chunks)}; seeds {', '.join(map(str, seeds))}. `*`: the 95% t interval excludes 0.",
+        "",
+    ]
+
+    out += ["## Pre-training", ""]
+    out += [f"| scheme | final validation loss | seeds {', '.join(map(str, seeds))} | minus {REFERENCE} [95% t] "
+            "| left the plateau at step |", "|---|---:|---|---:|---|"]  # fmt: skip
+    for s in schemes:
+        r = rows[s]
+        losses = r.get("final_losses", [])
+        exits = r.get("plateau_exit_steps") or []
+        out.append(
+            f"| {s} | {mean_std(losses)} | {', '.join(f'{x:.3f}' for x in _values(losses))} | "
+            f"{'' if s == REFERENCE else fmt_interval(paired(losses, ref.get('final_losses', [])))} | "
+            f"{', '.join('never' if x is None else f'{x:,}' for x in exits)} |"
+        )
+
+    texts = sorted({k.split(":", 1)[1] for r in rows.values() for k in r if k.startswith("ood:")})
+    for text in texts:
+        out += ["", f"## Out of domain: {text}", ""]
+        out += [f"| scheme | loss | minus {REFERENCE} [95% t] | tokens per word | word order | "
+                f"word order minus {REFERENCE} [95% t] |", "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for s in schemes:
+            r = rows[s]
+            loss, order = r.get(f"ood:{text}", []), r.get(f"word_order:{text}", [])
+            tpw = _values(r.get(f"tokens_per_word:{text}", []))
+            loss_diff = "" if s == REFERENCE else fmt_interval(paired(loss, ref.get(f"ood:{text}", [])))
+            order_diff = (
+                "" if s == REFERENCE else fmt_interval(paired(order, ref.get(f"word_order:{text}", [])))
+            )
+            tpw_cell = f"{statistics.mean(tpw):.3f}" if tpw else ""
+            out.append(
+                f"| {s} | {mean_std(loss)} | {loss_diff} | {tpw_cell} | {mean_std(order)} | {order_diff} |"
+            )
+
+    length_cols = sorted({k for r in rows.values() for k in r if k.startswith("L=")}, key=_length_key)
+    methods = sorted({_length_key(c)[0] for c in length_cols})
+    lengths = sorted({_length_key(c)[1] for c in length_cols})
+    if length_cols:
+        out += ["", "## Beyond the training length", ""]
+        out += ["Loss per masked token; a blank: the method does not apply to the scheme. Last column: the loss at "
+                f"the longest length minus {REFERENCE}'s (interpolated table), paired by seed.", ""]  # fmt: skip
+        longest = lengths[-1]
+        ref_long = ref.get(f"L={longest} (interpolate)", [])
+        out += ["| scheme | method | " + " | ".join(f"{n:,}" for n in lengths) + f" | {longest:,} minus {REFERENCE} |",
+                "|---|---|" + "---:|" * (len(lengths) + 1)]  # fmt: skip
+        for s in schemes:
+            for m in methods:
+                cells = [rows[s].get(f"L={n} ({m})", []) for n in lengths]
+                if not any(_values(c) for c in cells):
+                    continue
+                last = cells[-1]
+                diff = "" if s == REFERENCE else fmt_interval(paired(last, ref_long))
+                out.append(f"| {s} | {m} | " + " | ".join(mean_std(c) for c in cells) + f" | {diff} |")
+
+    pk_cols = sorted({k for r in rows.values() for k in r if k.startswith("passkey d=")}, key=_passkey_key)
+    if pk_cols:
+        methods = sorted({_passkey_key(c)[0] for c in pk_cols})
+        distances = sorted({_passkey_key(c)[1] for c in pk_cols})
+        out += ["", "## Passkey", ""]
+        out += ["Accuracy of the masked key's digits minus the same blocks' accuracy with the first key replaced "
+                "(the guess), mean over seeds [95% t interval of the mean].", ""]  # fmt: skip
+        out += ["| scheme | method | " + " | ".join(f"d={d:,}" for d in distances) + " |",
+                "|---|---|" + "---:|" * len(distances)]  # fmt: skip
+        for s in schemes:
+            for m in methods:
+                cells = [_values(rows[s].get(f"passkey d={d} ({m})", [])) for d in distances]
+                if not any(cells):
+                    continue
+                out.append(f"| {s} | {m} | " + " | ".join(fmt_interval(t_interval(c)) for c in cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _length_key(col: str) -> tuple[str, int]:
+    m = re.fullmatch(r"L=(\d+) \((.+)\)", col)
+    assert m, col
+    return m.group(2), int(m.group(1))
+
+
+def _passkey_key(col: str) -> tuple[str, int]:
+    m = re.fullmatch(r"passkey d=(\d+) \((.+)\)", col)
+    assert m, col
+    return m.group(2), int(m.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "folder", type=Path, help="the folder holding length-1/, length-2/, ... (each with study.json)"
+    )
+    args = p.parse_args(argv)
+    seeds, rows, _ = read_chunks(args.folder)
+    (args.folder / "length.md").write_text(report(args.folder))
+    (args.folder / "length.json").write_text(json.dumps({"seeds": seeds, "schemes": rows}, indent=1) + "\n")
+    print(f"wrote {args.folder / 'length.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""docs/results/length/combine.py: the length study's chunks as one report, paired with bert-a by seed across
+chunks."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "results" / "length" / "combine.py"
+
+
+def _script():  # noqa: ANN202 - the script as a module
+    spec = importlib.util.spec_from_file_location("length_combine", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _chunk(folder: Path, seeds: list[int], schemes: dict) -> None:
+    folder.mkdir(parents=True)
+    (folder / "study.json").write_text(json.dumps({"seeds": seeds, "schemes": schemes}))
+
+
+def _row(loss: list[float], shift: float = 0.0) -> dict:
+    return {
+        "final_losses": loss,
+        "plateau_exit_steps": [None, 800, 900],
+        "ood:built-in": [x + 0.3 for x in loss],
+        "word_order:built-in": [0.0, 0.0, 0.0],
+        "tokens_per_word:built-in": [1.443] * 3,
+        "L=128 (none)": [x + 0.3 for x in loss],
+        "L=1024 (interpolate)": [x + 0.4 + shift for x in loss],
+        "passkey d=16 (none)": [0.1, 0.2, 0.3],
+    }
+
+
+def test_pairs_schemes_across_chunks_by_seed(tmp_path: Path) -> None:
+    c = _script()
+    _chunk(tmp_path / "length-1", [0, 1, 2], {"bert-a": _row([6.0, 6.1, 6.2])})
+    other = _row([5.0, 5.2, 5.3])
+    _chunk(tmp_path / "length-2", [0, 1, 2], {"rope": other})
+    assert c.main([str(tmp_path)]) == 0
+    md = (tmp_path / "length.md").read_text()
+    # rope - bert-a by seed: -1.0, -0.9, -0.9: mean -0.933, t(2) 4.303 x 0.0577 / sqrt(3) = 0.143
+    assert (
+        "| rope | 5.167 ± 0.153 | 5.000, 5.200, 5.300 | -0.933 [-1.077, -0.790] * | never, 800, 900 |" in md
+    )
+    assert "| rope | none | 5.467 ± 0.153 |  |  |" in md
+    assert "| bert-a | interpolate |  | 6.500 ± 0.100 |  |" in md
+    # passkey 0.1, 0.2, 0.3: mean 0.2, half-width 4.303 x 0.1 / sqrt(3) = 0.248
+    assert "| rope | none | +0.200 [-0.048, +0.448] |" in md
+    assert json.loads((tmp_path / "length.json").read_text())["schemes"]["rope"] == other
+
+
+def test_refuses_chunks_that_disagree(tmp_path: Path) -> None:
+    c = _script()
+    _chunk(tmp_path / "length-1", [0, 1, 2], {"bert-a": _row([6.0, 6.1, 6.2])})
+    _chunk(tmp_path / "length-2", [0, 1], {"rope": _row([5.0, 5.2, 5.3])})
+    with pytest.raises(SystemExit, match="seeds"):
+        c.main([str(tmp_path)])
+    (tmp_path / "length-2" / "study.json").unlink()
+    _chunk(tmp_path / "length-3", [0, 1, 2], {"bert-a": _row([6.0, 6.1, 6.2])})
+    with pytest.raises(SystemExit, match="bert-a is in two chunks"):
+        c.main([str(tmp_path)])
