@@ -91,3 +91,14 @@ def hold_lock(kind: str, path: Path, command: str, argv: list | None = None):  #
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
     return proc
+
+
+def load_script(relative: str):  # noqa: ANN201 - the script as a module
+    """A script of the repository that is not in a package (docs/results/..., docs/benchmarks/...) as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,20 +3,16 @@ chunks."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "results" / "length" / "combine.py"
+from ..helpers import load_script
 
 
 def _script():  # noqa: ANN202 - the script as a module
-    spec = importlib.util.spec_from_file_location("length_combine", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/results/length/combine.py")
 
 
 def _chunk(folder: Path, seeds: list[int], schemes: dict) -> None:
@@ -24,7 +20,7 @@ def _chunk(folder: Path, seeds: list[int], schemes: dict) -> None:
     (folder / "study.json").write_text(json.dumps({"seeds": seeds, "schemes": schemes}))
 
 
-def _row(loss: list[float], shift: float = 0.0) -> dict:
+def _row(loss: list[float]) -> dict:
     return {
         "final_losses": loss,
         "plateau_exit_steps": [None, 800, 900],
@@ -32,7 +28,7 @@ def _row(loss: list[float], shift: float = 0.0) -> dict:
         "word_order:built-in": [0.0, 0.0, 0.0],
         "tokens_per_word:built-in": [1.443] * 3,
         "L=128 (none)": [x + 0.3 for x in loss],
-        "L=1024 (interpolate)": [x + 0.4 + shift for x in loss],
+        "L=1024 (interpolate)": [x + 0.4 for x in loss],
         "passkey d=16 (none)": [0.1, 0.2, 0.3],
     }
 

@@ -3,20 +3,14 @@ measures the padding share as padded batches hold it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..helpers import load_script
 
 
 def _script():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(
-        "glue_padding_free", ROOT / "docs" / "benchmarks" / "glue_padding_free.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script("docs/benchmarks/glue_padding_free.py")
 
 
 def test_the_padding_share_is_the_pad_tokens_of_padded_batches() -> None:

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..helpers import load_script
 
 
 def test_packing_step_benchmark_runs_at_a_tiny_shape(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    spec = importlib.util.spec_from_file_location(
-        "packing_step", ROOT / "docs" / "benchmarks" / "packing_step.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("docs/benchmarks/packing_step.py")
     rng = random.Random(0)
     words = "the a man woman dog cat saw met found left near by house river town".split()
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 20))) + "." for _ in range(600)]

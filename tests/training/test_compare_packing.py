@@ -3,24 +3,19 @@ pairing of documents with stream by seed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
 from tests.training.conftest import tiny_cli_args
 from tupe.cli import main as cli
 
-SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "results" / "packing" / "compare_packing.py"
-
 
 def _script():  # noqa: ANN202 - the script as a module
-    spec = importlib.util.spec_from_file_location("compare_packing", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/results/packing/compare_packing.py")
 
 
 @pytest.mark.slow
