@@ -9,7 +9,7 @@ so differences between schemes are paired by seed across chunks. This script rea
 (per-seed values) and writes `length.md` and `length.json` beside them:
 
 1. pre-training: final validation loss (mean +- std, per seed), minus bert-a paired by seed with the 95% t
-   interval, the step each seed left the plateau; Part C's three seeds (RESULTS C.2) beside seeds 3 and 4;
+   interval, the step each seed left the plateau;
 2. every out-of-domain text: loss, tokens per word, word order, minus bert-a;
 3. loss at each length and each extension method that applies to the scheme, and at 8x minus bert-a's;
 4. passkey: accuracy of recovering the masked key minus the same blocks' guess without the key, per distance and
@@ -22,11 +22,11 @@ import argparse
 import json
 import math
 import re
-import statistics
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
+from tupe.analysis.seeds import mean_std as _mean_and_std
+from tupe.analysis.seeds import t_interval as _t_bounds
 
 REFERENCE = "bert-a"
 
@@ -57,20 +57,19 @@ def _values(xs: list[float | None]) -> list[float]:
 
 def mean_std(xs: list[float | None], digits: int = 3) -> str:
     v = _values(xs)
-    if not v:
+    m, sd = _mean_and_std(v)
+    if m is None:
         return ""
-    if len(v) == 1:
-        return f"{v[0]:.{digits}f} (1)"
+    if sd is None:
+        return f"{m:.{digits}f} (1)"
     note = "" if len(v) == len(xs) else f" ({len(v)})"
-    return f"{statistics.mean(v):.{digits}f} ± {statistics.stdev(v):.{digits}f}{note}"
+    return f"{m:.{digits}f} ± {sd:.{digits}f}{note}"
 
 
 def t_interval(xs: list[float]) -> tuple[float, float, float] | None:
-    if len(xs) < 2:
-        return None
-    m = statistics.mean(xs)
-    half = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return m, m - half, m + half
+    """Mean and the 95% t interval of the mean (tupe.analysis.seeds, as `tupe compare` reports); None below 2."""
+    lo, hi = _t_bounds(xs)
+    return None if lo is None else (_mean_and_std(xs)[0], lo, hi)
 
 
 def fmt_interval(ci: tuple[float, float, float] | None, digits: int = 3) -> str:
@@ -86,8 +85,7 @@ def paired(a: list[float | None], b: list[float | None]) -> tuple[float, float, 
     return t_interval([x - y for x, y in zip(a, b) if x is not None and y is not None])
 
 
-def report(folder: Path) -> str:
-    seeds, rows, chunks = read_chunks(folder)
+def report(seeds: list[int], rows: dict[str, dict[str, Any]], chunks: list[str]) -> str:
     ref = rows.get(REFERENCE, {})
     schemes = list(rows)
     out: list[str] = [
@@ -121,14 +119,14 @@ def report(folder: Path) -> str:
             order_diff = (
                 "" if s == REFERENCE else fmt_interval(paired(order, ref.get(f"word_order:{text}", [])))
             )
-            tpw_cell = f"{statistics.mean(tpw):.3f}" if tpw else ""
+            tpw_cell = f"{_mean_and_std(tpw)[0]:.3f}" if tpw else ""
             out.append(
                 f"| {s} | {mean_std(loss)} | {loss_diff} | {tpw_cell} | {mean_std(order)} | {order_diff} |"
             )
 
-    length_cols = sorted({k for r in rows.values() for k in r if k.startswith("L=")}, key=_length_key)
-    methods = sorted({_length_key(c)[0] for c in length_cols})
-    lengths = sorted({_length_key(c)[1] for c in length_cols})
+    length_cols = [_column_key(LENGTH, k) for r in rows.values() for k in r if LENGTH.fullmatch(k)]
+    methods = sorted({m for m, _ in length_cols})
+    lengths = sorted({n for _, n in length_cols})
     if length_cols:
         out += ["", "## Beyond the training length", ""]
         out += ["Loss per masked token; a blank: the method does not apply to the scheme. Last column: the loss at "
@@ -146,10 +144,10 @@ def report(folder: Path) -> str:
                 diff = "" if s == REFERENCE else fmt_interval(paired(last, ref_long))
                 out.append(f"| {s} | {m} | " + " | ".join(mean_std(c) for c in cells) + f" | {diff} |")
 
-    pk_cols = sorted({k for r in rows.values() for k in r if k.startswith("passkey d=")}, key=_passkey_key)
+    pk_cols = [_column_key(PASSKEY, k) for r in rows.values() for k in r if PASSKEY.fullmatch(k)]
     if pk_cols:
-        methods = sorted({_passkey_key(c)[0] for c in pk_cols})
-        distances = sorted({_passkey_key(c)[1] for c in pk_cols})
+        methods = sorted({m for m, _ in pk_cols})
+        distances = sorted({d for _, d in pk_cols})
         out += ["", "## Passkey", ""]
         out += ["Accuracy of the masked key's digits minus the same blocks' accuracy with the first key replaced "
                 "(the guess), mean over seeds [95% t interval of the mean].", ""]  # fmt: skip
@@ -164,15 +162,14 @@ def report(folder: Path) -> str:
     return "\n".join(out) + "\n"
 
 
-def _length_key(col: str) -> tuple[str, int]:
-    m = re.fullmatch(r"L=(\d+) \((.+)\)", col)
-    assert m, col
-    return m.group(2), int(m.group(1))
+# the study's column names (tupe.comparison.study.summarize): "L=<length> (<method>)", "passkey d=<distance> (<method>)"
+LENGTH = re.compile(r"L=(\d+) \((.+)\)")
+PASSKEY = re.compile(r"passkey d=(\d+) \((.+)\)")
 
 
-def _passkey_key(col: str) -> tuple[str, int]:
-    m = re.fullmatch(r"passkey d=(\d+) \((.+)\)", col)
-    assert m, col
+def _column_key(pattern: re.Pattern[str], col: str) -> tuple[str, int]:
+    """(method, length or distance) of a study column."""
+    m = pattern.fullmatch(col)
     return m.group(2), int(m.group(1))
 
 
@@ -182,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         "folder", type=Path, help="the folder holding length-1/, length-2/, ... (each with study.json)"
     )
     args = p.parse_args(argv)
-    seeds, rows, _ = read_chunks(args.folder)
-    (args.folder / "length.md").write_text(report(args.folder))
+    seeds, rows, chunks = read_chunks(args.folder)
+    (args.folder / "length.md").write_text(report(seeds, rows, chunks))
     (args.folder / "length.json").write_text(json.dumps({"seeds": seeds, "schemes": rows}, indent=1) + "\n")
     print(f"wrote {args.folder / 'length.md'}")
     return 0
