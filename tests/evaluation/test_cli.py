@@ -92,6 +92,25 @@ def test_gz_text_and_quiet(tmp_path, tokenizer, text_file, capsys):
     assert plain["loss"] == packed["loss"] and plain["pseudo_loss"] == packed["pseudo_loss"]
 
 
+def test_without_text_the_built_in_book_is_evaluated(tmp_path, tokenizer, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file named built-in here: the name means the shipped book
+    model = save_tupe(tmp_path / "m", tokenizer)
+    path = tmp_path / "eval.json"
+    argv = ("--model", str(model), "--quiet", "--bootstrap", "20", "--max-blocks", "4", "--pppl-tokens", "10")
+    rc, out, err = cli(capsys, *argv, "--json", str(path))
+    assert rc == 0 and err == "", err
+    omitted = json.loads(path.read_text())
+    rc, out_named, err = cli(capsys, *argv, "--text", "built-in", "--json", str(path))
+    assert rc == 0, err
+    named = json.loads(path.read_text())
+    assert " --text built-in" in omitted["command"]
+    assert (
+        omitted["text"]["files"] == named["text"]["files"]
+        and "Great Astronomers" in omitted["text"]["description"]
+    )
+    assert omitted["models"][0]["loss"] == named["models"][0]["loss"] and out == out_named
+
+
 def test_not_a_checkpoint_folder(tmp_path, tokenizer, text_file, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -40,12 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--text",
         nargs="+",
-        required=True,
+        default=["built-in"],
         type=V.nonempty_path,
         metavar="PATH",
         help="text file(s), folders of them (recursive), globs, .gz, parquet/JSON/JSONL files, a saved `datasets` "
         "folder or a cached `datasets` name NAME[:CONFIG], as `tupe pretrain --corpus`; all together are one text; "
-        "built-in: the shipped out-of-domain book (Great Astronomers, 1895 popular science, never trained on)",
+        "built-in (the default): the shipped out-of-domain book (Great Astronomers, 1895 popular science, never "
+        "trained on)",
     )
     p.add_argument(
         "--text-column", default="text", help="column of parquet/JSON/`datasets` text (default: text)"
