@@ -61,3 +61,42 @@ def test_refuses_chunks_that_disagree(tmp_path: Path) -> None:
     _chunk(tmp_path / "length-3", [0, 1, 2], {"bert-a": _row([6.0, 6.1, 6.2])})
     with pytest.raises(SystemExit, match="bert-a is in two chunks"):
         c.main([str(tmp_path)])
+
+
+def test_verdict_takes_each_schemes_best_method_at_the_longest_length(tmp_path: Path) -> None:
+    c = _script()
+    bert = {"L=128 (interpolate)": [6.0, 6.1, 6.2], "L=1024 (interpolate)": [6.0, 6.05, 6.1]}
+    rope = {
+        "L=128 (none)": [5.0, 5.1, 5.2],
+        "L=1024 (none)": [7.0, 7.5, 8.0],
+        "L=128 (yarn)": [5.0, 5.1, 5.2],
+        "L=1024 (yarn)": [5.1, 5.2, 5.4],
+        "passkey d=16 (yarn)": [0.1, 0.2, 0.3],
+        "passkey d=64 (yarn)": [0.2, 0.2, 0.3],
+        "passkey d=64 (none)": [0.5, 0.6, 0.7],  # not the verdict's method: not counted
+    }
+    _chunk(tmp_path / "length-1", [0, 1, 2], {"bert-a": bert})
+    _chunk(tmp_path / "length-2", [0, 1, 2], {"rope": rope})
+    by_length = [
+        {"length": 128, "evaluated": True, "loss": {"value": 6.5}, "minus_unigram": {"value": -0.1}},
+        {"length": 1024, "evaluated": True, "loss": {"value": 6.4}, "minus_unigram": {"value": -0.18}},
+        {"length": 1024, "evaluated": False, "loss": None, "minus_unigram": None},
+    ]
+    (tmp_path / "length-1" / "lengths-none.json").write_text(json.dumps({"by_length": by_length}))
+    assert c.main([str(tmp_path)]) == 0
+    md = (tmp_path / "length.md").read_text()
+    verdict = md.split("## Verdict per scheme at 1,024 tokens")[1]
+    # bert-a: 1024 - 128 by seed 0.0, -0.05, -0.1: mean -0.05, t(2) 4.303 x 0.05 / sqrt(3) = 0.124
+    assert (
+        "| bert-a | interpolate | 6.100 ± 0.100 | 6.050 ± 0.050 | -0.050 [-0.174, +0.074] |  | none |"
+        in verdict
+    )
+    # rope with yarn (5.233 at 1,024 beats none's 7.5): change 0.1, 0.1, 0.2 -> +0.133 [-0.010, +0.277];
+    # minus bert-a -0.9, -0.85, -0.7 -> -0.817 [-1.075, -0.558]; passkey d=64: 0.233 [0.090, 0.377] > 0, d=16 not
+    assert (
+        "| rope | yarn | 5.100 ± 0.100 | 5.233 ± 0.153 | +0.133 [-0.010, +0.277] | -0.817 [-1.075, -0.558] * | 64 |"
+        in verdict
+    )
+    assert "from 6.600 to 6.580 (-0.020" in verdict
+    assert "| unigram of the evaluated blocks | | 6.600 | 6.580 | |" in md
+    assert (tmp_path / "length.png").stat().st_size > 0

@@ -13,7 +13,11 @@ so differences between schemes are paired by seed across chunks. This script rea
 2. every out-of-domain text: loss, tokens per word, word order, minus bert-a;
 3. loss at each length and each extension method that applies to the scheme, and at 8x minus bert-a's;
 4. passkey: accuracy of recovering the masked key minus the same blocks' guess without the key, per distance and
-   method, mean +- std over seeds and the 95% t interval of the mean (is it above 0?).
+   method, mean +- std over seeds and the 95% t interval of the mean (is it above 0?);
+5. the verdict per scheme at the longest length, with the method that does best there: its loss minus its own loss
+   at the shortest (does it keep its loss?) and minus bert-a's, paired by seed, and the passkey distances where the
+   model recovers the key beyond its guess (does it use distant context?); and `length.png`, loss against length
+   for every scheme with that method.
 """
 
 from __future__ import annotations
@@ -51,6 +55,18 @@ def read_chunks(folder: Path) -> tuple[list[int], dict[str, dict[str, Any]], lis
     return seeds, rows, chunks
 
 
+def read_unigram(folder: Path) -> dict[int, float]:
+    """The unigram loss of the evaluated blocks at each length (training-token frequencies; the same blocks and
+    tokenizer for every run), from the chunks' `lengths-*.json`; a length with two different values is left out."""
+    seen: dict[int, set[float]] = {}
+    for path in sorted(folder.glob("length-*/lengths-*.json")):
+        for row in json.loads(path.read_text())["by_length"]:
+            if row["evaluated"] and row.get("minus_unigram"):
+                value = row["loss"]["value"] - row["minus_unigram"]["value"]
+                seen.setdefault(row["length"], set()).add(round(value, 6))
+    return {n: next(iter(v)) for n, v in sorted(seen.items()) if len(v) == 1}
+
+
 def _values(xs: list[float | None]) -> list[float]:
     return [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
 
@@ -85,7 +101,13 @@ def paired(a: list[float | None], b: list[float | None]) -> tuple[float, float, 
     return t_interval([x - y for x, y in zip(a, b) if x is not None and y is not None])
 
 
-def report(seeds: list[int], rows: dict[str, dict[str, Any]], chunks: list[str]) -> str:
+def report(
+    seeds: list[int],
+    rows: dict[str, dict[str, Any]],
+    chunks: list[str],
+    unigram: dict[int, float] | None = None,
+) -> str:
+    unigram = unigram or {}
     ref = rows.get(REFERENCE, {})
     schemes = list(rows)
     out: list[str] = [
@@ -143,6 +165,9 @@ def report(seeds: list[int], rows: dict[str, dict[str, Any]], chunks: list[str])
                 last = cells[-1]
                 diff = "" if s == REFERENCE else fmt_interval(paired(last, ref_long))
                 out.append(f"| {s} | {m} | " + " | ".join(mean_std(c) for c in cells) + f" | {diff} |")
+        if any(n in unigram for n in lengths):
+            cells = [f"{unigram[n]:.3f}" if n in unigram else "" for n in lengths]
+            out.append("| unigram of the evaluated blocks | | " + " | ".join(cells) + " | |")
 
     pk_cols = [_column_key(PASSKEY, k) for r in rows.values() for k in r if PASSKEY.fullmatch(k)]
     if pk_cols:
@@ -159,7 +184,88 @@ def report(seeds: list[int], rows: dict[str, dict[str, Any]], chunks: list[str])
                 if not any(cells):
                     continue
                 out.append(f"| {s} | {m} | " + " | ".join(fmt_interval(t_interval(c)) for c in cells) + " |")
+    if length_cols:
+        out += _verdict(rows, lengths, unigram)
     return "\n".join(out) + "\n"
+
+
+def best_methods(rows: dict[str, dict[str, Any]], lengths: list[int]) -> dict[str, str]:
+    """Per scheme, the extension method with the lowest mean loss at the longest length (that has a value there)."""
+    best: dict[str, str] = {}
+    for s, r in rows.items():
+        means = {}
+        for col in r:
+            if LENGTH.fullmatch(col) and _column_key(LENGTH, col)[1] == lengths[-1]:
+                m, _ = _mean_and_std(_values(r[col]))
+                if m is not None:
+                    means[_column_key(LENGTH, col)[0]] = m
+        if means:
+            best[s] = min(means, key=lambda k: (means[k], k))
+    return best
+
+
+def _verdict(rows: dict[str, dict[str, Any]], lengths: list[int], unigram: dict[int, float]) -> list[str]:
+    shortest, longest = lengths[0], lengths[-1]
+    drift = (
+        f" The text's own unigram goes from {unigram[shortest]:.3f} to {unigram[longest]:.3f} "
+        f"({unigram[longest] - unigram[shortest]:+.3f}; the blocks differ by length): a change that size is none."
+        if shortest in unigram and longest in unigram
+        else ""
+    )
+    ref_long = rows.get(REFERENCE, {}).get(f"L={longest} (interpolate)", [])
+    out = ["", f"## Verdict per scheme at {longest:,} tokens", ""]
+    out += [f"Each scheme with the method that does best at {longest:,} (a scheme whose every method stops at the "
+            f"training length has no row). Change: the loss at {longest:,} minus the same model's at {shortest:,}, "
+            "paired by seed (a model that keeps its loss has an interval around 0 or below). Passkey: the distances "
+            f"whose interval of accuracy minus guess lies above 0 with that method.{drift}", ""]  # fmt: skip
+    out += [f"| scheme | method | {shortest:,} | {longest:,} | change [95% t] | minus {REFERENCE} [95% t] | "
+            "passkey above the guess at |", "|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    for s, m in best_methods(rows, lengths).items():
+        r = rows[s]
+        first, last = r.get(f"L={shortest} ({m})", []), r.get(f"L={longest} ({m})", [])
+        above = [
+            f"{d:,}"
+            for col in r
+            if PASSKEY.fullmatch(col) and _column_key(PASSKEY, col)[0] == m
+            for d in [_column_key(PASSKEY, col)[1]]
+            if (ci := t_interval(_values(r[col]))) is not None and ci[1] > 0
+        ]
+        diff = "" if s == REFERENCE else fmt_interval(paired(last, ref_long))
+        out.append(
+            f"| {s} | {m} | {mean_std(first)} | {mean_std(last)} | {fmt_interval(paired(last, first))} | {diff} | "
+            f"{', '.join(above) or 'none'} |"
+        )
+    return out
+
+
+def plot(rows: dict[str, dict[str, Any]], path: Path, unigram: dict[int, float] | None = None) -> None:
+    """Mean loss against length (± std over seeds), each scheme with its best method at the longest length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({_column_key(LENGTH, k)[1] for r in rows.values() for k in r if LENGTH.fullmatch(k)})
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (s, m) in enumerate(best_methods(rows, lengths).items()):
+        xs, ys, es = [], [], []
+        for n in lengths:
+            mean, sd = _mean_and_std(_values(rows[s].get(f"L={n} ({m})", [])))
+            if mean is not None:
+                xs.append(n), ys.append(mean), es.append(sd or 0.0)
+        style = "-" if i < 10 else "--"  # the colour cycle has 10 colours
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=2, linestyle=style, label=f"{s} ({m})")
+    if unigram:
+        ns = [n for n in lengths if n in unigram]
+        ax.plot(ns, [unigram[n] for n in ns], ":", color="grey", label="unigram of the blocks")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [f"{n:,}" for n in lengths])
+    ax.set_xlabel("block length (tokens; trained at the first)")
+    ax.set_ylabel("masked-LM loss (nats), mean ± std over seeds")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 # the study's column names (tupe.comparison.study.summarize): "L=<length> (<method>)", "passkey d=<distance> (<method>)"
@@ -180,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     seeds, rows, chunks = read_chunks(args.folder)
-    (args.folder / "length.md").write_text(report(seeds, rows, chunks))
+    unigram = read_unigram(args.folder)
+    (args.folder / "length.md").write_text(report(seeds, rows, chunks, unigram))
     (args.folder / "length.json").write_text(json.dumps({"seeds": seeds, "schemes": rows}, indent=1) + "\n")
+    plot(rows, args.folder / "length.png", unigram)
     print(f"wrote {args.folder / 'length.md'}")
     return 0
 
