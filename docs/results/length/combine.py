@@ -224,7 +224,7 @@ def _verdict(rows: dict[str, dict[str, Any]], lengths: list[int], unigram: dict[
         r = rows[s]
         first, last = r.get(f"L={shortest} ({m})", []), r.get(f"L={longest} ({m})", [])
         above = [
-            f"{d:,}"
+            f"{d:,}: {fmt_interval(ci).removesuffix(' *')}"
             for col in r
             if PASSKEY.fullmatch(col) and _column_key(PASSKEY, col)[0] == m
             for d in [_column_key(PASSKEY, col)[1]]
