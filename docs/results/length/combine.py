@@ -252,7 +252,9 @@ def plot(rows: dict[str, dict[str, Any]], path: Path, unigram: dict[int, float] 
         for n in lengths:
             mean, sd = _mean_and_std(_values(rows[s].get(f"L={n} ({m})", [])))
             if mean is not None:
-                xs.append(n), ys.append(mean), es.append(sd or 0.0)
+                xs.append(n)
+                ys.append(mean)
+                es.append(sd or 0.0)
         style = "-" if i < 10 else "--"  # the colour cycle has 10 colours
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=2, linestyle=style, label=f"{s} ({m})")
     if unigram:
