@@ -77,12 +77,11 @@ def test_verdict_takes_each_schemes_best_method_at_the_longest_length(tmp_path: 
     }
     _chunk(tmp_path / "length-1", [0, 1, 2], {"bert-a": bert})
     _chunk(tmp_path / "length-2", [0, 1, 2], {"rope": rope})
-    by_length = [
-        {"length": 128, "evaluated": True, "loss": {"value": 6.5}, "minus_unigram": {"value": -0.1}},
-        {"length": 1024, "evaluated": True, "loss": {"value": 6.4}, "minus_unigram": {"value": -0.18}},
-        {"length": 1024, "evaluated": False, "loss": None, "minus_unigram": None},
+    runs = [  # `tupe evaluate --lengths`: per length, per tokenizer group, the unigram of the evaluated blocks
+        {"length": n, "tokenizer_groups": [{"unigram": {"loss": {"value": u}}}]}
+        for n, u in ((128, 6.6), (1024, 6.58))
     ]
-    (tmp_path / "length-1" / "lengths-none.json").write_text(json.dumps({"by_length": by_length}))
+    (tmp_path / "length-1" / "lengths-none.json").write_text(json.dumps({"runs": runs}))
     assert c.main([str(tmp_path)]) == 0
     md = (tmp_path / "length.md").read_text()
     verdict = md.split("## Verdict per scheme at 1,024 tokens")[1]

@@ -57,13 +57,13 @@ def read_chunks(folder: Path) -> tuple[list[int], dict[str, dict[str, Any]], lis
 
 def read_unigram(folder: Path) -> dict[int, float]:
     """The unigram loss of the evaluated blocks at each length (training-token frequencies; the same blocks and
-    tokenizer for every run), from the chunks' `lengths-*.json`; a length with two different values is left out."""
+    tokenizer for every run), as `tupe evaluate --lengths` records it per length and tokenizer group in the chunks'
+    `lengths-*.json`; a length with two different values is left out."""
     seen: dict[int, set[float]] = {}
     for path in sorted(folder.glob("length-*/lengths-*.json")):
-        for row in json.loads(path.read_text())["by_length"]:
-            if row["evaluated"] and row.get("minus_unigram"):
-                value = row["loss"]["value"] - row["minus_unigram"]["value"]
-                seen.setdefault(row["length"], set()).add(round(value, 6))
+        for run in json.loads(path.read_text())["runs"]:
+            for group in run["tokenizer_groups"]:
+                seen.setdefault(run["length"], set()).add(round(group["unigram"]["loss"]["value"], 6))
     return {n: next(iter(v)) for n, v in sorted(seen.items()) if len(v) == 1}
 
 
@@ -148,7 +148,7 @@ def report(
 
     length_cols = [_column_key(LENGTH, k) for r in rows.values() for k in r if LENGTH.fullmatch(k)]
     methods = sorted({m for m, _ in length_cols})
-    lengths = sorted({n for _, n in length_cols})
+    lengths = lengths_of(rows)
     if length_cols:
         out += ["", "## Beyond the training length", ""]
         out += ["Loss per masked token; a blank: the method does not apply to the scheme. Last column: the loss at "
@@ -187,6 +187,11 @@ def report(
     if length_cols:
         out += _verdict(rows, lengths, unigram)
     return "\n".join(out) + "\n"
+
+
+def lengths_of(rows: dict[str, dict[str, Any]]) -> list[int]:
+    """The lengths of the study's "L=<length> (<method>)" columns, shortest first."""
+    return sorted({_column_key(LENGTH, k)[1] for r in rows.values() for k in r if LENGTH.fullmatch(k)})
 
 
 def best_methods(rows: dict[str, dict[str, Any]], lengths: list[int]) -> dict[str, str]:
@@ -245,7 +250,7 @@ def plot(rows: dict[str, dict[str, Any]], path: Path, unigram: dict[int, float] 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths = sorted({_column_key(LENGTH, k)[1] for r in rows.values() for k in r if LENGTH.fullmatch(k)})
+    lengths = lengths_of(rows)
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (s, m) in enumerate(best_methods(rows, lengths).items()):
         xs, ys, es = [], [], []
