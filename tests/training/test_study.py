@@ -61,6 +61,7 @@ def test_study_stages_on_tiny_runs(
     table = (out / "study.md").read_text()
     assert "| bert-a |" in table and "| rope |" in table and "L=64 (interpolate)" in table
     assert "news: loss" in table and "news: tokens/word" in table and "passkey d=40 (yarn)" in table
+    assert "copying d=40 (yarn)" in table and "copying d=4 (none)" in table
     row = next(line for line in table.splitlines() if line.startswith("| bert-a |"))
     assert row.count("±") >= 4  # mean ± std over the two seeds in every filled column
     cells = [c.strip() for c in row.strip("|").split("|")]

@@ -28,8 +28,8 @@ Stages, each written under `--out` (outside the repository) and skipped on `--re
    `tupe glue` processes at a time -> `OUT/glue/SST-2-<scheme>-seed-<s>/`, then `tupe report`.
 6. `summary`: `OUT/study.md` and `OUT/study.json`: per scheme the final validation loss (mean +- std over seeds),
    the step each seed left the plateau, the out-of-domain loss, tokens per word and word-order delta, the loss
-   at each length and method, the passkey accuracy minus the guess (no key) at each distance and method (mean
-   +- std), and the SST-2 dev accuracy (the best learning rate's median over the fine-tuning seeds; mean +- std
+   at each length and method, the passkey's token use (accuracy minus the guess without the key) and copying
+   (accuracy minus the accuracy with the key's digits deranged) at each distance and method (mean +- std), and the SST-2 dev accuracy (the best learning rate's median over the fine-tuning seeds; mean +- std
    over the pre-training seeds fine-tuned) with the majority-class row.
 """
 
@@ -414,10 +414,16 @@ def summarize(
         out, "lengths", methods, schemes, seeds, "lengths", "by_length", "length", "L={} ({})", rows,
         lambda e: e["loss"]["value"],
     )  # fmt: skip
-    # the accuracy of recovering the key minus the same blocks' guess without it
+    # token use: the accuracy of recovering the key minus the same blocks' guess without it
     passkey_cols = _stage_columns(
         out, "passkey", methods, schemes, seeds, "distances", "by_distance", "distance", "passkey d={} ({})", rows,
         lambda e: e["accuracy_minus_guess"]["value"],
+    )  # fmt: skip
+    # copying: the accuracy minus the same blocks' accuracy with the key's digits deranged (probes recorded before
+    # the order-aware probe have no such entry and no column)
+    passkey_cols += _stage_columns(
+        out, "passkey", methods, schemes, seeds, "distances", "by_distance", "distance", "copying d={} ({})", rows,
+        lambda e: e["copying"]["value"] if "copying" in e else None,
     )  # fmt: skip
     majority = None
     for s in schemes:  # SST-2: the best learning rate's median over fine-tuning seeds, per pre-training seed

@@ -114,10 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--probe-key-digits",
-        type=V.int_range(1, 100),
+        type=V.int_range(5, 10),
         default=5,
         metavar="K",
-        help="with --probe passkey, digits in the key, written with spaces between them (default 5)",
+        help="with --probe passkey, distinct digits in the key, written with spaces between them: 5 to 10, at most "
+        "the digits the tokenizer writes as one token each (default 5)",
     )
     p.add_argument(
         "--probe-distances",

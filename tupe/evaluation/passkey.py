@@ -1,17 +1,25 @@
-"""The passkey probe for masked LMs (`tupe evaluate --probe passkey`): can a model copy a key it read d tokens
-earlier?
+"""The passkey probe for masked LMs (`tupe evaluate --probe passkey`): does a model copy, in order, a key it read
+d tokens earlier?
 
 Each probe block, for a distance d, is
-`[CLS] + F filler tokens + S(key) + d filler tokens + S(masked) + F filler tokens`, where `S(key)` is the template
-sentence with a key of k random digits (written with a space between digits, so that every digit is a word of its
-own under any BPE), `S(masked)` the same sentence with the key's digit tokens replaced by [MASK], F = 16, and the
-filler a seeded random stretch of the text's token stream (as pre-training packs it). The score is the accuracy
-of recovering the masked digits (the most likely of the digit tokens at each masked position) against the
-same blocks with the first key replaced by other digits (each digit changed): the guess a model makes without
-the key. A model that copies scores near 1 with the key and near 0 on the decoy; one that does not use the key
-scores the same on both, about 1/10 (1/A where the tokenizer writes only A digits as one token each, e.g. 1-9).
-Intervals: percentile bootstrap over blocks (tupe.evaluation.bootstrap).
-Definitions and limits: docs/evaluation.md.
+`[CLS] + F filler tokens + S(shown) + d filler tokens + S(masked) + F filler tokens`, where `S(.)` is the template
+sentence holding a key of k >= 5 *distinct* digits (written with a space between digits, so that every digit is a
+word of its own under any BPE), `S(masked)` the same sentence with the key's digit tokens replaced by [MASK], F = 16,
+and the filler a seeded random stretch of the text's token stream (as pre-training packs it). Every block is scored
+three times, with three earlier sentences and the same filler and query:
+
+- `key`: the key itself; **accuracy** is the share of masked digits recovered (the most likely of the digit tokens
+  at each masked position);
+- `decoy`: every digit changed to another one; its accuracy is the **guess**, what the model answers without the
+  key. **token use** = accuracy - guess: the key's digits were used somewhere in the block;
+- `permuted`: the key's own digits in another order with none in its place (a derangement); **copying** = accuracy
+  - permuted accuracy: the key was copied *by position*. A model that knows only which digits occur (a bag of
+  symbols, or a model without positions) sees the same multiset of tokens in both and scores copying 0; an exact
+  copier scores 1 (the derangement puts a wrong digit at every place).
+
+With k distinct digits, a model that knows which digits the key holds but not their order recovers 1/k of them;
+`chance` is 1/A (A: the digits the tokenizer writes as one token each, e.g. 0-9 or 1-9). Intervals: percentile
+bootstrap over blocks, paired (tupe.evaluation.bootstrap). Definitions and limits: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ PASSKEY_STREAM = 104  # second seed word of the probe's random stream (shuffles 
 DEFAULT_TEMPLATE = "The pass key is {key}."
 DEFAULT_DISTANCES = (16, 64, 128, 256, 512, 1024)
 FILLER_AROUND = 16  # filler tokens before the key sentence and after the masked one
+# Distinct digits per key: a model that knows only which digits occur recovers at most 1 in 5.
+MIN_KEY_DIGITS = 5
 
 
 @dataclasses.dataclass
@@ -80,8 +90,11 @@ def key_sentence(tokenizer: Any, template: str, k: int, who: str = "the tokenize
         raise TupeError(
             f"--probe-template must hold {{key}} exactly once and no other field, got {template!r}"
         )
-    if k < 1:
-        raise TupeError(f"--probe-key-digits must be at least 1, got {k}")
+    if k < MIN_KEY_DIGITS:
+        raise TupeError(
+            f"--probe-key-digits must be at least {MIN_KEY_DIGITS} (the key's digits are distinct, so a model that "
+            f"knows only which digits occur recovers 1 in k of them), got {k}"
+        )
     start = template.index("{key}")
     chars = [start + 2 * j for j in range(k)]  # the digits' characters in "d d d ..."
     layouts: dict[tuple, list[tuple[int, np.ndarray]]] = {}  # the sentence's cut -> (digit, ids) cut that way
@@ -98,10 +111,10 @@ def key_sentence(tokenizer: Any, template: str, k: int, who: str = "the tokenize
         rest = tuple(np.delete(ids, at).tolist())
         layouts.setdefault((len(ids), tuple(at), rest), []).append((c, ids))
     best = max(layouts.values(), key=len, default=[])
-    if len(best) < 2:
+    if len(best) < k:
         raise TupeError(
-            f"--probe-template {template!r}: {who} writes fewer than two digits as one token each at every place "
-            "of the key; the probe needs that (try another template)"
+            f"--probe-template {template!r}: {who} writes {len(best)} digit(s) as one token each at every place "
+            f"of the key; a key of {k} distinct digits needs {k} (try another template or fewer --probe-key-digits)"
         )
     ((_, positions_t, _),) = [key for key, value in layouts.items() if value is best]
     positions = np.asarray(positions_t, dtype=np.int64)
@@ -130,6 +143,26 @@ def filler_stream(
     return packed.stream
 
 
+@dataclasses.dataclass
+class ProbeBlocks:
+    """The probe's blocks at one distance: three versions of each block that differ only in the earlier key's digits
+    (the filler, the key sentence's other tokens and the masked query are the same)."""
+
+    key: np.ndarray  # (B, n) the key shown in order
+    decoy: np.ndarray  # (B, n) every digit of the shown key changed: the guess without the key
+    permuted: np.ndarray  # (B, n) the key's own digits deranged: no digit in its place
+    masked_at: np.ndarray  # (k,) positions of the masked digits (the same in every block)
+    keys: np.ndarray  # (B, k) the key of each block, as indices into the key alphabet
+
+
+def derangement(rng: np.random.Generator, k: int) -> np.ndarray:
+    """A uniformly random permutation of range(k) with no fixed point (k >= 2), by rejection."""
+    while True:
+        order = rng.permutation(k)
+        if not (order == np.arange(k)).any():
+            return order
+
+
 def probe_blocks(
     sentence: KeySentence,
     stream: np.ndarray,
@@ -138,10 +171,16 @@ def probe_blocks(
     seed: int,
     cls_id: int,
     mask_id: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(key blocks (B, n), decoy blocks (B, n), masked positions (k,), keys (B, k)) at one distance: the same
-    filler, key sentence, masked sentence in both, only the first key's digits differ (each changed)."""
+) -> ProbeBlocks:
+    """The key, decoy and permuted blocks at one distance. Each block's key is k distinct digits of the alphabet,
+    its decoy changes every digit, its permuted key is a derangement of the key's digits; random draws from
+    `(seed, PASSKEY_STREAM, distance, block)`."""
     t, k = len(sentence.ids), len(sentence.positions)
+    a = len(sentence.digits)
+    if k > a:
+        raise TupeError(
+            f"a key of {k} distinct digits needs at least {k} digits in the key alphabet, got {a}"
+        )
     need = 2 * FILLER_AROUND + distance
     if len(stream) < need:
         raise TupeError(
@@ -151,28 +190,31 @@ def probe_blocks(
     n = 1 + need + 2 * t
     first = 1 + FILLER_AROUND  # the key sentence starts here
     second = first + t + distance  # the masked sentence starts here
-    masked_at = second + sentence.positions
-    key_blocks = np.empty((n_blocks, n), dtype=np.int64)
-    decoy_blocks = np.empty((n_blocks, n), dtype=np.int64)
-    keys = np.empty((n_blocks, k), dtype=np.int64)
+    out = ProbeBlocks(
+        key=np.empty((n_blocks, n), dtype=np.int64),
+        decoy=np.empty((n_blocks, n), dtype=np.int64),
+        permuted=np.empty((n_blocks, n), dtype=np.int64),
+        masked_at=second + sentence.positions,
+        keys=np.empty((n_blocks, k), dtype=np.int64),
+    )
     for b in range(n_blocks):
         rng = np.random.default_rng([seed, PASSKEY_STREAM, distance, b])
-        a = len(sentence.digits)
-        key = rng.integers(0, a, size=k)  # indices into the key alphabet
+        key = rng.permutation(a)[:k]  # k distinct indices into the key alphabet
         decoy = (key + rng.integers(1, a, size=k)) % a  # every digit changed
         offset = int(rng.integers(0, len(stream) - need + 1))
+        permuted = key[derangement(rng, k)]  # the same digits, none in its place
         filler = np.asarray(stream[offset : offset + need], dtype=np.int64)
         query = sentence.with_key(key)
         query[sentence.positions] = mask_id
-        for out, shown in ((key_blocks, key), (decoy_blocks, decoy)):
-            out[b, 0] = cls_id
-            out[b, 1:first] = filler[:FILLER_AROUND]
-            out[b, first : first + t] = sentence.with_key(shown)
-            out[b, first + t : second] = filler[FILLER_AROUND : FILLER_AROUND + distance]
-            out[b, second : second + t] = query
-            out[b, second + t :] = filler[FILLER_AROUND + distance :]
-        keys[b] = key
-    return key_blocks, decoy_blocks, masked_at, keys
+        for blocks, shown in ((out.key, key), (out.decoy, decoy), (out.permuted, permuted)):
+            blocks[b, 0] = cls_id
+            blocks[b, 1:first] = filler[:FILLER_AROUND]
+            blocks[b, first : first + t] = sentence.with_key(shown)
+            blocks[b, first + t : second] = filler[FILLER_AROUND : FILLER_AROUND + distance]
+            blocks[b, second : second + t] = query
+            blocks[b, second + t :] = filler[FILLER_AROUND + distance :]
+        out.keys[b] = key
+    return out
 
 
 def score_blocks(
@@ -205,6 +247,53 @@ def score_blocks(
             logp = torch.log_softmax(logits.double(), -1).gather(2, true_ids.unsqueeze(-1)).squeeze(-1)
             nll[start:stop] = (-logp).sum(-1).numpy()
     return correct, nll
+
+
+def score_distance(
+    m: EvalModel, blocks: ProbeBlocks, candidates: np.ndarray, settings: PasskeySettings
+) -> dict[str, Any]:
+    """One model at one distance: accuracy and -log p of the true digits on the key, decoy and permuted blocks,
+    token use (accuracy - guess) and copying (accuracy - permuted accuracy), each with a paired percentile bootstrap
+    interval over blocks, and the per-block counts."""
+    scored = {
+        name: score_blocks(
+            m, getattr(blocks, name), blocks.masked_at, blocks.keys, candidates, settings.batch_size
+        )
+        for name in ("key", "decoy", "permuted")
+    }
+    digits = np.full(len(blocks.keys), float(blocks.keys.shape[1]))
+    acc = {name: Ratio(correct, digits) for name, (correct, _) in scored.items()}
+    nll = {name: Ratio(loss, digits) for name, (_, loss) in scored.items()}
+    ci = bootstrap(
+        {
+            "accuracy": [(1.0, acc["key"])],
+            "guess_accuracy": [(1.0, acc["decoy"])],
+            "permuted_accuracy": [(1.0, acc["permuted"])],
+            "accuracy_minus_guess": [(1.0, acc["key"]), (-1.0, acc["decoy"])],  # token use
+            "copying": [(1.0, acc["key"]), (-1.0, acc["permuted"])],
+            "nll": [(1.0, nll["key"])],
+            "guess_nll": [(1.0, nll["decoy"])],
+            "permuted_nll": [(1.0, nll["permuted"])],
+            "guess_nll_minus_nll": [(1.0, nll["decoy"]), (-1.0, nll["key"])],
+            "permuted_nll_minus_nll": [(1.0, nll["permuted"]), (-1.0, nll["key"])],
+        },
+        len(blocks.keys),
+        settings.bootstrap,
+        settings.seed,
+    )
+    return {
+        "blocks": len(blocks.keys),
+        "key_tokens": int(digits.sum()),
+        **ci,
+        "per_block": {
+            "recovered": scored["key"][0].tolist(),
+            "guess_recovered": scored["decoy"][0].tolist(),
+            "permuted_recovered": scored["permuted"][0].tolist(),
+            "nll": scored["key"][1].tolist(),
+            "guess_nll": scored["decoy"][1].tolist(),
+            "permuted_nll": scored["permuted"][1].tolist(),
+        },
+    }
 
 
 Prepared = dict[
@@ -262,7 +351,7 @@ def passkey_probe(
         tok = m.tokenizer
         sentence, stream = prepared[id(tok)]
         for d in distances:
-            key_blocks, decoy_blocks, masked_at, keys = probe_blocks(
+            blocks = probe_blocks(
                 sentence,
                 stream,
                 d,
@@ -271,7 +360,7 @@ def passkey_probe(
                 int(tok.cls_token_id),
                 int(tok.mask_token_id),
             )
-            n = key_blocks.shape[1]
+            n = blocks.key.shape[1]
             ready, note = at_length(m, n, settings.extend)
             entry: dict[str, Any] = {
                 "model": m.name,
@@ -279,6 +368,7 @@ def passkey_probe(
                 "block_length": n,
                 "digits": sentence.digits.tolist(),
                 "chance": 1.0 / len(sentence.digits),
+                "symbols_guess": 1.0 / len(sentence.positions),
                 "train_length": m.train_length,
                 "evaluated": ready is not None,
                 "note": note,
@@ -288,37 +378,7 @@ def passkey_probe(
                 log(f"passkey, distance {d}: {m.name}: {note}")
                 continue
             log(f"passkey, distance {d} (blocks of {n}): {m.name}")
-            ck, nk = score_blocks(
-                ready, key_blocks, masked_at, keys, sentence.candidates, settings.batch_size
-            )
-            cd, nd = score_blocks(
-                ready, decoy_blocks, masked_at, keys, sentence.candidates, settings.batch_size
-            )
-            digits = np.full(len(keys), float(keys.shape[1]))
-            ci = bootstrap(
-                {
-                    "accuracy": [(1.0, Ratio(ck, digits))],
-                    "guess_accuracy": [(1.0, Ratio(cd, digits))],
-                    "accuracy_minus_guess": [(1.0, Ratio(ck, digits)), (-1.0, Ratio(cd, digits))],
-                    "nll": [(1.0, Ratio(nk, digits))],
-                    "guess_nll": [(1.0, Ratio(nd, digits))],
-                    "guess_nll_minus_nll": [(1.0, Ratio(nd, digits)), (-1.0, Ratio(nk, digits))],
-                },
-                len(keys),
-                settings.bootstrap,
-                settings.seed,
-            )
-            entry |= {
-                "blocks": len(keys),
-                "key_tokens": int(digits.sum()),
-                **ci,
-                "per_block": {
-                    "recovered": ck.tolist(),
-                    "guess_recovered": cd.tolist(),
-                    "nll": nk.tolist(),
-                    "guess_nll": nd.tolist(),
-                },
-            }
+            entry |= score_distance(ready, blocks, sentence.candidates, settings)
     return {
         "text": {
             "description": corpus.describe(),

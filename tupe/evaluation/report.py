@@ -137,38 +137,42 @@ def format_lengths_report(result: dict[str, Any]) -> str:
 
 
 def format_passkey_report(result: dict[str, Any]) -> str:
-    """`tupe evaluate --probe passkey`: one row per model and distance (accuracy with the key, with a decoy key,
-    their paired difference; a note where a model runs beyond its training length or cannot run)."""
+    """`tupe evaluate --probe passkey`: one row per model and distance (accuracy with the key, with a decoy key and
+    with the key's digits deranged; token use and copying, the paired differences; a note where a model runs beyond
+    its training length or cannot run)."""
     s = result["settings"]
     ci = f"{int(s['ci_level'] * 100)}% CI" if s["bootstrap_resamples"] else "no CI"
     out = [
-        f"passkey probe: filler from {result['text']['description']}; a key of {s['key_digits']} digits in "
-        f"{s['template']!r}, then d filler tokens, then the same sentence with the key's digits masked; "
+        f"passkey probe: filler from {result['text']['description']}; a key of {s['key_digits']} distinct digits "
+        f"in {s['template']!r}, then d filler tokens, then the same sentence with the key's digits masked; "
         f"{s['blocks']} blocks per distance, seed {s['seed']}",
-        f"accuracy: share of masked key digits recovered (the most likely of the key's digit tokens); guess: the "
-        f"same blocks with the first key's digits all changed; chance: 1 / the digits the tokenizer writes as one "
-        f"token each; [{ci}: bootstrap over blocks, {s['bootstrap_resamples']} resamples]",
+        "accuracy: share of masked key digits recovered (the most likely of the key's digit tokens); guess: the "
+        "same blocks with every digit of the first key changed; permuted: the first key's own digits deranged (none "
+        "in its place); token use = accuracy - guess (the key's digits were used); copying = accuracy - permuted "
+        "(the key was copied in order: 0 for a model that knows only which digits occur, 1 for an exact copier); "
+        f"chance: 1 / the digits the tokenizer writes as one token each [{ci}: paired bootstrap over blocks, "
+        f"{s['bootstrap_resamples']} resamples]",
         "",
     ]
-    header = ["model", "distance", "block", "accuracy", "guess", "accuracy - guess", "chance", "note"]
+    header = [
+        "model",
+        "distance",
+        "block",
+        "accuracy",
+        "guess",
+        "permuted",
+        "token use",
+        "copying",
+        "chance",
+        "note",
+    ]
     rows = []
     for e in result["by_distance"]:
-        if not e["evaluated"]:
-            rows.append(
-                [e["model"], str(e["distance"]), str(e["block_length"]), "-", "-", "-", "-", e["note"] or ""]
-            )
-            continue
-        rows.append(
-            [
-                e["model"],
-                str(e["distance"]),
-                str(e["block_length"]),
-                _fmt(e["accuracy"]),
-                _fmt(e["guess_accuracy"]),
-                _fmt(e["accuracy_minus_guess"], signed=True),
-                f"{e['chance']:.3f}",
-                e["note"] or "",
-            ]
-        )
+        cells = ["-"] * 5
+        if e["evaluated"]:
+            cells = [_fmt(e["accuracy"]), _fmt(e["guess_accuracy"]), _fmt(e["permuted_accuracy"])]
+            cells += [_fmt(e["accuracy_minus_guess"], signed=True), _fmt(e["copying"], signed=True)]
+        chance = f"{e['chance']:.3f}" if e["evaluated"] else "-"
+        rows.append([e["model"], str(e["distance"]), str(e["block_length"]), *cells, chance, e["note"] or ""])
     out += _table(header, rows)
     return "\n".join(out)
