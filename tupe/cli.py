@@ -53,6 +53,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tupe.evaluation.command",
         "masked-LM loss, perplexity and pseudo-perplexity of checkpoints on text, with bootstrap intervals",
     ),
+    "diagnose": (
+        "tupe.diagnostics.command",
+        "train small models of each scheme on tasks only positions can answer; report with intervals over seeds",
+    ),
     "convert": (
         "tupe.convert",
         "convert a checkpoint of the authors' released TUPE code (fairseq) into a tupe model folder",

@@ -1,0 +1,246 @@
+"""Train one small model per scheme and seed on the synthetic tasks of tupe/diagnostics/tasks.py, test it at 1x-8x
+its training length with each extension method that applies, and fit a linear probe of absolute position on its
+last hidden states (`tupe diagnose`).
+
+One job is one (scheme or checkpoint, seed): a fresh `TupeForMaskedLM` of the `--preset`-independent diagnostic
+shape (or the checkpoint's own weights), trained with AdamW on batches that mix the three tasks, then scored on test
+sets drawn from their own random stream (the same for every scheme). Its result is a small JSON; a finished job is
+kept on `--resume`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .tasks import TASKS, Batch, Vocabulary, make_batch, symbols_needed, task_rng
+
+SPECIAL = (0, 1, 2, 3, 4)  # [PAD] [CLS] [SEP] [MASK] [UNK]: tupe's own layout for a fresh model
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    train_length: int = 32
+    multiples: tuple[int, ...] = (1, 2, 4, 8)
+    steps: int = 1000
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    warmup_steps: int = 50
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 256
+    test_examples: int = 256
+    probe_examples: int = 128  # sequences to fit the position probe on, and as many to score it on
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    name: str  # "<scheme>/seed-<s>"
+    scheme: str | None  # a fresh model of this scheme, or
+    checkpoint: str | None  # a checkpoint's weights
+    seed: int
+    folder: str
+
+
+def fresh_model(scheme: str, settings: Settings) -> tuple[torch.nn.Module, Vocabulary]:
+    from tupe import TupeConfig, TupeForMaskedLM
+
+    symbols = symbols_needed(settings.train_length * max(settings.multiples))
+    vocab_size = len(SPECIAL) + len(TASKS) + 5 + symbols
+    config = TupeConfig(
+        position_scheme=scheme,
+        vocab_size=vocab_size,
+        hidden_size=settings.hidden_size,
+        num_hidden_layers=settings.num_layers,
+        num_attention_heads=settings.num_heads,
+        intermediate_size=settings.intermediate_size,
+        max_position_embeddings=settings.train_length,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = TupeForMaskedLM(config)
+    return model, Vocabulary.build(vocab_size, SPECIAL, config.cls_token_id, config.mask_token_id, symbols)
+
+
+def checkpoint_model(path: str, settings: Settings) -> tuple[torch.nn.Module, Vocabulary]:
+    """A `tupe pretrain` folder's TupeForMaskedLM; the task tokens are ids of its vocabulary that are not special."""
+    from tupe.evaluation.evaluate import load_eval_model
+    from tupe.evaluation.lengths import trained_rows
+
+    m = load_eval_model(path, device="cpu")
+    if m.kind != "tupe":
+        raise ValueError(f"{path}: tupe diagnose takes tupe checkpoints; this folder is a {m.kind} model")
+    if trained_rows(m) < settings.train_length:
+        raise ValueError(
+            f"{path}: trained at {trained_rows(m)} positions, fewer than --train-length {settings.train_length}"
+        )
+    config = m.model.config
+    special = {config.pad_token_id, config.cls_token_id, config.sep_token_id, config.mask_token_id}
+    special |= set(getattr(m.tokenizer, "all_special_ids", []) or [])
+    symbols = symbols_needed(settings.train_length * max(settings.multiples))
+    vocab = Vocabulary.build(
+        config.vocab_size, sorted(special), config.cls_token_id, config.mask_token_id, symbols
+    )
+    return m.model.train(), vocab
+
+
+def mixed_batch(rng: np.random.Generator, vocab: Vocabulary, settings: Settings) -> tuple[torch.Tensor, ...]:
+    """A training batch: `batch_size` sequences of the training length, the three tasks in equal shares."""
+    per = -(-settings.batch_size // len(TASKS))
+    parts = [make_batch(t, rng, vocab, per, settings.train_length, settings.train_length) for t in TASKS]
+    inputs = torch.from_numpy(np.concatenate([p.inputs for p in parts]))
+    return inputs, torch.from_numpy(np.concatenate([p.labels for p in parts]))
+
+
+def train(model: torch.nn.Module, vocab: Vocabulary, settings: Settings, seed: int) -> list[dict[str, float]]:
+    """AdamW (weight decay 0.01), linear warm-up then linear decay to 0, gradients clipped at 1; the loss every 100
+    steps."""
+    opt = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.01)
+    warm, total = settings.warmup_steps, settings.steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, 1 - s / total)
+    )
+    model.train()
+    curve = []
+    for step in range(total):
+        inputs, labels = mixed_batch(task_rng(seed, 0, step), vocab, settings)
+        loss = model(input_ids=inputs, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        if (step + 1) % 100 == 0 or step == 0:
+            curve.append({"step": step + 1, "loss": float(loss.detach())})
+    return curve
+
+
+def correct_per_example(m: Any, batch: Batch) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN401 - EvalModel
+    """(answers right, answers) per sequence: the answer is the candidate with the highest logit."""
+    selected = torch.from_numpy(batch.labels != -100)
+    with torch.inference_mode():
+        logits = m.logits_at(torch.from_numpy(batch.inputs), selected).cpu()
+    picked = torch.from_numpy(batch.candidates)[logits[:, torch.from_numpy(batch.candidates)].argmax(-1)]
+    right = (picked == torch.from_numpy(batch.labels)[selected]).double()
+    rows = selected.nonzero()[:, 0]
+    counts = torch.zeros(len(batch.inputs), dtype=torch.float64).index_add_(0, rows, right)
+    return counts.numpy(), selected.sum(1).double().numpy()
+
+
+def methods_for(m: Any) -> list[str]:  # noqa: ANN401 - EvalModel
+    """`none` for every model, and the extension methods that change this model's positions."""
+    from tupe.evaluation import ROTARY_METHODS, TABLE_METHODS
+    from tupe.evaluation.lengths import rotary, table_key
+
+    if table_key(m) is not None:
+        return ["none", *TABLE_METHODS]
+    return ["none", *ROTARY_METHODS] if rotary(m) else ["none"]
+
+
+def score_tasks(m: Any, vocab: Vocabulary, settings: Settings) -> list[dict[str, Any]]:  # noqa: ANN401
+    """Accuracy and chance of every task at every length and method (None where the model cannot run there)."""
+    from tupe.evaluation.lengths import at_length
+
+    from ..evaluation.bootstrap import Ratio, bootstrap
+
+    out = []
+    for multiple in settings.multiples:
+        n = multiple * settings.train_length
+        for method in methods_for(m) if multiple > 1 else ["none"]:
+            ready, note = at_length(m, n, method)
+            for k, task in enumerate(TASKS):
+                entry: dict[str, Any] = {"task": task, "length": n, "method": method, "note": note}
+                if ready is not None:
+                    batch = make_batch(
+                        task, task_rng(0, 1, k, n), vocab, settings.test_examples, n, m.train_length
+                    )
+                    right, asked = correct_per_example(ready, batch)
+                    ci = bootstrap({"accuracy": [(1.0, Ratio(right, asked))]}, len(right), 1000, 0)[
+                        "accuracy"
+                    ]
+                    entry |= {"accuracy": ci, "chance": batch.chance, "answers": int(asked.sum())}
+                out.append(entry)
+    return out
+
+
+def position_probe(m: Any, vocab: Vocabulary, settings: Settings) -> dict[str, float]:  # noqa: ANN401
+    """R^2 of a ridge regression from the last hidden state to the absolute position (2 .. L-1), fitted on
+    `probe_examples` random sequences of the training length and scored on as many others (positions 0 and 1,
+    [CLS] and the task token, left out)."""
+    from sklearn.linear_model import Ridge
+    from sklearn.metrics import r2_score
+
+    n = settings.train_length
+    features, targets = [], []
+    for part in (0, 1):
+        rng = task_rng(0, 2, part)
+        inputs = rng.choice(vocab.symbols, size=(settings.probe_examples, n)).astype(np.int64)
+        inputs[:, 0], inputs[:, 1] = vocab.cls, vocab.task["copy"]
+        with torch.inference_mode():
+            hidden = m.model.tupe(torch.from_numpy(inputs), return_dict=True).last_hidden_state[:, 2:]
+        features.append(hidden.reshape(-1, hidden.shape[-1]).double().numpy())
+        targets.append(np.tile(np.arange(2, n, dtype=np.float64), settings.probe_examples))
+    fit = Ridge(alpha=1.0).fit(features[0], targets[0])
+    return {"r2": float(r2_score(targets[1], fit.predict(features[1]))), "positions": n - 2}
+
+
+def run_job(job: Job, settings: Settings) -> dict[str, Any]:
+    """Train, score and probe one job; its result is also written to `<folder>/result.json`."""
+    from tupe.evaluation.evaluate import EvalModel
+
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    torch.manual_seed(job.seed)
+    if job.checkpoint is not None:
+        model, vocab = checkpoint_model(job.checkpoint, settings)
+    else:
+        model, vocab = fresh_model(job.scheme, settings)
+    curve = train(model, vocab, settings, job.seed)
+    trained = time.perf_counter() - start
+    model.eval()
+    m = EvalModel(
+        path=Path(job.folder),
+        name=job.name,
+        kind="tupe",
+        description=job.name,
+        model=model,
+        tokenizer=None,
+        max_length=model.config.max_position_embeddings,
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        train_length=settings.train_length,
+    )
+    result = {
+        "name": job.name,
+        "scheme": model.config.position_scheme,
+        "seed": job.seed,
+        "checkpoint": job.checkpoint,
+        "parameters": m.num_parameters,
+        "curve": curve,
+        "tasks": score_tasks(m, vocab, settings),
+        "position_probe": position_probe(m, vocab, settings),
+        "train_seconds": round(trained, 1),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    from tupe.io.files import atomic_write_text
+
+    Path(job.folder).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(job.folder) / "result.json", json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def finished(job: Job) -> dict[str, Any] | None:
+    """A job's kept result, or None where it has none or the file is damaged (then it runs again)."""
+    path = Path(job.folder) / "result.json"
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    keys = {"name", "tasks", "position_probe", "seconds"}
+    return result if isinstance(result, dict) and keys <= set(result) and result["name"] == job.name else None
