@@ -413,10 +413,15 @@ class TupePreTrainedModel(PreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod
-    def from_bert(cls, model_or_path, **config_overrides):
+    def from_bert(cls, model_or_path, tokenizer=None, **config_overrides):
         """A `bert-a` model with the weights of a `transformers` BERT model of the matching class (an instance
         or a local path): `BertForMaskedLM` for `TupeForMaskedLM`, `BertForTokenClassification` for
         `TupeForTokenClassification`, and so on; `BertModel` (or any BERT class) for `TupeModel`.
+
+        The special-token ids (`pad_token_id`, `cls_token_id`, `sep_token_id`, `mask_token_id`, `unk_token_id`)
+        are those of `tokenizer`, or of the tokenizer saved in the folder: Google's vocabulary (`[CLS]` 101,
+        `[SEP]` 102, `[MASK]` 103, as bert-base-uncased) as well as tupe's own (1, 2, 3). An instance given
+        without a tokenizer keeps BERT's padding id and TupeConfig's defaults for the others.
 
         BERT adds a token-type embedding to every token; with all-zero token types that is a constant vector,
         folded exactly into the position table (`p_i + t_0`). Pair inputs lose the segment-B embedding. The head's
@@ -424,7 +429,7 @@ class TupePreTrainedModel(PreTrainedModel):
         """
         from .conversion import bert_to_tupe
 
-        return bert_to_tupe(cls, model_or_path, **config_overrides)
+        return bert_to_tupe(cls, model_or_path, tokenizer, **config_overrides)
 
     @classmethod
     def from_deberta(cls, model_or_path, **config_overrides):
