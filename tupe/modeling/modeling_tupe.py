@@ -405,12 +405,37 @@ class TupePreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
+        self._check_rope_parameters_applied()
         # Map every Auto class, not only the saved one, so a checkpoint loaded with trust_remote_code works with
         # each of them alike.
         self.config.auto_map = {"AutoConfig": "configuration_tupe.TupeConfig"} | {
             auto: f"modeling_tupe.{name}" for auto, name in AUTO_CLASSES.items()
         }
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def resolve_attention_kernel(
+        self, dtype: torch.dtype | None = None, *, probabilities: bool = False
+    ) -> str:
+        """The kernel this model's next forward pass runs (see the module-level `resolve_attention_kernel`): the
+        encoder's and every head's alike (a head and its encoder share one config)."""
+        return resolve_attention_kernel(self, dtype=dtype, probabilities=probabilities)
+
+    def _check_rope_parameters_applied(self) -> None:
+        """A config.json never claims RoPE scaling the model does not apply: `config.rope_parameters` changed after
+        the model was built (on a scheme with no rotation, or other than those its rope module applies) is
+        refused by name before anything is written."""
+        from .rope_scaling import refuse_rope_parameters
+
+        given = getattr(self.config, "rope_parameters", None) or None
+        positional = getattr(self.base_model, "positional", None)
+        if not getattr(positional, "takes_rope_parameters", False):
+            refuse_rope_parameters(self.config)
+        elif given != positional.rope_parameters:
+            raise ValueError(
+                f"config.rope_parameters {given!r} is not what this model applies "
+                f"({positional.rope_parameters!r}): it was changed after the model was built; load the model with "
+                "from_pretrained(path, rope_parameters=...) (or config=) to apply it"
+            )
 
     @classmethod
     def from_bert(cls, model_or_path, tokenizer=None, **config_overrides):
@@ -604,12 +629,6 @@ class TupeModel(TupePreTrainedModel):
                 f"truncate the input: tokenizer(..., truncation=True) or pipeline(..., truncation=True), "
                 f"which cut at the tokenizer's model_max_length"
             )
-
-    def resolve_attention_kernel(
-        self, dtype: torch.dtype | None = None, *, probabilities: bool = False
-    ) -> str:
-        """The kernel this model's next forward pass runs (see the module-level `resolve_attention_kernel`)."""
-        return resolve_attention_kernel(self, dtype=dtype, probabilities=probabilities)
 
     def _kernel(
         self,
