@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -102,3 +103,32 @@ def load_script(relative: str):  # noqa: ANN201 - the script as a module
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def google_bert_folder(folder: Path, words: Sequence[str] = (), class_name: str = "BertForMaskedLM") -> Path:
+    """A small transformers BERT saved with `save_pretrained` beside a WordPiece tokenizer in Google's vocabulary
+    layout (bert-base-uncased's): [PAD] 0, [unused0..98], [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103, then
+    `words` and every letter, digit and punctuation mark alone and as a `##` continuation (so any ASCII text
+    tokenizes without [UNK]). Built with transformers alone, independently of tupe's tokenizer code."""
+    import string
+
+    import transformers
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    vocab = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += [*sorted({w.lower() for w in words} - set(chars)), *chars, *(f"##{c}" for c in chars)]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    # from vocab.txt, as a Hub folder has it
+    tok = transformers.BertTokenizerFast.from_pretrained(str(folder))
+    assert (tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id) == (
+        0, 100, 101, 102, 103,
+    )  # fmt: skip
+    tok.save_pretrained(folder)
+    config = transformers.BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=128, pad_token_id=0,
+    )  # fmt: skip
+    getattr(transformers, class_name)(config).save_pretrained(folder)
+    return folder

@@ -263,6 +263,62 @@ def test_a_transformers_bert_folder_is_converted_once(data_dir, tokenizer, tmp_p
     assert "1 already done" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_a_google_layout_bert_folder_fine_tunes_for_ner_and_serves_the_pipeline(data_dir, tmp_path):
+    """A BERT folder in Google's vocabulary layout ([CLS] 101, as bert-base-uncased), built with transformers
+    alone: `tupe finetune --task ner` converts it keeping its ids, trains, and the saved model serves
+    transformers' token-classification pipeline with entities at exact spans of the text."""
+    from transformers import pipeline
+
+    import tupe  # noqa: F401  (registers the Auto classes)
+
+    from ..helpers import google_bert_folder
+
+    bert = google_bert_folder(tmp_path / "bert", ["alice", "smith", "paris", "berlin", "bob"])
+    out = tmp_path / "ner"
+    assert (
+        _finetune(bert, "ner", data_dir / "ner_train.conll", data_dir / "ner_valid.txt", out, "--save-models")
+        == 0
+    )
+    r = json.loads((out / "results.json").read_text())
+    assert r["scheme"] == "bert-a" and r["complete"] and 0 <= r["f1"] <= 100
+    converted = json.loads((out / "converted-bert-a" / "config.json").read_text())
+    assert (converted["cls_token_id"], converted["sep_token_id"], converted["mask_token_id"]) == (
+        101,
+        102,
+        103,
+    )
+    model = out / "runs" / "lr0.001_seed1" / "model"
+    ner = pipeline("token-classification", model=str(model), aggregation_strategy="simple", device="cpu")
+    assert type(ner.model).__name__ == "TupeForTokenClassification"
+    assert ner.tokenizer.cls_token_id == ner.model.config.cls_token_id == 101
+    text = "Alice Smith flew from Paris to Berlin with Bob ."
+    types = {t[2:] for t in r["label_names"] if t != "O"}
+    for e in ner(text):
+        assert e["entity_group"] in types and 0 <= e["start"] < e["end"] <= len(text)
+        assert e["word"] == text[e["start"] : e["end"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("task", "files", "extra"),
+    [
+        ("classification", ("sentiment_train.csv", "sentiment_val.csv"), ()),
+        ("qa", ("squad_train.json", "squad_dev.json"), ("--max-seq-len", "48", "--doc-stride", "12")),
+        ("multiple-choice", ("swag_train.csv", "swag_val.csv"), ()),
+    ],
+)
+def test_a_google_layout_bert_folder_fine_tunes_every_family(data_dir, tmp_path, task, files, extra):
+    from ..helpers import google_bert_folder
+
+    bert = google_bert_folder(tmp_path / "bert", ["the", "was", "good", "bad"])
+    out = tmp_path / task
+    assert _finetune(bert, task, data_dir / files[0], data_dir / files[1], out, *extra) == 0
+    r = json.loads((out / "results.json").read_text())
+    assert r["scheme"] == "bert-a" and r["complete"] and len(_lines(out / "predictions.jsonl")) > 0
+    assert json.loads((out / "converted-bert-a" / "config.json").read_text())["cls_token_id"] == 101
+
+
 def test_more_refusals_name_the_file_line_and_value(tiny_model, data_dir, tmp_path, capsys):
     """What a user's own files get wrong, each one line naming where, with nothing written."""
     out = tmp_path / "out"

@@ -171,6 +171,52 @@ def test_bert_a_from_bert_and_pretrain_steps(glue_dir, tmp_path):
     assert pretrain_steps_of(model_dir) == 2500
 
 
+def test_a_google_layout_bert_folder_through_glue_and_evaluate(glue_dir, tmp_path, capsys):
+    """A BERT folder in Google's vocabulary layout ([CLS] 101, as bert-base-uncased), built with transformers
+    alone: `tupe glue` converts it keeping its ids and fine-tunes it, and `tupe evaluate` finds the converted
+    copy the same model as the folder (the same loss on the same masks)."""
+    from ..helpers import google_bert_folder
+    from .fixtures import BAD, GOOD, NOUNS, VERBS
+
+    bert = google_bert_folder(tmp_path / "bert", ["the", *GOOD, *BAD, *NOUNS, *VERBS])
+    out = tmp_path / "rte"
+    assert _glue(bert, glue_dir, out, "--task", "RTE", "--lrs", "1e-4", "--seeds", "1") == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["scheme"] == "bert-a" and res["complete"]
+    assert json.loads((out / "converted-bert-a" / "config.json").read_text())["cls_token_id"] == 101
+    text = tmp_path / "text.txt"
+    lines = [f"the {n} {v} {g} and the {n} {v} {b} ." for n, v, g, b in zip(NOUNS, VERBS * 2, GOOD, BAD)]
+    text.write_text("\n".join(lines * 8) + "\n")
+    result = tmp_path / "eval.json"
+    argv = ["evaluate", "--model", str(bert), str(out / "converted-bert-a"), "--text", str(text), "--max-seq-len", "32",
+            "--bootstrap", "0", "--pppl-tokens", "0", "--no-progress", "--json", str(result)]  # fmt: skip
+    assert main(argv) == 0
+    losses = [m["loss"]["value"] for m in json.loads(result.read_text())["models"]]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_a_refusal_leaves_the_out_folder_as_it_was_found(glue_dir, tmp_path, capsys):
+    """A BERT folder refused after `tupe glue` has claimed its names (a tokenizer larger than the model's
+    vocabulary): a folder it created is gone, a user's folder holds only what it held, no `tupe_files.json`,
+    no `.tmp-converted-bert-a`."""
+    from ..helpers import google_bert_folder
+
+    bert = google_bert_folder(tmp_path / "bert")
+    config = json.loads((bert / "config.json").read_text())
+    (bert / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] - 8}))
+    from transformers import BertConfig, BertForMaskedLM
+
+    BertForMaskedLM(BertConfig.from_pretrained(bert)).save_pretrained(bert)
+    new = tmp_path / "new"
+    assert _glue(bert, glue_dir, new, "--task", "RTE", "--lrs", "1e-4", "--seeds", "1") == 2
+    assert "tokenizer has" in capsys.readouterr().err and not new.exists()
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    assert _glue(bert, glue_dir, users, "--task", "RTE", "--lrs", "1e-4", "--seeds", "1") == 2
+    assert sorted(p.name for p in users.iterdir()) == ["notes.txt"]
+
+
 def test_user_errors_are_one_line(tiny_model, glue_dir, tmp_path, capsys):
     def err_of(*argv):
         capsys.readouterr()

@@ -233,6 +233,39 @@ def test_unknown_attn_implementation_refused_in_one_line(tmp_path, name):
         model(torch.randint(5, 50, (1, 8)))
 
 
+@pytest.mark.parametrize(
+    "head",
+    ["TupeModel", "TupeForMaskedLM", "TupeForSequenceClassification", "TupeForTokenClassification",
+     "TupeForQuestionAnswering", "TupeForMultipleChoice"],
+)  # fmt: skip
+def test_every_head_resolves_its_kernel_and_aliases_read_back_alike(tmp_path, head):
+    """docs/model.md's `model.resolve_attention_kernel()` on the encoder and every head; "flex_attention" reads
+    back as "flex" whether given to from_pretrained, set_attn_implementation or assigned to the config."""
+    import tupe
+
+    cls = getattr(tupe, head)
+    cls(tiny_config("alibi")).save_pretrained(tmp_path)
+    model = cls.from_pretrained(tmp_path).eval()
+    assert (
+        model.resolve_attention_kernel() == resolve_attention_kernel(model) == "sdpa"
+    )  # CPU, eval, no dropout
+    model.config._attn_implementation = "eager"
+    assert model.resolve_attention_kernel() == "eager"
+    readings = {
+        "from_pretrained": cls.from_pretrained(tmp_path, attn_implementation="flex_attention").config,
+        "set_attn_implementation": model.set_attn_implementation("flex_attention") or model.config,
+    }
+    assigned = cls.from_pretrained(tmp_path).config
+    assigned._attn_implementation = "flex_attention"
+    readings["config._attn_implementation"] = assigned
+    assert {how: c._attn_implementation for how, c in readings.items()} == dict.fromkeys(readings, "flex")
+    assigned.attention_kernel = "flex_attention"
+    assert (
+        assigned.attention_kernel == tiny_config("alibi", attention_kernel="flex_attention").attention_kernel
+    )
+    assert assigned.attention_kernel == "flex"
+
+
 def test_attn_implementation_refuses_a_kernel_the_scheme_cannot_run(tmp_path):
     TupeForMaskedLM(tiny_config("bert-a")).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="attn_implementation 'flex' needs a content-free logit term"):

@@ -45,6 +45,29 @@ def test_from_bert_accepts_an_instance_and_ties_the_decoder():
     assert model.lm_head.decoder.weight.data_ptr() == model.tupe.embeddings.word_embeddings.weight.data_ptr()
 
 
+def test_from_bert_carries_the_special_ids_of_a_google_layout_folder(tmp_path):
+    """bert-base-uncased's layout ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103): the converted config
+    takes the folder's own ids, saves them, and the same ids come from a tokenizer given with an instance."""
+    from transformers import AutoTokenizer, BertForMaskedLM
+
+    from ..helpers import google_bert_folder
+
+    folder = google_bert_folder(tmp_path / "bert", ["the", "cat"])
+    want = dict(pad_token_id=0, unk_token_id=100, cls_token_id=101, sep_token_id=102, mask_token_id=103)
+    model = TupeForMaskedLM.from_bert(str(folder))
+    assert {k: getattr(model.config, k) for k in want} == want
+    model.save_pretrained(tmp_path / "tupe")
+    assert {k: getattr(AutoConfig.from_pretrained(tmp_path / "tupe"), k) for k in want} == want
+    bert = BertForMaskedLM.from_pretrained(folder)
+    given = TupeModel.from_bert(bert, tokenizer=AutoTokenizer.from_pretrained(folder))
+    assert {k: getattr(given.config, k) for k in want} == want
+    # an instance alone: BERT's padding id, TupeConfig's defaults for the rest (nothing to read them from)
+    assert (TupeModel.from_bert(bert).config.cls_token_id, TupeModel.from_bert(bert).config.pad_token_id) == (
+        1,
+        0,
+    )
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_save_pretrained_round_trip_through_auto_classes(tmp_path, scheme):
     model = TupeForMaskedLM(tiny_config(scheme)).eval()

@@ -1187,7 +1187,38 @@ API_CASES: list[ApiCase] = [
             lambda c: _qa_pipeline(c)(question=["When?", 7], context="Paris opened in 1931."),
             'pipeline("question-answering")', ValueError,
             ("question-answering pipeline: question must be a string or a non-empty list of strings, got list",)),
+    ApiCase("rope-parameters-on-a-table-scheme", "`rope_parameters` (RoPE scaling) on a scheme without rotation",
+            lambda c: _from_pretrained(c.glue_model, rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+            "TupeForMaskedLM.from_pretrained(tupe-a folder, rope_parameters=...)", ValueError,
+            ("applies to the rope scheme only (rotary positions); position_scheme 'tupe-a' has no rotation to scale",)),
+    ApiCase("rope-parameters-unknown-type", "a `rope_type` the rope scheme does not apply",
+            lambda c: _rope_config(rope_parameters={"rope_type": "ntk-by-parts", "factor": 4.0}),
+            'TupeConfig(position_scheme="rope", rope_parameters=...)', ValueError,
+            ("rope_type 'ntk-by-parts' is not one the rope scheme applies (default, linear, dynamic, yarn",)),
+    ApiCase("rope-parameters-set-after-build", "`config.rope_parameters` set on a built model, then saved",
+            lambda c: _save_claiming_yarn(c), "model.save_pretrained(DIR)", ValueError,
+            ("is not what this model applies", "changed after the model was built")),
 ]  # fmt: skip
+
+
+def _from_pretrained(folder: Path, **kwargs: object) -> object:
+    from tupe import TupeForMaskedLM
+
+    return TupeForMaskedLM.from_pretrained(folder, **kwargs)
+
+
+def _rope_config(**kwargs: object) -> object:
+    from tupe import TupeConfig
+
+    return TupeConfig(position_scheme="rope", hidden_size=16, num_attention_heads=2, **kwargs)
+
+
+def _save_claiming_yarn(ctx: Ctx) -> None:
+    from tupe import TupeForMaskedLM
+
+    model = TupeForMaskedLM(_rope_config(num_hidden_layers=1, intermediate_size=32, vocab_size=40))
+    model.config.rope_parameters = {"rope_type": "yarn", "factor": 4.0}
+    model.save_pretrained(ctx.tmp / "claims-yarn")
 
 
 def api_markdown_table(ctx: Ctx) -> str:

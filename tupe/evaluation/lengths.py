@@ -13,15 +13,15 @@ reported as "no positions beyond N" unless `--extend-positions` builds the longe
 
 Only the table changes (the rest of the state dict is loaded unchanged). Rotary schemes (`rope`) have no table
 and run at any length as they are; `--extend-positions pi|ntk|yarn` instead rescales their rotation speeds by
-`s = L / T` (target length over training length), as transformers' `ROPE_INIT_FUNCTIONS` linear, dynamic and yarn
-do (`rope_frequencies`). What this does to each scheme is in docs/evaluation.md.
+`s = L / T` (target length over training length): the evaluated copy gets the `rope_parameters` of transformers'
+linear, dynamic and yarn types (`extension_rope_parameters`), which the rope scheme computes with
+`ROPE_INIT_FUNCTIONS` as it does for any model loaded with them. What this does to each scheme is in docs/evaluation.md.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,6 @@ from . import EXTEND_METHODS, ROTARY_METHODS, TABLE_METHODS
 from .evaluate import EvalModel, Settings, evaluate
 
 _PAST = {"interpolate": "interpolated", "repeat": "repeated"}  # for the table's notes
-YARN_BETA_FAST, YARN_BETA_SLOW = (
-    32.0,
-    1.0,
-)  # YaRN's ramp ends (rotations over the training length), its defaults
 
 
 def table_key(m: EvalModel) -> str | None:
@@ -79,49 +75,52 @@ def rotary(m: EvalModel) -> bool:
     return bool(scheme_class(m.model.config.position_scheme).rotary)
 
 
-def rope_frequencies(
-    method: str, head_dim: int, base: float, scale: float, train_length: int
-) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies (head_dim/2,) float32, attention factor) of rotary positions stretched `scale` times
-    beyond `train_length`; `scale <= 1` gives the trained ones, `base^(-2k/d)`, and factor 1.
+def extension_rope_parameters(method: str, scale: float, train_length: int) -> dict[str, Any] | None:
+    """The transformers `rope_parameters` of `--extend-positions method` at `scale` s = L / T over the training
+    length T (`train_length`); None at `scale <= 1` (the rotation as trained). The evaluated copy of a rope model
+    applies them as any rope model does (tupe/modeling/rope_scaling.py): one path for both.
 
-    - `pi` (position interpolation, Chen et al. 2023): every frequency / s, i.e. positions scaled by 1/s.
-    - `ntk` (NTK-aware, bloc97 2023): the base raised to `base * s^(d/(d-2))`, frequencies from it.
-    - `yarn` (Peng et al., ICLR 2024): per frequency a ramp between interpolation (`/ s`) and extrapolation (as
-      trained): dimension pairs whose wavelength turns more than beta_fast = 32 times over `train_length` keep
-      their frequency, those turning less than beta_slow = 1 time are interpolated, linearly in the pair index
-      between (floor/ceil of the bounds, as the reference code and transformers); attention factor
-      `0.1 ln s + 1`, applied to cos and sin (so `(0.1 ln s + 1)^2` on the logits).
-
-    These are transformers' `ROPE_INIT_FUNCTIONS["linear"]`, `["dynamic"]` (at length s T, factor 1) and
-    `["yarn"]` (factor s, original length T): tests/evaluation/test_rope_extension.py checks them against it."""
+    - `pi` (position interpolation, Chen et al. 2023): `linear` with factor s, every frequency / s.
+    - `ntk` (NTK-aware, bloc97 2023): `dynamic` with factor 1 over T, i.e. at length L the base raised to
+      `base * s^(d/(d-2))`.
+    - `yarn` (Peng et al., ICLR 2024): `yarn` with factor s over T: per frequency a ramp between interpolation and
+      extrapolation (beta_fast 32, beta_slow 1), attention factor `0.1 ln s + 1` on cos and sin."""
     if method not in ROTARY_METHODS:
         raise TupeError(
             f"--extend-positions for rotary positions must be one of {', '.join(ROTARY_METHODS)}, got {method!r}"
         )
-    d = head_dim
-    pair = torch.arange(0, d, 2, dtype=torch.float32) / d  # (d/2,): 2k/d
-    trained = 1.0 / (base**pair)
     if scale <= 1.0:
-        return trained, 1.0
+        return None
     if method == "pi":
-        return trained / scale, 1.0
+        return {"rope_type": "linear", "factor": float(scale)}
     if method == "ntk":
-        return 1.0 / ((base * scale ** (d / (d - 2))) ** pair), 1.0
+        return {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": int(train_length)}
+    return {
+        "rope_type": "yarn",
+        "factor": float(scale),
+        "original_max_position_embeddings": int(train_length),
+    }
 
-    def pair_index(
-        rotations: float,
-    ) -> float:  # the (fractional) pair k whose wavelength turns `rotations` times
-        return d * math.log(train_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(pair_index(YARN_BETA_FAST)), 0)
-    high = min(math.ceil(pair_index(YARN_BETA_SLOW)), d - 1)
-    if low == high:
-        high += 0.001  # as the reference: no division by zero
-    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # 0: keep, 1: / s
-    wavelength = base**pair  # 1 / inverse frequency
-    inv_freq = (1.0 / (scale * wavelength)) * ramp + (1.0 / wavelength) * (1 - ramp)
-    return inv_freq, 0.1 * math.log(scale) + 1.0
+def rope_frequencies(
+    method: str, head_dim: int, base: float, scale: float, train_length: int
+) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies (head_dim/2,) float32, attention factor) that `--extend-positions method` gives a rope
+    model of `head_dim` and `base` at `scale` times `train_length` (`extension_rope_parameters`, computed by the
+    rope scheme from transformers' `ROPE_INIT_FUNCTIONS`); `scale <= 1` gives the trained ones and factor 1."""
+    from tupe.modeling import TupeConfig
+    from tupe.modeling.positional import Rope
+
+    length = max(round(scale * train_length), train_length)
+    config = TupeConfig(
+        position_scheme="rope",
+        hidden_size=head_dim,
+        num_attention_heads=1,
+        max_position_embeddings=length,
+        rope_theta=base,
+        rope_parameters=extension_rope_parameters(method, scale, train_length),
+    )
+    return Rope(config).frequencies(length)
 
 
 def trained_rows(m: EvalModel) -> int:
@@ -139,10 +138,11 @@ def at_length(m: EvalModel, length: int, method: str) -> tuple[EvalModel | None,
         note = f"{length / train:g}x its training length {train}" if beyond else None
         if _extends(m, length, method):
             rows = trained_rows(m)
-            config = m.model.config
             scale = length / rows
-            freqs = rope_frequencies(method, config.head_dim, config.rope_theta, scale, rows)
-            return _rebuilt(m, length, None, freqs), f"rotary {method}, scale {scale:g} over {rows} positions"
+            params = extension_rope_parameters(method, scale, rows)
+            return _rebuilt(
+                m, length, None, params
+            ), f"rotary {method}, scale {scale:g} over {rows} positions"
         if method in ROTARY_METHODS and length > trained_rows(m):
             why = f"--extend-positions {method} applies to rotary schemes only: run unextended"
             note = why if note is None else f"{note}; {why}"
@@ -180,20 +180,20 @@ def _rebuilt(
     m: EvalModel,
     length: int,
     table: tuple[str, torch.Tensor] | None,
-    frequencies: tuple[torch.Tensor, float] | None = None,
+    rope_parameters: dict[str, Any] | None = None,
 ) -> EvalModel:
     """The same model with `max_position_embeddings = length` and, where it has one, the extended table or the
-    rescaled rotary frequencies: a fresh instance of its class loads the original state dict (strict), so nothing
-    else can change."""
+    rotary scaling (`rope_parameters`, in place of any the model has): a fresh instance of its class loads the
+    original state dict (strict), so nothing else can change."""
     config = copy.deepcopy(m.model.config)
     config.max_position_embeddings = length
+    if rope_parameters is not None:
+        config.rope_parameters = rope_parameters
     state = dict(m.model.state_dict())
     if table is not None:
         state[table[0]] = table[1]
     model = type(m.model)(config)
     model.load_state_dict(state, strict=True)
-    if frequencies is not None:
-        model.tupe.positional.scaled_frequencies = frequencies
     model.eval().to(next(m.model.parameters()).device)
     return dataclasses.replace(m, model=model, max_length=length)
 

@@ -103,9 +103,8 @@ def finetune(
     family.check(train, dev, train_path, dev_path)
     family.use(train, dev, (train_path, dev_path))
 
-    from tupe.io.files import folder_lock
     from tupe.io.outputs import OutputFolder
-    from tupe.training.finetuning import GridOptions, open_checkpoint, run_finetuning
+    from tupe.training.finetuning import GridOptions, grid_folder, open_checkpoint, run_finetuning
 
     options = GridOptions(
         scheme=scheme,
@@ -116,23 +115,10 @@ def finetune(
         log=log,
         report_to=report_to or [],
     )
-    created = not out_dir.exists()
-    try:
-        with folder_lock(out_dir, "tupe finetune"):
-            try:
-                outputs = OutputFolder(out_dir, "tupe finetune")
-                checkpoint = open_checkpoint(model_dir, out_dir, outputs, family.outputs, options)
-                return run_finetuning(family, settings, checkpoint, out_dir, outputs, options).to_json()
-            except TupeError:
-                _forget_new_folder(out_dir, created)
-                raise
-    except TupeError:
-        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-            import contextlib
-
-            with contextlib.suppress(OSError):
-                out_dir.rmdir()
-        raise
+    with grid_folder(out_dir, "tupe finetune"):  # a refusal leaves --out as it was found
+        outputs = OutputFolder(out_dir, "tupe finetune")
+        checkpoint = open_checkpoint(model_dir, out_dir, outputs, family.outputs, options)
+        return run_finetuning(family, settings, checkpoint, out_dir, outputs, options).to_json()
 
 
 def _read(family: Family, path: Path, flag: str) -> list[Any]:
@@ -141,22 +127,3 @@ def _read(family: Family, path: Path, flag: str) -> list[Any]:
         return family.read(path)
     except TupeError as err:
         raise TupeError(f"{flag} {err}") from None
-
-
-def _forget_new_folder(out_dir: Path, created: bool) -> None:
-    """A refusal found only once the model and tokenizer are loaded (a SQuAD question too long for its window)
-    leaves nothing behind either: a folder this command created, with no finished run, is emptied (under the
-    lock, whose own files go when it is released) and then removed."""
-    import shutil
-
-    from tupe.io.files import LOCK_INFO_NAME, LOCK_NAME
-
-    if not created or any(out_dir.glob("runs/*/result.json")):
-        return
-    for entry in out_dir.iterdir():
-        if entry.name in (LOCK_NAME, LOCK_INFO_NAME):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)

@@ -37,7 +37,6 @@ from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules impo
     summarize,
 )
 from tupe.glue.tasks import TASKS, get_task
-from tupe.io.files import folder_lock
 from tupe.io.outputs import OutputFolder
 from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import console_log, hushed_libraries
@@ -45,6 +44,7 @@ from tupe.training.finetuning import (
     GridOptions,
     add_grid_arguments,
     add_run_arguments,
+    grid_folder,
     grid_settings,
     open_checkpoint,
     run_finetuning,
@@ -74,7 +74,7 @@ def run_grid(
     tokenizer_dir, save_models, overwrite, log, report_to, progress, push_to_hub, hub_model_id).
     """
     opts = GridOptions(**{**options, "report_to": options.get("report_to") or []})
-    with folder_lock(out_dir, "tupe glue"):
+    with grid_folder(Path(out_dir), "tupe glue"):  # a refusal leaves --out as it was found
         return _glue_grid(Path(model_dir), settings, Path(out_dir), (data_dir, train_file, dev_files), opts)
 
 

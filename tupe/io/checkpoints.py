@@ -378,7 +378,8 @@ def load_model(model_dir: str | os.PathLike, model_class: Any = None, **kwargs: 
     folders (model_type "bert") converted exactly to `bert-a` by `TupeForMaskedLM.from_bert`.
 
     `model_class`: `TupeForMaskedLM` (default), `TupeModel` or `TupeForSequenceClassification`; `kwargs` go to
-    `from_pretrained` (e.g. `attn_implementation="eager"`).
+    `from_pretrained` (e.g. `attn_implementation="eager"`), or for a BERT folder to `from_bert` (e.g. `tokenizer`,
+    whose special-token ids the converted config takes; by default the folder's own tokenizer's).
     """
     from transformers.utils import logging as hf_logging
 

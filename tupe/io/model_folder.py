@@ -269,6 +269,7 @@ def validate_config(
         "cls_token_id",
         "sep_token_id",
         "mask_token_id",
+        "unk_token_id",
         "bos_token_id",
         "eos_token_id",
     ):

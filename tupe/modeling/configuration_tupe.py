@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from .kernels import ATTENTION_KERNELS, check_kernel_for_scheme
+from .kernels import ATTENTION_KERNELS, KERNEL_ALIASES, check_kernel_for_scheme
 from .positional import POSITION_SCHEMES, scheme_class, scheme_fields
 
 # The one attention switch (saved in config.json) takes "auto" or a name of the kernel registry (kernels.py), read
@@ -33,12 +33,20 @@ class TupeConfig(PretrainedConfig):
             is the SDPA kernel): from then on `_attn_implementation` is the one runtime setting and names the
             kernel that runs ("auto" picks one per device, dtype and train mode, once per model:
             `model.resolve_attention_kernel()` says which).
+        rope_parameters: transformers' RoPE scaling (`{"rope_type": "yarn", "factor": 4.0, ...}`; the legacy
+            `rope_scaling` is mapped onto it), for the `rope` scheme only (any other refuses it by name), applied
+            through transformers' `ROPE_INIT_FUNCTIONS` (tupe/modeling/rope_scaling.py; docs/model.md "RoPE
+            scaling"). Unset by default, and then not saved.
         **kwargs: the positional schemes' own fields, as each scheme declares them (`PositionalScheme.config_fields`;
             every config carries every registered scheme's fields, with its default where not given, so that
             one config loads under any scheme), then `PretrainedConfig`'s arguments. The built-in schemes':
     """
 
     model_type = "tupe"
+    # transformers' RoPE scaling (`{"rope_type": "yarn", "factor": 4.0, ...}`), the rope scheme's only
+    # (tupe/modeling/rope_scaling.py): unset (this class default, never saved) unless given. A class attribute so
+    # that `from_pretrained(path, rope_parameters=...)` / `rope_scaling=...` set it as transformers' RoPE models do.
+    rope_parameters = None
 
     def __init__(
         self,
@@ -95,11 +103,40 @@ class TupeConfig(PretrainedConfig):
             value = kwargs.pop(field.name, field.default)
             setattr(self, field.name, value if field.resolve is None else field.resolve(value, self))
         scheme.check_config(self)
+        self._take_rope_parameters(scheme, kwargs)
         self.attention_kernel = check_kernel_for_scheme(attention_kernel, position_scheme, scheme.terms)
         self.cls_token_id = cls_token_id
         self.sep_token_id = sep_token_id
         self.mask_token_id = mask_token_id
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def _take_rope_parameters(self, scheme, kwargs: dict) -> None:
+        """`rope_parameters` (or the legacy `rope_scaling`, mapped onto it as transformers 5 does) in standard
+        form for a scheme that applies them (rope), refused by name by any other; unset: nothing stored."""
+        from .rope_scaling import refuse_rope_parameters, standard_rope_parameters
+
+        legacy = kwargs.pop("rope_scaling", None)
+        given = legacy or kwargs.pop("rope_parameters", None)
+        kwargs.pop("rope_parameters", None)
+        if not given:
+            return
+        self.rope_parameters = given
+        if not scheme.takes_rope_parameters:
+            refuse_rope_parameters(self)
+        self.rope_parameters = standard_rope_parameters(self)
+
+    def __setattr__(self, key: str, value) -> None:
+        # A kernel's alias names the kernel itself, however it is set: `config._attn_implementation =
+        # "flex_attention"` (or `attention_kernel = ...`) reads back "flex", as from_pretrained(attn_implementation=)
+        # and set_attn_implementation give it. Unknown names are kept, for the model to refuse by name.
+        if key in ("_attn_implementation", "attention_kernel") and isinstance(value, str):
+            value = KERNEL_ALIASES.get(value, value)
+        super().__setattr__(key, value)
+
+    def convert_rope_params_to_dict(self, **kwargs):
+        """transformers' RoPE standardisation, which would give every config a default `rope_parameters`: tupe
+        standardises them itself, for the rope scheme only (`_take_rope_parameters`)."""
+        return kwargs
 
     def validate_attention_kernel(self) -> str:
         """`attention_kernel` as its canonical registry name (aliases resolved), checked against the registry

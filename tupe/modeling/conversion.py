@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 # BertConfig fields a head takes over as they are (the head's shape and labels)
@@ -64,21 +66,51 @@ def _encoder_layers(sd: dict, src_layer: str, num_layers: int, qkv: str) -> dict
     return new
 
 
-def bert_to_tupe(cls, model_or_path, **config_overrides):
+# The special tokens whose ids a converted config carries (`{name}_token_id`), as a BERT tokenizer names them
+SPECIAL_TOKENS = ("pad", "cls", "sep", "mask", "unk")
+
+
+def _folder_tokenizer(path) -> Any:
+    """The tokenizer saved in the folder `path` (never code of its own), or None where it has none it can load."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - no tokenizer files, or unreadable ones: the ids then come from the config
+        return None
+
+
+def special_token_ids(bert_config, tokenizer=None) -> dict[str, int]:
+    """The ids of BERT's special tokens for a converted config (`pad_token_id`, `cls_token_id`, ...): the
+    tokenizer's (BERT checkpoints of Google's vocabulary have [PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102,
+    [MASK] 103, tupe's own 0-3), the padding id the BERT config's own where it gives one; without a tokenizer the
+    BERT config's padding id only, the others left to TupeConfig's defaults."""
+    ids = {}
+    for name in SPECIAL_TOKENS:
+        value = getattr(tokenizer, f"{name}_token_id", None) if tokenizer is not None else None
+        if isinstance(value, int):
+            ids[f"{name}_token_id"] = value
+    if bert_config.pad_token_id is not None:
+        ids["pad_token_id"] = bert_config.pad_token_id
+    return ids
+
+
+def bert_to_tupe(cls, model_or_path, tokenizer=None, **config_overrides):
     """Build `cls` (a TupePreTrainedModel class) with `position_scheme="bert-a"` from the BERT model of the matching
-    class (`cls._bert_class`); the head's keys come from `cls._bert_head_keys` (tupe prefix <- BERT prefix)."""
+    class (`cls._bert_class`); the head's keys come from `cls._bert_head_keys` (tupe prefix <- BERT prefix). The
+    special-token ids are `tokenizer`'s, or those of the tokenizer saved in the folder `model_or_path`
+    (`special_token_ids`)."""
     from .configuration_tupe import TupeConfig
 
     bert = _load_bert(cls._bert_class, model_or_path)
     bc = bert.config
     if getattr(bc, "position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"only absolute-position BERT can be converted, got {bc.position_embedding_type!r}")
+    if tokenizer is None and not isinstance(model_or_path, torch.nn.Module):
+        tokenizer = _folder_tokenizer(model_or_path)
     head = {f: getattr(bc, f) for f in _HEAD_FIELDS if getattr(bc, f, None) is not None}
-    config = TupeConfig(
-        **_shared_config(bc),
-        position_scheme="bert-a",
-        **{**head, **config_overrides},
-    )
+    shared = _shared_config(bc) | special_token_ids(bc, tokenizer)
+    config = TupeConfig(**shared, position_scheme="bert-a", **{**head, **config_overrides})
     model = cls(config)
     sd = bert.state_dict()
     # a bare BertModel has no "bert." prefix; tupe's bare TupeModel none either

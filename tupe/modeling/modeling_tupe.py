@@ -405,6 +405,7 @@ class TupePreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
+        self._check_rope_parameters_applied()
         # Map every Auto class, not only the saved one, so a checkpoint loaded with trust_remote_code works with
         # each of them alike.
         self.config.auto_map = {"AutoConfig": "configuration_tupe.TupeConfig"} | {
@@ -412,11 +413,40 @@ class TupePreTrainedModel(PreTrainedModel):
         }
         return super().save_pretrained(save_directory, *args, **kwargs)
 
+    def resolve_attention_kernel(
+        self, dtype: torch.dtype | None = None, *, probabilities: bool = False
+    ) -> str:
+        """The kernel this model's next forward pass runs (see the module-level `resolve_attention_kernel`): the
+        encoder's and every head's alike (a head and its encoder share one config)."""
+        return resolve_attention_kernel(self, dtype=dtype, probabilities=probabilities)
+
+    def _check_rope_parameters_applied(self) -> None:
+        """A config.json never claims RoPE scaling the model does not apply: `config.rope_parameters` changed after
+        the model was built (on a scheme with no rotation, or other than those its rope module applies) is
+        refused by name before anything is written."""
+        from .rope_scaling import refuse_rope_parameters
+
+        given = getattr(self.config, "rope_parameters", None) or None
+        positional = getattr(self.base_model, "positional", None)
+        if not getattr(positional, "takes_rope_parameters", False):
+            refuse_rope_parameters(self.config)
+        elif given != positional.rope_parameters:
+            raise ValueError(
+                f"config.rope_parameters {given!r} is not what this model applies "
+                f"({positional.rope_parameters!r}): it was changed after the model was built; load the model with "
+                "from_pretrained(path, rope_parameters=...) (or config=) to apply it"
+            )
+
     @classmethod
-    def from_bert(cls, model_or_path, **config_overrides):
+    def from_bert(cls, model_or_path, tokenizer=None, **config_overrides):
         """A `bert-a` model with the weights of a `transformers` BERT model of the matching class (an instance
         or a local path): `BertForMaskedLM` for `TupeForMaskedLM`, `BertForTokenClassification` for
         `TupeForTokenClassification`, and so on; `BertModel` (or any BERT class) for `TupeModel`.
+
+        The special-token ids (`pad_token_id`, `cls_token_id`, `sep_token_id`, `mask_token_id`, `unk_token_id`)
+        are those of `tokenizer`, or of the tokenizer saved in the folder: Google's vocabulary (`[CLS]` 101,
+        `[SEP]` 102, `[MASK]` 103, as bert-base-uncased) as well as tupe's own (1, 2, 3). An instance given
+        without a tokenizer keeps BERT's padding id and TupeConfig's defaults for the others.
 
         BERT adds a token-type embedding to every token; with all-zero token types that is a constant vector,
         folded exactly into the position table (`p_i + t_0`). Pair inputs lose the segment-B embedding. The head's
@@ -424,7 +454,7 @@ class TupePreTrainedModel(PreTrainedModel):
         """
         from .conversion import bert_to_tupe
 
-        return bert_to_tupe(cls, model_or_path, **config_overrides)
+        return bert_to_tupe(cls, model_or_path, tokenizer, **config_overrides)
 
     @classmethod
     def from_deberta(cls, model_or_path, **config_overrides):
@@ -599,12 +629,6 @@ class TupeModel(TupePreTrainedModel):
                 f"truncate the input: tokenizer(..., truncation=True) or pipeline(..., truncation=True), "
                 f"which cut at the tokenizer's model_max_length"
             )
-
-    def resolve_attention_kernel(
-        self, dtype: torch.dtype | None = None, *, probabilities: bool = False
-    ) -> str:
-        """The kernel this model's next forward pass runs (see the module-level `resolve_attention_kernel`)."""
-        return resolve_attention_kernel(self, dtype=dtype, probabilities=probabilities)
 
     def _kernel(
         self,

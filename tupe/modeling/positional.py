@@ -273,6 +273,9 @@ class PositionalScheme(PositionalModule):
     config_fields: ClassVar[tuple[SchemeField, ...]] = ()
     # (parameter name inside the scheme module, group name): how `--init-from`'s report names its parameters
     parameter_groups: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # applies transformers' RoPE scaling, `config.rope_parameters` (tupe/modeling/rope_scaling.py); any other
+    # scheme refuses a config that carries one, by name
+    takes_rope_parameters: ClassVar[bool] = False
 
     # read from `terms`, set on each subclass (`__init_subclass__`)
     content_free: ClassVar[bool] = False  # an (h, n, n) term added to every layer's logits ("content_free")
@@ -529,6 +532,7 @@ class Rope(PositionalScheme):
     display_name = "RoPE"
     summary = "rotary positions on queries and keys"
     terms = frozenset({"rotary"})
+    takes_rope_parameters = True
     config_fields = (
         SchemeField("rope_theta", 10000.0, "base of the rotary frequencies", float, 0, 1e12, low_open=True),
     )
@@ -540,27 +544,61 @@ class Rope(PositionalScheme):
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
+        from .rope_scaling import LENGTH_DEPENDENT, rope_frequencies, standard_rope_parameters
+
+        # RoPE scaling the transformers way (tupe/modeling/rope_scaling.py): `config.rope_parameters`, written back
+        # in its standard form, is what this module applies (a `rope_theta` in it is the base)
+        self.rope_parameters = standard_rope_parameters(config)
+        if self.rope_parameters is None:
+            config.__dict__.pop(
+                "rope_parameters", None
+            )  # unset: nothing saved (`TupeConfig.rope_parameters`)
+        else:
+            config.rope_parameters = self.rope_parameters
         self.head_dim = config.head_dim
         self.base = config.rope_theta
-        # (inverse frequencies (d/2,), attention factor) in place of the trained ones, set on an evaluated copy by
-        # `tupe evaluate --extend-positions pi|ntk|yarn` (tupe/evaluation/lengths.py); None: as trained.
+        self.config = config
+        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
+        self.length_dependent = rope_type in LENGTH_DEPENDENT
+        self._by_length: tuple[int, tuple[torch.Tensor, float]] | None = (
+            None  # the last length-dependent result
+        )
+        # (inverse frequencies (d/2,), attention factor) in place of the trained ones: those of a static
+        # `rope_parameters` type, from transformers' `ROPE_INIT_FUNCTIONS`; None: as trained.
         self.scaled_frequencies: tuple[torch.Tensor, float] | None = None
+        if rope_type != "default" and not self.length_dependent:
+            self.scaled_frequencies = rope_frequencies(config, self.rope_parameters)
 
     def inverse_frequencies(self) -> torch.Tensor:
         """(d/2,) float32 `base^(-2k/d)`, k = 0 .. d/2 - 1: the trained rotation speeds (transformers' default)."""
         d = self.head_dim
         return 1.0 / (self.base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
 
+    def frequencies(self, length: int) -> tuple[torch.Tensor, float]:
+        """(inverse frequencies, attention factor) for an input of `length` tokens (its largest position + 1)."""
+        if self.length_dependent:
+            from .rope_scaling import rescales_at, rope_frequencies
+
+            if not rescales_at(self.rope_parameters, self.config, length):
+                length = None  # transformers' own at or below the reference length
+            if self._by_length is None or self._by_length[0] != length:
+                self._by_length = (length, rope_frequencies(self.config, self.rope_parameters, length))
+            return self._by_length[1]
+        return self.scaled_frequencies or (self.inverse_frequencies(), 1.0)
+
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         # Recomputed every pass (d/2 values) rather than kept in a buffer that a checkpoint load could leave stale.
-        inv_freq, factor = self.scaled_frequencies or (self.inverse_frequencies(), 1.0)
+        length = n
+        if self.length_dependent and positions is not None:
+            length = int(positions.ids.max()) + 1  # as transformers: the largest position + 1
+        inv_freq, factor = self.frequencies(length)
         if positions is None:
             angles = torch.outer(torch.arange(n, dtype=torch.float32), inv_freq)
         else:  # (b, 1, n, d/2): each row's own positions, broadcast over the heads
             angles = positions.ids[:, None, :, None].float() * inv_freq.to(positions.ids.device)
         angles = torch.cat([angles, angles], dim=-1)  # (n, d), GPT-NeoX "rotate half" layout
         cos, sin = angles.cos(), angles.sin()
-        if factor != 1.0:  # YaRN's temperature: cos and sin scaled, as transformers' `attention_scaling`
+        if factor != 1.0:  # transformers' `attention_scaling` (YaRN's temperature): cos and sin scaled
             cos, sin = cos * factor, sin * factor
         return PositionalContext(self.logit_scale, rotary=(cos, sin))
 
@@ -1325,8 +1363,14 @@ def schemes_help() -> str:
 
 
 def build_scheme(config: PretrainedConfig) -> PositionalScheme:
-    """The scheme module a config asks for."""
-    return scheme_class(config.position_scheme)(config)
+    """The scheme module a config asks for; RoPE scaling (`rope_parameters`, set on the config after it was made,
+    as `from_pretrained(path, rope_parameters=...)` does) is refused by name where the scheme has no rotation."""
+    cls = scheme_class(config.position_scheme)
+    if not cls.takes_rope_parameters:
+        from .rope_scaling import refuse_rope_parameters
+
+        refuse_rope_parameters(config)
+    return cls(config)
 
 
 for _scheme in (

@@ -1295,15 +1295,66 @@ def converted_if_bert(
     log(f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a in {target}")
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
-    model, _ = load_model(model_dir)
+    # the special-token ids are the tokenizer's (Google's vocabulary: [CLS] 101, ...), checked against it
+    explicit = tokenizer_dir is not None
+    tokenizer = load_tokenizer(tokenizer_dir if explicit else model_dir, explicit=explicit)
+    model, _ = load_model(model_dir, tokenizer=tokenizer)
+    tokenizer = load_tokenizer(tokenizer_dir if explicit else model_dir, model.config, explicit=explicit)
     staging = out_dir / ".tmp-converted-bert-a"
     outputs.remove(staging.name)
-    model.save_pretrained(str(staging))
-    if tokenizer_dir is None:
-        load_tokenizer(model_dir, model.config, explicit=False).save_pretrained(str(staging))
+    try:
+        model.save_pretrained(str(staging))
+        if not explicit:
+            tokenizer.save_pretrained(str(staging))
+    except BaseException:
+        outputs.remove(staging.name)  # a failed or interrupted conversion leaves no half-written copy
+        raise
     outputs.remove(target.name)
     staging.rename(target)
     return target
+
+
+@contextlib.contextmanager
+def grid_folder(out_dir: Path, command: str) -> Iterator[None]:
+    """`out_dir` under `command`'s lock (`folder_lock`). A refusal (`TupeError`) raised before any run of the grid
+    has finished leaves the folder as the command found it: what it made there this time (the new top-level
+    entries it owns, such as a half-made `.tmp-converted-bert-a`, its names added to `tupe_files.json`, that record
+    itself if it made it) is removed, nothing else is touched, and a folder it created is removed once empty."""
+    from tupe.io.files import folder_lock
+
+    existed = out_dir.exists()
+    try:
+        with folder_lock(out_dir, command):
+            before = {p.name for p in out_dir.iterdir()}
+            try:
+                yield
+            except TupeError:
+                if not any(out_dir.glob("runs/*/result.json")):
+                    _forget_what_was_made(out_dir, command, before)
+                raise
+    except TupeError:
+        if not existed:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()  # only if empty: the lock's own files go with the lock
+        raise
+
+
+def _forget_what_was_made(out_dir: Path, command: str, before: set[str]) -> None:
+    """Remove the top-level entries of `out_dir` that `command` made since `before` (the names there then) and
+    its new names in the folder's record of tupe's files (the record too, if it was not there before)."""
+    from tupe.io.outputs import RECORD_NAME, OutputFolder, read_record, update_record
+
+    outputs = OutputFolder(out_dir, command)
+    for entry in sorted(out_dir.iterdir()):
+        if entry.name not in before and outputs.owns(entry.name):
+            outputs.remove(entry.name)
+    if RECORD_NAME not in before:
+        (out_dir / RECORD_NAME).unlink(missing_ok=True)
+        return
+    gone = [n for n, who in (read_record(out_dir) or {}).items() if who == command]
+    gone = [n for n in gone if n not in before and not os.path.lexists(out_dir / n)]
+    if gone:
+        update_record(out_dir, drop=gone)
 
 
 class _Stopped(KeyboardInterrupt):
