@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tupe.training",),
     ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench", "tupe.convert"),
     ("tupe.finetuning",),
-    ("tupe.pipelines", "tupe.comparison"),
+    ("tupe.pipelines", "tupe.comparison", "tupe.diagnostics"),
     ("tupe.cli",),
     ("tupe.__main__", "tupe"),
 ]

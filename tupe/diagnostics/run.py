@@ -50,7 +50,7 @@ class Job:
 
 
 def fresh_model(scheme: str, settings: Settings) -> tuple[torch.nn.Module, Vocabulary]:
-    from tupe import TupeConfig, TupeForMaskedLM
+    from tupe.modeling import TupeConfig, TupeForMaskedLM
 
     symbols = symbols_needed(settings.train_length * max(settings.multiples))
     vocab_size = len(SPECIAL) + len(TASKS) + 5 + symbols

@@ -109,7 +109,7 @@ def rope_frequencies(
     model of `head_dim` and `base` at `scale` times `train_length` (`extension_rope_parameters`, computed by the
     rope scheme from transformers' `ROPE_INIT_FUNCTIONS`); `scale <= 1` gives the trained ones and factor 1."""
     from tupe.modeling import TupeConfig
-    from tupe.modeling.positional import Rope
+    from tupe.modeling.positional import build_scheme
 
     length = max(round(scale * train_length), train_length)
     config = TupeConfig(
@@ -120,7 +120,7 @@ def rope_frequencies(
         rope_theta=base,
         rope_parameters=extension_rope_parameters(method, scale, train_length),
     )
-    return Rope(config).frequencies(length)
+    return build_scheme(config).frequencies(length)
 
 
 def trained_rows(m: EvalModel) -> int:
