@@ -147,8 +147,7 @@ def test_paragraph_corpus_makes_every_paragraph_a_document_and_keeps_the_text(tm
 
 
 def test_unknown_study_job_is_refused(capsys) -> None:  # noqa: ANN001
-    with pytest.raises(SystemExit):
-        gpu_suite.parse_args(["--out", "x", "--stages", "studies", "--studies", "packing,length-99"])
+    assert gpu_suite.main(["--out", "x", "--stages", "studies", "--studies", "packing,length-99"]) == 2
     assert "--studies: unknown length-99" in capsys.readouterr().err
 
 
