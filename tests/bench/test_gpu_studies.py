@@ -237,3 +237,16 @@ def test_a_suite_ended_by_sigterm_leaves_no_child_running(tmp_path: Path) -> Non
         for _ in range(50):  # reaped by the parent before it exited; a zombie would still take signal 0
             os.kill(pid, 0)
             time.sleep(0.1)
+
+
+def test_paragraph_documents_script_refuses_a_folder_of_other_files(tmp_path: Path) -> None:
+    """benchmarks/texts/paragraph_documents.py writes one .txt per book: a folder holding other files is refused
+    untouched (exit 2, one line); its own earlier output is written again."""
+    script = ROOT / "benchmarks" / "texts" / "paragraph_documents.py"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes\n")
+    done = subprocess.run([sys.executable, str(script), str(mine)], capture_output=True, text=True)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and "\n" not in err and "'notes.txt'" in err, done.stderr
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
