@@ -169,6 +169,26 @@ def test_the_archive_is_split_into_parts_that_join(tmp_path: Path) -> None:
     assert sorted(p.name for p in dest.parent.iterdir()) == ["gpu.tar.gz"]
 
 
+def test_an_archive_inside_the_folder_it_packs_leaves_itself_out(tmp_path: Path) -> None:
+    """Issue 49, item 13: `--archive OUT/gpu.tar.gz` used to pack the previous archive into the next one (1.9 ->
+    3.8 -> 5.7 -> 7.6 MiB over four stages)."""
+    src = tmp_path / "gpu"
+    src.mkdir()
+    (src / "summary.md").write_text("# summary\n")
+    (src / "noise.bin").write_bytes(os.urandom(30_000))
+    (src / "gpu.tar.gz.notes").write_text("the user's, named like the archive: kept in it\n")
+    dest = src / "gpu.tar.gz"
+    sizes = [sum(p.stat().st_size for p in gpu_studies.write_archive(src, dest)) for _ in range(4)]
+    assert max(sizes) - min(sizes) < 200, sizes  # gzip headers aside, the same archive every time
+    with _untar([dest]) as tar:
+        assert sorted(tar.getnames()) == ["gpu", "gpu/gpu.tar.gz.notes", "gpu/noise.bin", "gpu/summary.md"]
+    parts = gpu_studies.write_archive(src, dest, part_bytes=20_000)
+    again = gpu_studies.write_archive(src, dest, part_bytes=20_000)
+    assert [p.name for p in again] == [p.name for p in parts] == ["gpu.tar.gz.part00", "gpu.tar.gz.part01"]
+    with _untar(again) as tar:
+        assert "gpu/gpu.tar.gz.part00" not in tar.getnames()
+
+
 def _run(folder: Path, weights: int = 10) -> None:
     folder.mkdir(parents=True)
     for name, size in (("metrics.jsonl", 10), ("config.json", 10), ("model.safetensors", weights),
