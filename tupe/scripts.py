@@ -36,6 +36,16 @@ def run_script(
     return result if isinstance(result, int) else 0
 
 
+def claim_output_file(flag: str, path: str | Path, script: str) -> Path:
+    """An output file named by the user (`--json OUT.json`): a file that can be written (not a folder, `/proc` or a
+    device), not one the script did not write (`tupe.io.outputs.claim_file`: recorded in its folder's
+    `tupe_files.json` before it is written, so a rerun may write it again)."""
+    from tupe.io.outputs import claim_file
+    from tupe.validators import check_out_file
+
+    return claim_file(check_out_file(flag, path), script, flag)
+
+
 def check_positive(flag: str, value: int | float | None) -> None:
     """A count flag (`--rounds`, `--steps`, `--batch-size`) must be at least 1."""
     if value is not None and value < 1:

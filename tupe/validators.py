@@ -219,10 +219,22 @@ def check_out_file(flag: str, path: str | os.PathLike) -> Path:
         if parent.exists():
             if not parent.is_dir():
                 raise TupeError(f"{flag} {p}: {parent} is a file, not a folder")
-            if not os.access(parent, os.W_OK | os.X_OK):
+            if not os.access(parent, os.W_OK | os.X_OK) or not _can_create_in(parent):
                 raise TupeError(f"{flag} {p}: cannot write there, {parent} is not writable")
             break
     return p
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder`: `os.access` says yes to root everywhere, also in /proc and /sys,
+    where nothing can be made. Probed with an unnamed temporary file (nothing is left, nothing is visible)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def check_path_kind(flag: str, path: str | os.PathLike, kind: str) -> Path:

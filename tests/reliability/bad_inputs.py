@@ -842,6 +842,12 @@ CASES: list[Case] = [
         ("--json", "is a folder, expected a file"),
     ),
     Case(
+        "evaluate-json-proc",
+        "`tupe evaluate --json /proc/nope.json` (was: blamed on another `tupe evaluate` when run as root)",
+        lambda c: c.evaluate("--json", "/proc/nope.json"),
+        ("--json /proc/nope.json: cannot write there, /proc is not writable",),
+    ),
+    Case(
         "evaluate-bootstrap-negative",
         "`tupe evaluate --bootstrap -1`",
         lambda c: c.evaluate("--bootstrap", "-1"),
