@@ -1085,6 +1085,16 @@ CASES += [
          lambda c: _finetune(c, "classification", _write(c.tmp / "cls.jsonl", '{"text": "good", "label": ["pos"]}\n'
                                                          '{"text": "bad", "label": "neg"}\n')),
          ("--train ", 'cls.jsonl:1: label ["pos"] is a list; expected one label',)),
+    Case("classification-label-empty-csv", "classification CSV with an empty label cell (was: a class `''` of its own)",
+         lambda c: _finetune(c, "classification", _write(c.tmp / "cls.csv", "text,label\ngood,pos\nbad,neg\nmeh,\n")),
+         ("--train ", "cls.csv:4: empty label ''; every example needs one",)),
+    Case("classification-label-blank-tsv", "classification TSV with a label of one space",
+         lambda c: _finetune(c, "classification", _write(c.tmp / "cls.tsv", "text\tlabel\ngood\tpos\nbad\t \n")),
+         ("--train ", "cls.tsv:3: empty label ' '",)),
+    Case("classification-label-empty-jsonl", 'classification JSONL with `"label": ""`',
+         lambda c: _finetune(c, "classification", _write(c.tmp / "cls.jsonl", '{"text": "good", "label": "pos"}\n'
+                                                         '{"text": "bad", "label": ""}\n')),
+         ("--train ", "cls.jsonl:2: empty label ''",)),
     Case("tokenizer-catastrophic-regex", "a model folder's tokenizer.json with the regex `(a+)+$` (`tupe evaluate`)",
          lambda c: ["evaluate", "--model", _catastrophic_regex(c),
                     "--text", _write(c.tmp / "a.txt", "a" * 50_000 + "b\n")],
