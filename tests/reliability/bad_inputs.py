@@ -260,6 +260,14 @@ CASES: list[Case] = [
         ("blank.txt", "is empty"),
     ),
     Case(
+        "corpus-jsonl-text-not-string",
+        'JSONL corpus whose line 3 has `"text": 5` (was: dropped without a word; a file of only such rows "is empty")',
+        lambda c: c.pretrain(
+            corpus=_write(c.tmp / "c.jsonl", '{"text": "one two"}\n{"text": "three"}\n{"text": 5}\n')
+        ),
+        ("c.jsonl:3: 'text' is a number 5, not text", "--skip-bad-text"),
+    ),
+    Case(
         "corpus-jsonl-bad-line",
         "JSON-lines corpus whose line 51 is not JSON",
         lambda c: c.pretrain(

@@ -266,7 +266,8 @@ def _add_data_arguments(g: Any) -> None:
     g.add_argument(
         "--skip-bad-text",
         action="store_true",
-        help="drop corpus lines that are not UTF-8 (one warning per file) instead of stopping",
+        help="drop corpus lines that are not UTF-8 and rows whose text is not a string (one warning per file) "
+        "instead of stopping",
     )
     g.add_argument(
         "--tokenizer",
