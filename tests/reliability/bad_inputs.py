@@ -1103,6 +1103,12 @@ CASES += [
          lambda c: _finetune(c, "classification", _write(c.tmp / "cls.jsonl", '{"text": "good", "label": "pos"}\n'
                                                          '{"text": "bad", "label": ""}\n')),
          ("--train ", "cls.jsonl:2: empty label ''",)),
+    Case("report-to-bogus-pretrain", "`--report-to bogus` (`tupe pretrain`; was: found after the data and the model)",
+         lambda c: c.pretrain(report_to="bogus"),
+         ("--report-to: unknown integration 'bogus'; choose from", "wandb")),
+    Case("report-to-bogus-glue", "`--report-to tensorboard,bogus` (`tupe glue`)",
+         lambda c: c.glue("--report-to", "tensorboard,bogus"),
+         ("--report-to: unknown integration 'bogus'",)),
     Case("tokenizer-catastrophic-regex", "a model folder's tokenizer.json with the regex `(a+)+$` (`tupe evaluate`)",
          lambda c: ["evaluate", "--model", _catastrophic_regex(c),
                     "--text", _write(c.tmp / "a.txt", "a" * 50_000 + "b\n")],

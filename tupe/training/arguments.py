@@ -128,6 +128,9 @@ class ResolvedConfig(PretrainConfig):
         from tupe.training.model import check_scheme
 
         check_scheme(self.scheme, self.attention_kernel, self.packing)
+        parse_report_to(
+            self.report_to
+        )  # wandb without wandb: one line before the data, the model, tupe_run.json
         if self.packing not in PACKINGS:
             raise TupeError(f"unknown --packing {self.packing!r}; choose one of: {', '.join(PACKINGS)}")
         if self.lr_scheduler not in LR_SCHEDULERS:
