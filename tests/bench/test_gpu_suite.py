@@ -254,3 +254,16 @@ def test_hushed_libraries_without_datasets(monkeypatch) -> None:
     with hushed_libraries(progress=False, quiet=True):
         assert transformers.utils.logging.get_verbosity() == transformers.utils.logging.ERROR
     assert transformers.utils.logging.get_verbosity() == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU-only machine")
+def test_flex_probe_on_a_cpu_says_it_tested_nothing(tmp_path: Path) -> None:
+    """Issue 49, item 16: benchmarks/gpu/flex_probe.py on a CPU exited 0 having tested nothing."""
+    script = ROOT / "benchmarks" / "gpu" / "flex_probe.py"
+    for extra, needle in (([], "no CUDA GPU here"), (["--timeout", "0"], "argument --timeout")):
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / "probe.json"), *extra], capture_output=True, text=True
+        )
+        err = done.stderr.strip()
+        assert done.returncode == 2 and err.startswith("flex_probe.py: error:") and "\n" not in err, done.stderr
+        assert needle in err and not (tmp_path / "probe.json").exists()
