@@ -262,8 +262,12 @@ def test_flex_probe_on_a_cpu_says_it_tested_nothing(tmp_path: Path) -> None:
     script = ROOT / "benchmarks" / "gpu" / "flex_probe.py"
     for extra, needle in (([], "no CUDA GPU here"), (["--timeout", "0"], "argument --timeout")):
         done = subprocess.run(
-            [sys.executable, str(script), str(tmp_path / "probe.json"), *extra], capture_output=True, text=True
+            [sys.executable, str(script), str(tmp_path / "probe.json"), *extra],
+            capture_output=True,
+            text=True,
         )
         err = done.stderr.strip()
-        assert done.returncode == 2 and err.startswith("flex_probe.py: error:") and "\n" not in err, done.stderr
+        assert done.returncode == 2 and err.startswith("flex_probe.py: error:") and "\n" not in err, (
+            done.stderr
+        )
         assert needle in err and not (tmp_path / "probe.json").exists()

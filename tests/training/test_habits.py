@@ -92,7 +92,8 @@ def test_report_to_and_hub_flags_reach_the_trainer(tmp_path: Path, monkeypatch) 
 
     from tupe.cli import build_parser
 
-    monkeypatch.setattr(integration_utils, "is_mlflow_available", lambda: True)  # installed or not: the plumbing
+    # mlflow installed or not: the plumbing is what is tested
+    monkeypatch.setattr(integration_utils, "is_mlflow_available", lambda: True)
     from tupe.training.arguments import config_from_args, pretrain_training_arguments
 
     args = build_parser("pretrain").parse_args(
