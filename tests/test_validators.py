@@ -68,6 +68,24 @@ def test_memory_limit_is_the_smallest_of_machine_cgroup_and_ulimit(monkeypatch) 
         )
 
 
+def test_memory_check_leaves_room_for_what_the_process_already_holds(monkeypatch) -> None:  # noqa: ANN001
+    """Issue 49, item 15: `tupe evaluate --lengths 19000` passed its check (9.45 of 9.54 GiB) and then failed to
+    allocate 2.9 GB with a traceback: the process's own memory (Python, torch, the model) was not counted."""
+    from tupe import validators as V
+
+    baseline = V.resident_bytes()
+    assert baseline > 50 * 2**20  # this process holds torch: far more than 50 MiB
+    need = 9 * 2**30
+    monkeypatch.setattr(
+        V, "physical_memory", lambda: need + baseline // 2
+    )  # fits alone, not beside the process
+    with pytest.raises(TupeError, match=r"--lengths 19000 .* needs about 9\.0 GiB of memory, more than this "
+                                        r"machine's .* GiB leaves beside this process's .* GiB"):  # fmt: skip
+        V.check_memory("--lengths 19000 with --batch-size 1", need)
+    monkeypatch.setattr(V, "physical_memory", lambda: need + 2 * baseline)
+    V.check_memory("--lengths 19000 with --batch-size 1", need)
+
+
 def test_activation_estimate_grows_with_batch_length_and_vocabulary() -> None:
     from tupe.validators import activation_bytes
 

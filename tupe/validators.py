@@ -219,10 +219,22 @@ def check_out_file(flag: str, path: str | os.PathLike) -> Path:
         if parent.exists():
             if not parent.is_dir():
                 raise TupeError(f"{flag} {p}: {parent} is a file, not a folder")
-            if not os.access(parent, os.W_OK | os.X_OK):
+            if not os.access(parent, os.W_OK | os.X_OK) or not _can_create_in(parent):
                 raise TupeError(f"{flag} {p}: cannot write there, {parent} is not writable")
             break
     return p
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder`: `os.access` says yes to root everywhere, also in /proc and /sys,
+    where nothing can be made. Probed with an unnamed temporary file (nothing is left, nothing is visible)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def check_path_kind(flag: str, path: str | os.PathLike, kind: str) -> Path:
@@ -300,14 +312,27 @@ def physical_memory() -> int | None:
     return total
 
 
+def resident_bytes() -> int:
+    """This process's resident memory now (Python, torch, what it has loaded), 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read(256).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):  # pragma: no cover - not Linux
+        return 0
+
+
 def check_memory(what: str, nbytes: int) -> None:
-    """Refuse, before any allocation, settings that need more memory than the machine has (one line naming them):
-    they would otherwise end in the kernel's OOM killer or an allocation abort."""
+    """Refuse, before any allocation, settings that need more memory than the machine has beside what this process
+    already holds (one line naming them): they would otherwise end in the kernel's OOM killer or an allocation
+    abort (`tupe evaluate --lengths 19000`: an estimate of 9.45 GiB passed a 9.54 GiB limit, and the process's
+    own gigabyte made the allocation fail)."""
     total = physical_memory()
-    if total is not None and nbytes > total:
+    baseline = resident_bytes()
+    if total is not None and nbytes + baseline > total:
+        beside = f" leaves beside this process's {baseline / 2**30:,.1f} GiB" if baseline else ""
         raise TupeError(
             f"{what} needs about {nbytes / 2**30:,.1f} GiB of memory, more than this machine's "
-            f"{total / 2**30:,.1f} GiB: choose smaller values"
+            f"{total / 2**30:,.1f} GiB{beside}: choose smaller values"
         )
 
 

@@ -56,18 +56,34 @@ def child(options: dict, seq_len: int, batch: int) -> None:
     print(json.dumps({"compile_s": compile_s, "fwd_bwd_ms": 1e3 * times[len(times) // 2]}))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out")
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--timeout", type=float, default=60, help="seconds per candidate")
-    parser.add_argument("--max-ok", type=int, default=2, help="stop after this many candidates worked")
+def main(argv: list[str] | None = None) -> int:
+    """The probe; a bad flag, or no CUDA GPU, is one line and exit code 2 before any candidate (on a CPU it used to
+    exit 0 having tested nothing)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tupe
+    from tupe.errors import TupeError
+    from tupe.scripts import ScriptParser, claim_output_file
+    from tupe.validators import float_range, int_range
+
+    parser = ScriptParser(prog="flex_probe.py", description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="the JSON file of the candidates' results")
+    parser.add_argument("--seq-len", type=int_range(2, 1 << 20), default=512)
+    parser.add_argument("--batch", type=int_range(1), default=16)
+    parser.add_argument(
+        "--timeout", type=float_range(0, lo_open=True), default=60, help="seconds per candidate"
+    )
+    parser.add_argument(
+        "--max-ok", type=int_range(1), default=2, help="stop after this many candidates worked"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child is not None:
         child(json.loads(args.child), args.seq_len, args.batch)
         return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise TupeError("no CUDA GPU here: the probe compiles flex_attention's GPU kernels; run it on a GPU")
+    claim_output_file("OUT", args.out, "flex_probe.py")
     rows = []
     for options in CANDIDATES:
         cmd = [sys.executable, __file__, args.out, "--child", json.dumps(options)]
@@ -95,4 +111,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tupe.scripts import run_script
+
+    sys.exit(run_script(main, prog="flex_probe.py"))

@@ -14,11 +14,15 @@ Nothing else changes: casing, the all-capitals headlines and datelines ("BRUSSEL
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from sacremoses import MosesDetokenizer
+
+from tupe.errors import TupeError
+from tupe.io.files import atomic_write_text
+from tupe.scripts import ScriptParser, run_script
+from tupe.validators import check_out_file, check_path_kind
 
 
 def read_articles(path: Path) -> list[list[list[str]]]:
@@ -33,7 +37,14 @@ def read_articles(path: Path) -> list[list[list[str]]]:
             articles[-1].append(list(sentence))
             sentence.clear()
 
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise TupeError(
+            f"{path}: not UTF-8 text (invalid byte 0x{err.object[err.start]:02x} at byte offset {err.start}); "
+            "CoNLL-2003 is distributed as UTF-8 (convert it with iconv)"
+        ) from None
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             end_sentence()
@@ -43,10 +54,13 @@ def read_articles(path: Path) -> list[list[list[str]]]:
         else:
             fields = line.split(" ")
             if len(fields) < 2:
-                raise SystemExit(f"{path}:{number}: not a CoNLL token line (token and tags): {line!r}")
+                raise TupeError(f"{path}:{number}: not a CoNLL token line (token and tags): {line!r}")
             sentence.append(fields[0])
     end_sentence()
-    return [a for a in articles if a]
+    articles = [a for a in articles if a]
+    if not articles:
+        raise TupeError(f"{path}: no token lines (an empty file, or only -DOCSTART- and blank lines)")
+    return articles
 
 
 def join_negations(tokens: list[str]) -> list[str]:
@@ -67,19 +81,24 @@ def news_text(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="conll_news.py", description=__doc__.split("\n\n")[0])
     p.add_argument("conll", type=Path, help="a CoNLL-2003 file (train.txt)")
-    p.add_argument("out", type=Path, help="the text file to write")
+    p.add_argument("out", type=Path, help="the text file to write (new, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     args = p.parse_args(argv)
-    if not args.conll.is_file():
-        raise SystemExit(f"{args.conll}: no such file")
+    check_path_kind("CONLL", args.conll, "file")
+    check_out_file("OUT", args.out)
+    if args.out.exists() and args.out.samefile(args.conll):
+        raise TupeError(f"OUT {args.out} is the input file CONLL; give another file to write")
+    if args.out.exists() and not args.overwrite:
+        raise TupeError(f"OUT {args.out} exists; pass --overwrite to replace it, or give a new file")
     text = news_text(args.conll)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text, encoding="utf-8")
+    atomic_write_text(args.out, text)
     articles = text.count("\n\n") + 1
     print(f"{args.out}: {articles} articles, {len(text.split())} words", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_script(main, prog="conll_news.py"))

@@ -14,21 +14,31 @@ with `tupe.bench.gpu_studies.paragraph_corpus`).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from tupe.bench.gpu_studies import paragraph_corpus
+from tupe.data import DEFAULT_CORPUS_DIR
+from tupe.errors import TupeError
+from tupe.scripts import ScriptParser, run_script
+from tupe.validators import check_out_folder
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", type=Path, help="folder to write (created; its .txt files are replaced)")
+    p = ScriptParser(prog="paragraph_documents.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path, help="folder to write: new, empty, or an earlier output of this script")
     args = p.parse_args(argv)
+    check_out_folder("OUT", args.out)
+    books = {b.name.removesuffix(".gz") for b in DEFAULT_CORPUS_DIR.glob("*.txt.gz")}
+    foreign = sorted(e.name for e in args.out.iterdir() if e.name not in books) if args.out.is_dir() else []
+    if foreign:
+        raise TupeError(
+            f"OUT {args.out} holds {foreign[0]!r}, which this script did not write; give a new folder"
+        )
     paragraphs = paragraph_corpus(args.out)
     print(f"{paragraphs:,} paragraphs (documents) -> {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, prog="paragraph_documents.py"))

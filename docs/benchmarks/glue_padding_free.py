@@ -67,17 +67,46 @@ def padding_share(lengths: list[int], batches: list[list[int]]) -> float:
     return 1 - real / total
 
 
+def _earlier_results(path: Path) -> dict[str, Any]:
+    """`--json`'s results of earlier runs (a task there is skipped): an existing file must be this script's (an
+    object of results by task), read whole; a file of the user's or a damaged one is refused in one line."""
+    from tupe.errors import TupeError
+    from tupe.io.reading import read_json
+    from tupe.scripts import claim_output_file
+    from tupe.validators import check_out_file
+
+    check_out_file("--json", path)
+    if path.is_file() and not path.is_symlink():
+        results = read_json(path, "results of glue_padding_free.py")
+        if not all(isinstance(v, dict) and "task" in v for v in results.values()):
+            raise TupeError(
+                f"--json {path} holds something other than this script's results; choose another file"
+            )
+        return results
+    claim_output_file("--json", path, "glue_padding_free.py")
+    return {}
+
+
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The benchmark; a bad flag is a `TupeError` (one line, exit 2 from the command line) before any work."""
+    from tupe.glue.tasks import get_task
+    from tupe.scripts import ScriptParser, check_device
+    from tupe.training.model import check_scheme
+    from tupe.training.presets import get_preset
+    from tupe.validators import MAX_THREADS, check_path_kind, int_range
+
+    p = ScriptParser(prog="glue_padding_free.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", required=True, help="the GLUE root (TASK/train.tsv, ...)")
     p.add_argument("--tasks", default="CoLA,SST-2")
     p.add_argument("--preset", default="mini", help="the model shape and length (mini: 128, base: 512)")
     p.add_argument("--scheme", default="tupe-a")
-    p.add_argument("--batch-size", type=int, default=32, help="default 32, the paper's")
-    p.add_argument("--steps", type=int, default=20, help="timed rounds (one step of each; default 20)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-seq-len", type=int, default=None, help="default: the preset's length")
+    p.add_argument("--batch-size", type=int_range(1), default=32, help="default 32, the paper's")
+    p.add_argument(
+        "--steps", type=int_range(1), default=20, help="timed rounds (one step of each; default 20)"
+    )
+    p.add_argument("--warmup", type=int_range(0), default=2, help="untimed rounds first (default 2)")
+    p.add_argument("--threads", type=int_range(1, MAX_THREADS), default=1)
+    p.add_argument("--max-seq-len", type=int_range(2), default=None, help="default: the preset's length")
     p.add_argument(
         "--tokenizer", default=None, help="a tokenizer folder (default: a BPE trained on the tasks)"
     )
@@ -89,6 +118,15 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--json", default=None, help="results by task, kept across runs (a task there is skipped)")
     args = p.parse_args(argv)
+    check_device("--device", args.device)
+    check_scheme(args.scheme)
+    get_preset(args.preset)
+    check_path_kind("--data-dir", args.data_dir, "folder")
+    if args.tokenizer:
+        check_path_kind("--tokenizer", args.tokenizer, "folder")
+    for name in args.tasks.split(","):
+        get_task(name)
+    earlier = _earlier_results(Path(args.json)) if args.json else {}
 
     import torch
 
@@ -107,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     shape = preset_shape(args.preset)
     length = args.max_seq_len or get_preset(args.preset)["max_length"]
     out = Path(args.json) if args.json else None
-    results: dict[str, Any] = json.loads(out.read_text()) if out and out.exists() else {}
+    results: dict[str, Any] = earlier
     tasks = [get_task(t) for t in args.tasks.split(",")]
     data = {t.name: load_task(t, args.data_dir) for t in tasks}
     texts = [s for d in data.values() for s in d.train.text_a + [x for x in d.train.text_b or [] if x]]
@@ -210,10 +248,14 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{task.name}: padding share {result['padding_share']:.1%} at batch {args.batch_size}")
         results[key] = result
         if out:
-            out.write_text(json.dumps(results, indent=1) + "\n")
+            from tupe.io.files import atomic_write_text
+
+            atomic_write_text(out, json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))
     return results
 
 
 if __name__ == "__main__":
-    main()
+    from tupe.scripts import run_script
+
+    sys.exit(run_script(main, prog="glue_padding_free.py"))

@@ -23,7 +23,6 @@ benchmarks/gpu/run.sh) each step is timed between two `torch.cuda.synchronize()`
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -63,27 +62,41 @@ def _honours_positions(model: Any, batch: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scheme", default="tupe-a")
+    """The benchmark; a bad flag is a `TupeError` (one line, exit 2 from the command line) before any work."""
+    from tupe.scripts import ScriptParser, check_device, claim_output_file
+    from tupe.validators import MAX_THREADS, int_range
+
+    p = ScriptParser(prog="packing_step.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--scheme", default="tupe-a", help="a scheme that keeps attention inside documents")
     p.add_argument("--preset", default="mini")
     p.add_argument(
-        "--rounds", type=int, default=30, help="timed rounds (one step of each packing; default 30)"
+        "--rounds", type=int_range(1), default=30, help="timed rounds (one step of each packing; default 30)"
     )
-    p.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--warmup", type=int_range(0), default=3, help="untimed rounds first (default 3)")
+    p.add_argument("--threads", type=int_range(1, MAX_THREADS), default=1)
     p.add_argument("--corpus", nargs="+", default=None, help="default: the built-in corpus")
     p.add_argument("--cache-dir", default=None)
-    p.add_argument("--batch-size", type=int, default=None, help="default: the preset's")
-    p.add_argument("--max-seq-len", type=int, default=None, help="default: the preset's")
-    p.add_argument("--vocab-size", type=int, default=None, help="default: the preset's")
-    p.add_argument("--hidden-size", type=int, default=None, help="default: the preset's (heads: width / 32)")
-    p.add_argument("--valid-every", type=int, default=None, help="default: the preset's")
+    p.add_argument("--batch-size", type=int_range(1), default=None, help="default: the preset's")
+    p.add_argument("--max-seq-len", type=int_range(2), default=None, help="default: the preset's")
+    p.add_argument("--vocab-size", type=int_range(8), default=None, help="default: the preset's")
+    p.add_argument(
+        "--hidden-size", type=int_range(1), default=None, help="default: the preset's (heads: width / 32)"
+    )
+    p.add_argument("--valid-every", type=int_range(2), default=None, help="default: the preset's")
     p.add_argument("--json", default=None, help="also write the result here")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument(
         "--autocast", choices=("bfloat16", "float16"), default=None, help="autocast dtype (default none)"
     )
     args = p.parse_args(argv)
+    check_device("--device", args.device)
+    from tupe.training.model import check_scheme
+    from tupe.training.presets import get_preset
+
+    check_scheme(args.scheme, packing="documents")  # hf-bert attends across documents: no documents step
+    get_preset(args.preset)
+    if args.json:
+        claim_output_file("--json", args.json, "packing_step.py")
 
     import torch
 
@@ -210,10 +223,13 @@ def main(argv: list[str] | None = None) -> dict:
             file=sys.stderr,
         )
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
+        from tupe.io.files import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(result, indent=1))
     return result
 
 
 if __name__ == "__main__":
-    main()
+    from tupe.scripts import run_script
+
+    sys.exit(run_script(main, prog="packing_step.py"))

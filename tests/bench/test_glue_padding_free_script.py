@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ..helpers import load_script
 
 
@@ -51,3 +53,40 @@ def test_glue_padding_free_benchmark_runs_and_resumes(tmp_path: Path, capsys) ->
     assert "(target 1.5x)" in capsys.readouterr().out
     assert _script().main(argv) == result  # both tasks there: skipped
     assert capsys.readouterr().err.count("skipped") == 2
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
+        (["--batch-size", "0"], "argument --batch-size"),
+        (["--device", "cuda"], "--device cuda: no CUDA device is available"),
+        (["--json", "FOLDER"], "is a folder, expected a file"),
+        (["--json", "/proc/nope.json"], "--json /proc/nope.json: cannot write there"),
+        (["--json", "MINE"], "holds something other than this script's results"),
+        (["--json", "BROKEN"], "not valid JSON"),
+        (["--tasks", "SST-9"], "unknown GLUE task 'SST-9'"),
+        (["--data-dir", "NOPE"], "--data-dir"),
+    ],
+)
+def test_bad_flags_are_one_line_before_any_work(tmp_path: Path, capsys, argv, needle) -> None:  # noqa: ANN001
+    """Issue 49, item 15: --steps 0, --batch-size 0, --device cuda on a CPU, a folder or /proc as --json ended
+    in tracebacks."""
+    import torch
+
+    from tupe.scripts import run_script
+
+    from ..glue.fixtures import write_task
+
+    if torch.cuda.is_available() and "cuda" in argv:
+        pytest.skip("CUDA is available here")
+    write_task(tmp_path / "glue", "SST-2")
+    mine, broken = tmp_path / "mine.json", tmp_path / "broken.json"
+    mine.write_text('{"my": "results"}\n')
+    broken.write_text('{"SST-2/mini": {"task": ')
+    names = {"FOLDER": tmp_path, "MINE": mine, "BROKEN": broken, "NOPE": tmp_path / "nope"}
+    argv = ["--data-dir", str(tmp_path / "glue"), "--tasks", "SST-2", *(str(names.get(a, a)) for a in argv)]
+    assert run_script(_script().main, argv, prog="glue_padding_free.py") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("glue_padding_free.py: error:") and "\n" not in err and needle in err, err
+    assert mine.read_text() == '{"my": "results"}\n'

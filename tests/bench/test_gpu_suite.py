@@ -68,6 +68,68 @@ def test_cpu_dry_run_runs_every_stage(tmp_path: Path) -> None:
     assert not list(out.rglob("*.safetensors"))
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_work_folder_of_the_users_is_refused_untouched(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """Issue 49, item 11: `--work` used to be `shutil.rmtree`d whatever it held (exit 0)."""
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "notes.txt").write_text("my notes\n")
+    (work / "sub" / "results.csv").write_text("a,b\n1,2\n")
+    before = _tree(work)
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--device", "cpu", "--smoke", "--stages", "end-to-end", "--work", str(work)]
+    assert gpu_suite.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--work" in err and "notes.txt" in err, err
+    assert _tree(work) == before and not out.exists()  # nothing run, nothing made
+
+
+def test_only_a_scratch_folder_the_suite_made_is_emptied(tmp_path: Path) -> None:
+    from tupe.scripts import claim_scratch_folder, reset_scratch_folder
+
+    work = tmp_path / "work"
+    reset_scratch_folder(work, gpu_suite.WORK_MARKER)  # new: made and marked
+    (work / "model.safetensors").write_bytes(b"scratch of the last run")
+    assert claim_scratch_folder("--work", work, gpu_suite.WORK_MARKER) == work
+    reset_scratch_folder(work, gpu_suite.WORK_MARKER)
+    assert [p.name for p in work.iterdir()] == [gpu_suite.WORK_MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert claim_scratch_folder("--work", empty, gpu_suite.WORK_MARKER) == empty
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--device", "cpu"], "--device cpu runs the base shapes"),  # item 16: no --smoke
+        (
+            ["--device", "cpu", "--smoke", "--stages", "steps,long,steps"],
+            "--stages: steps given more than once",
+        ),
+        (["--device", "cpu", "--smoke", "--budget", "0"], "argument --budget"),
+        (["--device", "cpu", "--smoke", "--e2e-steps", "0"], "argument --e2e-steps"),
+        (["--device", "tpu", "--smoke"], "argument --device"),
+    ],
+)
+def test_flags_are_refused_in_one_line_before_any_stage(tmp_path: Path, capsys, extra, needle) -> None:  # noqa: ANN001
+    out = tmp_path / "out"
+    assert gpu_suite.main(["--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu_suite: error:") and "\n" not in err and needle in err, err
+    assert not out.exists()
+
+
+def test_an_out_folder_of_other_files_is_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "summary.md").write_text("my summary\n")
+    assert gpu_suite.main(["--out", str(out), "--device", "cpu", "--smoke"]) == 2
+    assert "--out" in capsys.readouterr().err and (out / "summary.md").read_text() == "my summary\n"
+
+
 def _row(label: str, scheme: str, backend: str, step_s: float, tflops: float = 1.0) -> dict:
     return {
         "label": label,
@@ -192,3 +254,20 @@ def test_hushed_libraries_without_datasets(monkeypatch) -> None:
     with hushed_libraries(progress=False, quiet=True):
         assert transformers.utils.logging.get_verbosity() == transformers.utils.logging.ERROR
     assert transformers.utils.logging.get_verbosity() == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU-only machine")
+def test_flex_probe_on_a_cpu_says_it_tested_nothing(tmp_path: Path) -> None:
+    """Issue 49, item 16: benchmarks/gpu/flex_probe.py on a CPU exited 0 having tested nothing."""
+    script = ROOT / "benchmarks" / "gpu" / "flex_probe.py"
+    for extra, needle in (([], "no CUDA GPU here"), (["--timeout", "0"], "argument --timeout")):
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / "probe.json"), *extra],
+            capture_output=True,
+            text=True,
+        )
+        err = done.stderr.strip()
+        assert done.returncode == 2 and err.startswith("flex_probe.py: error:") and "\n" not in err, (
+            done.stderr
+        )
+        assert needle in err and not (tmp_path / "probe.json").exists()

@@ -6,6 +6,9 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+import torch
+
 from ..helpers import load_script
 
 
@@ -26,3 +29,35 @@ def test_packing_step_benchmark_runs_at_a_tiny_shape(tmp_path: Path, capsys) -> 
     assert 0 <= result["documents_padding_share"] < 1
     assert isinstance(result["position_ids_honoured"], bool)
     assert "x target)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            ["--scheme", "hf-bert"],
+            "hf-bert",
+        ),  # issue 49, item 14: was a ratio and "position_ids_honoured": true
+        (["--scheme", "tupe-x"], "unknown scheme 'tupe-x'"),
+        (["--rounds", "0"], "argument --rounds: must be an integer >= 1, got 0"),
+        (["--batch-size", "0"], "argument --batch-size"),
+        (["--device", "cuda"], "--device cuda: no CUDA device is available"),
+        (["--json", "FOLDER"], "is a folder, expected a file"),
+        (["--json", "/proc/nope.json"], "--json /proc/nope.json: cannot write there"),
+        (["--json", "MINE"], "exists and tupe did not write it"),
+    ],
+)
+def test_bad_flags_are_one_line_before_any_work(tmp_path: Path, capsys, argv, needle) -> None:  # noqa: ANN001
+    if torch.cuda.is_available() and "cuda" in argv:
+        pytest.skip("CUDA is available here")
+    from tupe.scripts import run_script
+
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"my": "results"}\n')
+    argv = [{"FOLDER": str(tmp_path), "MINE": str(mine)}.get(a, a) for a in argv]
+    script = load_script("docs/benchmarks/packing_step.py")
+    argv += ["--cache-dir", str(tmp_path / "cache")]
+    assert run_script(script.main, argv, prog="packing_step.py") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("packing_step.py: error:") and "\n" not in err and needle in err, err
+    assert not (tmp_path / "cache").exists() and mine.read_text() == '{"my": "results"}\n'

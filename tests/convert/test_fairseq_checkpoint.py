@@ -4,6 +4,7 @@ and the "fused" layout of its unmerged pull request), against the released forwa
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 
@@ -241,6 +242,14 @@ def test_what_tupe_cannot_represent_is_refused_by_name(tmp_path, bpe):
     path, *_ = _checkpoint(tmp_path, bpe, activation_fn="swish")
     with pytest.raises(TupeError, match="activation_fn='swish'"):
         TupeForMaskedLM.from_fairseq(path)
+    # issue 49, item 16: a string where fairseq saves an integer read "encoder_layers=2 but the weights hold 2"
+    path, args, sd, _ = _checkpoint(tmp_path, bpe)
+    for name, value in (("encoder_layers", str(args.encoder_layers)), ("encoder_embed_dim", 16.0)):
+        save_checkpoint(path, argparse.Namespace(**{**vars(args), name: value}), sd)
+        with pytest.raises(
+            TupeError, match=rf"args\.{name}={value!r} is a {type(value).__name__}, not an integer"
+        ):
+            TupeForMaskedLM.from_fairseq(path)
     # a dictionary of another model
     path, *_ = _checkpoint(tmp_path, bpe)
     short = tmp_path / "short.txt"

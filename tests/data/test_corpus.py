@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,7 @@ def test_parquet_and_json_files_rows_are_documents(tmp_path: Path, hf_cache: Pat
 
     rows = {"text": ["a b\nc", "", "d"], "id": [1, 2, 3]}
     datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "part-0.parquet"))
-    (tmp_path / "more.jsonl").write_text('{"text": "e f", "id": 4}\n{"text": null, "id": 5}\n{"text": "g"}\n')
+    (tmp_path / "more.jsonl").write_text('{"text": "e f", "id": 4}\n{"text": "", "id": 5}\n{"text": "g"}\n')
     (tmp_path / "list.json").write_text('[{"body": "h"}, {"body": "i j"}]')
     corpus = resolve_corpus([str(tmp_path / "part-0.parquet"), str(tmp_path / "more.jsonl")])
     assert not corpus.files and [p.name for p in corpus.tables] == ["part-0.parquet", "more.jsonl"]
@@ -153,6 +154,34 @@ def test_parquet_and_json_files_rows_are_documents(tmp_path: Path, hf_cache: Pat
         != before
     )
     assert not list(Path(hf_cache).rglob("*.arrow"))  # streamed: no copy of the data in the cache
+
+
+def test_rows_whose_text_is_not_a_string_are_named_or_skipped_with_a_warning(
+    tmp_path: Path, hf_cache: Path, capsys
+) -> None:  # noqa: ANN001
+    """Issue 49, item 14: rows whose text is null, a number or a list were dropped without a word (307 rows ->
+    "300 documents"; a file of only such rows "is empty"). They stop the run, naming the line (JSONL) or row
+    (parquet), as undecodable text does; --skip-bad-text drops them with one warning giving the count and the
+    first."""
+    import datasets
+
+    good = [json.dumps({"text": f"row {i}"}) for i in range(300)]
+    bad = ['{"text": null}', '{"text": 5}', '{"text": ["a"]}', '{"text": {"a": 1}}', '{"text": true}']
+    lines = good[:3] + bad + good[3:] + bad[:2]  # the first bad row is line 4
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(TupeError, match=r"c\.jsonl:4: 'text' is null, not text; .*--skip-bad-text"):
+        _docs(resolve_corpus([str(tmp_path / "c.jsonl")]))
+    docs = _docs(resolve_corpus([str(tmp_path / "c.jsonl")], skip_bad_text=True))
+    assert len(docs) == 300
+    warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
+    assert warnings == [f"warning: corpus file {tmp_path / 'c.jsonl'}: skipped 7 row(s) whose 'text' is not text "
+                        "(first at line 4)"]  # fmt: skip
+    datasets.Dataset.from_dict({"text": ["a", None, "b"]}).to_parquet(str(tmp_path / "t.parquet"))
+    with pytest.raises(TupeError, match=r"t\.parquet row 2: 'text' is null, not text"):
+        _docs(resolve_corpus([str(tmp_path / "t.parquet")]))
+    (tmp_path / "only.jsonl").write_text('{"text": 1}\n{"text": 2}\n')
+    with pytest.raises(TupeError, match=r"only\.jsonl:1: 'text' is a number 1"):
+        _docs(resolve_corpus([str(tmp_path / "only.jsonl")]))
 
 
 def test_missing_text_column_names_the_columns_before_any_work(tmp_path: Path, hf_cache: Path) -> None:

@@ -536,3 +536,61 @@ def test_torch_compile_keeps_packed_documents():
     _close(got.logits, want.logits, tol, "logits")
     for name, grad in want_grads.items():
         _close(got_grads["_orig_mod." + name], grad, tol, name)
+
+
+@pytest.mark.parametrize("scheme", ["tupe-r", "rope", "bert-a"])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("position_ids", torch.tensor([[0.0, 0.5, 1.0, 2.0, 3.0]])),  # was truncated: 0, 0, 1, 2, 3
+        ("position_ids", torch.ones(1, 5, dtype=torch.bool)),  # was all ones
+        (
+            "position_ids",
+            torch.tensor([[0.0, 1.0, float("nan"), 3.0, 4.0]]),
+        ),  # was position -9223372036854775808
+        ("position_ids", torch.arange(5, dtype=torch.float16)[None]),
+        ("cu_seq_lens_q", torch.tensor([0.0, 2.5, 5.0])),  # was truncated to [0, 2, 5]
+        ("seq_idx", torch.tensor([[0.0, 0.0, 1.0, 1.0, 1.0]])),
+    ],
+)
+def test_positions_and_boundaries_that_are_not_integers_are_refused(scheme, name, value):
+    """Issue 49, item 14: float and bool position ids were truncated to other positions; BERT refuses them."""
+    model = _model(scheme).eval()
+    ids = torch.randint(5, 50, (1, 5))
+    with pytest.raises(
+        ValueError, match=rf"^{name} must be an integer tensor \(torch.long\), got torch\.\w+$"
+    ):
+        model(ids, **{name: value})
+    integer = value.nan_to_num(2).long() if name != "cu_seq_lens_q" else torch.tensor([0, 2, 5])
+    with torch.no_grad():
+        model(ids, **{name: integer})  # the same values as integers run
+
+
+def test_multiple_choice_takes_one_row_of_positions_for_every_choice_as_bert_does():
+    """Issue 49, item 16: (n,) position_ids failed with `not enough values to unpack`; BERT broadcasts them."""
+    model = _model("tupe-r", cls=TupeForMultipleChoice).eval()
+    ids = torch.randint(5, 50, (2, 3, 8))
+    shifted = torch.arange(2, 10)
+    with torch.no_grad():
+        want = model(ids, position_ids=shifted.expand(2, 3, 8)).logits
+        torch.testing.assert_close(model(ids, position_ids=shifted).logits, want, atol=0, rtol=0)
+    with pytest.raises(
+        ValueError, match=r"position_ids has shape \(2, 8\); .*\(2, 3, 8\) or \(length,\) = \(8,\)"
+    ):
+        model(ids, position_ids=shifted.expand(2, 8))
+    with pytest.raises(ValueError, match="position_ids must be an integer tensor"):
+        model(ids, position_ids=shifted.float())
+
+
+def test_sequence_classification_does_not_count_padding_at_position_0_as_documents():
+    """Issue 49, item 16: padding given position 0 (a common way to write positions of a padded batch) made every
+    pad token a "document": logits for 5 documents of a batch of 2, and no error without labels."""
+    model = _model("tupe-r", cls=TupeForSequenceClassification).eval()
+    ids = torch.randint(5, 50, (2, 6))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0) * mask  # 0..5 / 0, 1, 2, 0, 0, 0
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask, position_ids=positions).logits
+        want = model(ids, attention_mask=mask).logits
+    assert got.shape == (2, 3)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)

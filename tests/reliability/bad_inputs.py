@@ -260,6 +260,14 @@ CASES: list[Case] = [
         ("blank.txt", "is empty"),
     ),
     Case(
+        "corpus-jsonl-text-not-string",
+        'JSONL corpus whose line 3 has `"text": 5` (was: dropped without a word; a file of only such rows "is empty")',
+        lambda c: c.pretrain(
+            corpus=_write(c.tmp / "c.jsonl", '{"text": "one two"}\n{"text": "three"}\n{"text": 5}\n')
+        ),
+        ("c.jsonl:3: 'text' is a number 5, not text", "--skip-bad-text"),
+    ),
+    Case(
         "corpus-jsonl-bad-line",
         "JSON-lines corpus whose line 51 is not JSON",
         lambda c: c.pretrain(
@@ -842,6 +850,12 @@ CASES: list[Case] = [
         ("--json", "is a folder, expected a file"),
     ),
     Case(
+        "evaluate-json-proc",
+        "`tupe evaluate --json /proc/nope.json` (was: blamed on another `tupe evaluate` when run as root)",
+        lambda c: c.evaluate("--json", "/proc/nope.json"),
+        ("--json /proc/nope.json: cannot write there, /proc is not writable",),
+    ),
+    Case(
         "evaluate-bootstrap-negative",
         "`tupe evaluate --bootstrap -1`",
         lambda c: c.evaluate("--bootstrap", "-1"),
@@ -1079,6 +1093,22 @@ CASES += [
          lambda c: _finetune(c, "classification", _write(c.tmp / "cls.jsonl", '{"text": "good", "label": ["pos"]}\n'
                                                          '{"text": "bad", "label": "neg"}\n')),
          ("--train ", 'cls.jsonl:1: label ["pos"] is a list; expected one label',)),
+    Case("classification-label-empty-csv", "classification CSV with an empty label cell (was: a class `''` of its own)",
+         lambda c: _finetune(c, "classification", _write(c.tmp / "cls.csv", "text,label\ngood,pos\nbad,neg\nmeh,\n")),
+         ("--train ", "cls.csv:4: empty label ''; every example needs one",)),
+    Case("classification-label-blank-tsv", "classification TSV with a label of one space",
+         lambda c: _finetune(c, "classification", _write(c.tmp / "cls.tsv", "text\tlabel\ngood\tpos\nbad\t \n")),
+         ("--train ", "cls.tsv:3: empty label ' '",)),
+    Case("classification-label-empty-jsonl", 'classification JSONL with `"label": ""`',
+         lambda c: _finetune(c, "classification", _write(c.tmp / "cls.jsonl", '{"text": "good", "label": "pos"}\n'
+                                                         '{"text": "bad", "label": ""}\n')),
+         ("--train ", "cls.jsonl:2: empty label ''",)),
+    Case("report-to-bogus-pretrain", "`--report-to bogus` (`tupe pretrain`; was: found after the data and the model)",
+         lambda c: c.pretrain(report_to="bogus"),
+         ("--report-to: unknown integration 'bogus'; choose from", "wandb")),
+    Case("report-to-bogus-glue", "`--report-to tensorboard,bogus` (`tupe glue`)",
+         lambda c: c.glue("--report-to", "tensorboard,bogus"),
+         ("--report-to: unknown integration 'bogus'",)),
     Case("tokenizer-catastrophic-regex", "a model folder's tokenizer.json with the regex `(a+)+$` (`tupe evaluate`)",
          lambda c: ["evaluate", "--model", _catastrophic_regex(c),
                     "--text", _write(c.tmp / "a.txt", "a" * 50_000 + "b\n")],

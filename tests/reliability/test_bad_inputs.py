@@ -158,3 +158,31 @@ def test_a_rust_panic_is_one_error_line(monkeypatch, capfd) -> None:  # noqa: AN
         "search error: retry-limit-in-match over); check the tokenizer's tokenizer.json"
     ], err
     assert "Traceback" not in err and "stack backtrace" not in err, err
+
+
+def test_report_to_an_integration_not_installed_is_one_line_before_any_work(
+    ctx: Ctx, capsys, monkeypatch
+) -> None:  # noqa: ANN001
+    """Issue 49, item 15: `--report-to wandb` without wandb was a 25-line traceback from inside the Trainer, after
+    the data and the model were loaded, and `tupe pretrain` had already written tupe_run.json (the corrected
+    rerun was then refused as "already holds this run"). Now one line, before any file is made."""
+    from transformers.integrations import integration_utils
+
+    from .bad_inputs import _finetune, _write
+
+    monkeypatch.setattr(
+        integration_utils, "is_wandb_available", lambda: False
+    )  # whether installed here or not
+    train = _write(
+        ctx.tmp / "cls.jsonl", '{"text": "good", "label": "pos"}\n{"text": "bad", "label": "neg"}\n'
+    )
+    for argv, out in (
+        (ctx.pretrain(report_to="wandb"), ctx.tmp / "out"),
+        (ctx.glue("--report-to", "wandb"), ctx.tmp / "g"),
+        ([*_finetune(ctx, "classification", train), "--report-to", "wandb"], ctx.tmp / "ft"),
+    ):
+        code, _, err = run_cli(argv, capsys)
+        assert_user_error(code, err, "--report-to wandb: wandb is not installed (pip install wandb)")
+        assert not out.exists(), (
+            argv
+        )  # no run folder, no tupe_run.json: the rerun without the flag starts clean

@@ -54,9 +54,20 @@ def test_records_of_both_packings_and_the_report(
     assert cp.main(["record", "--runs", str(tmp_path / "documents"), "--packing", "documents", "--records",
                     str(records)]) == 0  # fmt: skip
     assert (records / "documents" / "tupe-a-seed-1.json").stat().st_mtime_ns == mtime
-    with pytest.raises(SystemExit, match="trained with --packing stream, not documents"):
-        cp.main(["record", "--runs", str(tmp_path / "stream"), "--packing", "documents", "--records",
-                 str(tmp_path / "other")])  # fmt: skip
+    assert (
+        cp.main(
+            [
+                "record",
+                "--runs",
+                str(tmp_path / "stream"),
+                "--packing",
+                "documents",
+                "--records",
+                str(tmp_path / "other"),
+            ]
+        )
+        == 2
+    )  # fmt: skip  (trained with --packing stream, not documents)
 
     out = tmp_path / "report"
     assert cp.main(["report", "--records", str(records), "--out", str(out)]) == 0
@@ -67,3 +78,33 @@ def test_records_of_both_packings_and_the_report(
     assert diffs == pytest.approx([d - s for s, d in zip(loss["stream"], loss["documents"])])
     table = (out / "packing.md").read_text()
     assert "| tupe-a | " in table and "Uniform attention: 0.0312 over a 32-token block." in table
+
+
+def test_a_one_seed_comparison_is_found_and_empty_folders_are_refused(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """Issue 49, item 16: `record` did nothing on the --out of a one-seed `tupe compare` (its runs are SCHEME/, not
+    SCHEME/seed-K/) and `report` wrote empty tables for a missing records folder, both exit 0."""
+    cp = _script()
+    one = tmp_path / "one-seed"
+    for scheme in ("bert-a", "tupe-a"):
+        (one / scheme).mkdir(parents=True)
+        (one / scheme / "config.json").write_text("{}")
+    (one / "compare_run.json").write_text(
+        json.dumps({"format": 1, "schemes": ["bert-a", "tupe-a"], "seeds": [3]})
+    )
+    assert cp.finished_runs(one) == {("bert-a", 3): one / "bert-a", ("tupe-a", 3): one / "tupe-a"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (["record", "--runs", str(empty), "--packing", "stream", "--records", str(tmp_path / "rec")], "no finished run"),
+        (["record", "--runs", str(tmp_path / "nope"), "--packing", "stream", "--records", str(tmp_path / "rec")],
+         "--runs"),
+        (["report", "--records", str(tmp_path / "nope"), "--out", str(tmp_path / "report")], "--records"),
+        (["report", "--records", str(empty), "--out", str(tmp_path / "report")], "no record"),
+        (["record", "--runs", str(one), "--packing", "stream", "--records", str(tmp_path / "rec"), "--blocks", "0"],
+         "argument --blocks"),
+    ]  # fmt: skip
+    for argv, needle in cases:
+        assert cp.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("compare_packing.py: error:") and "\n" not in err and needle in err, err
+    assert not (tmp_path / "rec").exists() and not (tmp_path / "report").exists()

@@ -87,8 +87,13 @@ def test_one_tensorboard_value_per_quantity_and_step(finished_run: Path) -> None
     assert len(acc.Scalars("train/tokens_per_second_since_start")) == 3  # one a logged step
 
 
-def test_report_to_and_hub_flags_reach_the_trainer(tmp_path: Path) -> None:
+def test_report_to_and_hub_flags_reach_the_trainer(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from transformers.integrations import integration_utils
+
     from tupe.cli import build_parser
+
+    # mlflow installed or not: the plumbing is what is tested
+    monkeypatch.setattr(integration_utils, "is_mlflow_available", lambda: True)
     from tupe.training.arguments import config_from_args, pretrain_training_arguments
 
     args = build_parser("pretrain").parse_args(

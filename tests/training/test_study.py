@@ -100,3 +100,104 @@ def test_study_stages_on_tiny_runs(
     assert "SST-2 dev acc." in table and "| majority class (SST-2) |" in table
     row = next(line for line in table.splitlines() if line.startswith("| rope |"))
     assert row.rstrip(" |").endswith("(1 pre-training seed)")
+
+
+def _model(seed: int) -> dict:
+    return {"name": f"bert-a/seed-{seed}", "loss": {"value": 5.0 + seed}, "word_order_delta": {"value": 1.0}}
+
+
+def _entry(seed: int, key: str, x: int) -> dict:
+    return {"model": f"bert-a/seed-{seed}", key: x, "evaluated": True, "loss": {"value": 6.0 + seed},
+            "accuracy_minus_guess": {"value": 0.1 * seed}}  # fmt: skip
+
+
+def _stage_files(out: Path) -> dict[str, str]:
+    """Stage files of a study of bert-a x seeds 0,1 (the keys the summary reads, values made up)."""
+    model, entry = _model, _entry
+    files = {
+        "ood-built-in.json": {"models": [model(0), model(1)]},
+        "lengths-none.json": {"settings": {"lengths": [32]}, "by_length": [entry(0, "length", 32), entry(1, "length", 32)]},
+        "passkey-none.json": {"settings": {"distances": [4]}, "by_distance": [entry(0, "distance", 4), entry(1, "distance", 4)]},
+    }  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    for name, value in files.items():
+        (out / name).write_text(json.dumps(value))
+    return {name: (out / name).read_text() for name in files}
+
+
+@pytest.mark.parametrize(
+    "name, damage, needle",
+    [
+        ("lengths-none.json", lambda t: t[: len(t) // 2], "lengths-none.json:1: not valid JSON"),  # cut short
+        ("ood-built-in.json", lambda t: "", "ood-built-in.json:1: not valid JSON"),  # emptied
+        ("lengths-none.json", lambda t: t.replace('"by_length"', '"rows"'), "no 'by_length'"),  # was KeyError
+        (
+            "passkey-none.json",
+            lambda t: t.replace('"evaluated"', '"done"'),
+            "an entry of 'by_distance' lacks",
+        ),
+    ],
+)
+def test_a_damaged_stage_file_is_done_again_on_resume_and_named_by_the_summary(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    name: str,
+    damage,
+    needle: str,  # noqa: ANN001
+) -> None:
+    """Issue 49, item 15: --resume kept a stage file that merely existed (truncated, empty, missing keys) and the
+    summary then died on it (`JSONDecodeError`, `KeyError: 'by_length'`)."""
+    from tupe.comparison.study import _done
+
+    out = tmp_path / "study"
+    texts = _stage_files(out)
+    common = [
+        "--out",
+        str(out),
+        "--schemes",
+        "bert-a",
+        "--seeds",
+        "0,1",
+        "--extend-methods",
+        "none",
+        "--no-progress",
+    ]
+    assert main([*common, "--stages", "summary"]) == 0  # whole files: read
+    (out / name).write_text(damage(texts[name]))
+    capsys.readouterr()
+    assert main([*common, "--stages", "summary"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("study: error:") and "\n" not in err and name in err and needle in err, err
+    logged: list[str] = []
+    assert _done(out / name, True, logged.append) is False  # --resume does the stage again
+    assert needle in logged[0] and "the stage is done again" in logged[0]
+    assert _done(
+        out / "ood-built-in.json" if "ood" not in name else out / "lengths-none.json", True, logged.append
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--ood-text", "NOPE"], "--ood-text: corpus path not found"),  # was: found after the train stage
+        (["--stages", "train,passkey", "--probe-text", "NOPE"], "--probe-text: corpus path not found"),
+        (
+            ["--glue-pretrain-seeds", "0,7"],
+            "--glue-pretrain-seeds 0,7: seed(s) 7 are not among the study's --seeds",
+        ),
+        (["--stages", "train,ood,train"], "--stages: train given more than once"),
+        (["--glue-data", "NOPE"], "--glue-data"),
+    ],
+)
+def test_flags_are_checked_before_the_train_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], needle: str
+) -> None:
+    """Issue 49, item 16: a missing --ood-text was reported after the whole train stage, naming `tupe evaluate`'s
+    flags; --glue-pretrain-seeds outside --seeds said "run tupe glue first"."""
+    out = tmp_path / "study"
+    extra = [str(tmp_path / "nope.txt") if a == "NOPE" else a for a in extra]
+    argv = ["--out", str(out), "--schemes", "bert-a", "--seeds", "0,1", "--max-steps", "1", "--no-progress"]
+    assert main([*argv, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("study: error:") and "\n" not in err and needle in err, err
+    assert not (out / "runs").exists()  # nothing trained

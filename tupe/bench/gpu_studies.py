@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import shutil
 import sys
 import tarfile
@@ -239,12 +240,21 @@ def models_to_return(work: Path, budget: int = MODEL_RETURN_BYTES) -> list[Path]
 
 def write_archive(src: Path, dest: Path, part_bytes: int = ARCHIVE_PART_BYTES) -> list[Path]:
     """`src` as one gzipped tar at `dest`, or `dest.part00`, `dest.part01`, ... of at most `part_bytes` each
-    (`cat dest.part* > dest` joins them); earlier archives at `dest` are replaced. Returns the files written."""
+    (`cat dest.part* > dest` joins them); earlier archives at `dest` are replaced, and an archive inside `src` is
+    not packed into itself. Returns the files written."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + ".tmp")
+    own = re.compile(
+        re.escape(dest.name) + r"(\.tmp|\.part\d+)?"
+    )  # an archive inside `src` leaves itself out
+
+    def leave_out_own(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        path = src.parent / member.name
+        return None if path.parent.resolve() == dest.parent.resolve() and own.fullmatch(path.name) else member
+
     with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
         with tarfile.open(fileobj=gz, mode="w") as tar:
-            tar.add(src, arcname=src.name)
+            tar.add(src, arcname=src.name, filter=leave_out_own)
     for old in [dest, *dest.parent.glob(dest.name + ".part*")]:
         if old.name != tmp.name:
             old.unlink(missing_ok=True)

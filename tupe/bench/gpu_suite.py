@@ -44,13 +44,16 @@ import gc
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tupe.errors import TupeError
+from tupe.scripts import ScriptParser, claim_scratch_folder, reset_scratch_folder, run_script
+from tupe.validators import check_out_file, float_range, int_range
 
 from .children import child_env, end_on_sigterm, python_command, run_logged
 from .gpu_studies import packing_speed_lines, stage_packing_speed, stage_studies, studies_lines, write_archive
@@ -63,6 +66,8 @@ STAGES = (*DEFAULT_STAGES, "packing-speed", "studies")
 SHARES = {"cuda-tests": 100, "steps": 150, "profile": 60, "long": 140, "end-to-end": 90, "packing-speed": 90,
           "studies": 400}  # fmt: skip
 MIN_STAGE_S = 25  # a stage with less time than this left is skipped
+WORK_MARKER = ".tupe-gpu-suite-work"  # written into the --work the suite makes: only such a folder is emptied
+OUT_MARKER = ".tupe-gpu-suite"  # written into --out: a rerun may write over the suite's own results there
 
 # dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, FLOP/s; the MFU denominator
 DENSE_BF16_PEAKS = (
@@ -528,9 +533,7 @@ def stage_end_to_end(args: argparse.Namespace, out: Path, timeout: float) -> dic
     deadline = time.monotonic() + timeout
     # scratch (the model, checkpoints, the cache: GBs at base) outside --out, which holds results only
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tupe-gpu-e2e-"))
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    reset_scratch_folder(work, WORK_MARKER)  # main() refused a --work of the user's before any stage
     env = child_env()
     env["TUPE_CACHE"] = str(work / "cache")
     if args.smoke:
@@ -808,15 +811,25 @@ def write_summary(out: Path, env: dict, stages: dict) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = ScriptParser(
         prog="benchmarks/gpu/run.sh",
         description="The GPU benchmark suite (docs/benchmarks.md, 'GPU'): cuda tests, training steps at base, "
         "long sequences, tupe pretrain end to end (and, when named, issue 36's packing timings and the open issues' "
         "studies), inside a time budget; results under --out as they come.",
     )
     parser.add_argument("--out", required=True, help="results folder (created; JSON, logs, summary.md)")
-    parser.add_argument("--budget", type=float, default=540.0, help="seconds for all stages (default 540)")
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (with --smoke: the dry run)")
+    parser.add_argument(
+        "--budget",
+        type=float_range(0, lo_open=True),
+        default=540.0,
+        help="seconds for all stages (default 540)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cuda (default) or cpu (with --smoke: the dry run)",
+    )
     parser.add_argument(
         "--smoke", action="store_true", help="tiny shapes: checks the script, measures nothing"
     )
@@ -841,7 +854,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="studies and packing-speed: the study folders, kept between calls to resume (default %(default)s)",
     )
     parser.add_argument(
-        "--studies-parallel", type=int, default=36, help="studies: runs trained at once (default 36)"
+        "--studies-parallel",
+        type=int_range(1, 1024),
+        default=36,
+        help="studies: runs trained at once (default 36)",
     )
     parser.add_argument(
         "--glue-data",
@@ -859,11 +875,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="not fp16",
         help="pytest -k of the cuda-tests stage (default %(default)r: fp16 saves a third of the compiles; '' = all)",
     )
-    parser.add_argument("--e2e-steps", type=int, default=300, help="timed steps of end-to-end (default 300)")
+    parser.add_argument(
+        "--e2e-steps", type=int_range(1), default=300, help="timed steps of end-to-end (default 300)"
+    )
     parser.add_argument(
         "--work",
         default=None,
-        help="scratch folder of end-to-end, emptied first (default: a new temporary folder)",
+        help="scratch folder of end-to-end, emptied first: new, empty, or one the suite made (default: a new "
+        "temporary folder)",
     )
     parser.add_argument(
         "--long-schemes",
@@ -877,6 +896,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         parser.error(f"--stages: unknown {', '.join(unknown)}; choose from {', '.join(STAGES)}")
+    _refuse_repeats(parser, "--stages", stages)
     args.stages = stages
     from .gpu_studies import job_names
 
@@ -885,7 +905,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [j for j in args.studies if j not in names]
     if unknown:
         parser.error(f"--studies: unknown {', '.join(unknown)}; choose from {', '.join(names)}")
+    _refuse_repeats(parser, "--studies", args.studies)
+    if args.device == "cpu" and not args.smoke and not (args.long_child or args.profile_child):
+        parser.error("--device cpu runs the base shapes for hours; add --smoke for the CPU dry run")
     return args
+
+
+def _refuse_repeats(parser: argparse.ArgumentParser, flag: str, names: list[str]) -> None:
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        parser.error(f"{flag}: {', '.join(repeated)} given more than once")
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """--out, --work and --archive, before any stage: nothing of the user's is written over or emptied."""
+    out = claim_results_folder(args.out)
+    if args.work:
+        work = claim_scratch_folder("--work", args.work, WORK_MARKER)
+        if work.resolve() == out.resolve() or out.resolve() in work.resolve().parents:
+            raise TupeError(
+                f"--work {work} is inside --out {out}, which holds results only; give another folder"
+            )
+    if args.archive:
+        check_out_file("--archive", args.archive)
+
+
+def claim_results_folder(path: str) -> Path:
+    """--out: new, empty, or the results of an earlier run of the suite (its marker, or its summary.json), whose
+    files the suite writes again; a folder of other files is refused before any stage."""
+    from tupe.validators import check_out_folder
+
+    out = check_out_folder("--out", path)
+    if out.is_dir() and not (out / OUT_MARKER).is_file() and not (out / "summary.json").is_file():
+        entries = sorted(e.name for e in out.iterdir())
+        if entries:
+            raise TupeError(
+                f"--out {out} is not empty and holds no results of the suite (it holds {entries[0]!r}); "
+                "give a new or empty folder"
+            )
+    return out
 
 
 RUNNERS = {
@@ -900,25 +958,28 @@ RUNNERS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The suite; a bad flag or path is one line `run.sh: error: ...` and exit code 2 before any stage."""
+    return run_script(_main, argv, prog="gpu_suite")
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.long_child:
-        return long_child(args)
-    if args.profile_child:
-        return profile_child(args)
-    t_start = time.monotonic()
-    end_on_sigterm()
+    if args.long_child or args.profile_child:  # the suite's own children, in the --out it checked
+        out.mkdir(parents=True, exist_ok=True)
+        return long_child(args) if args.long_child else profile_child(args)
+    check_paths(args)
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            print(
-                "error: --device cuda but torch.cuda.is_available() is False (use --device cpu --smoke for the "
-                "dry run)",
-                file=sys.stderr,
+            raise TupeError(
+                "--device cuda but torch.cuda.is_available() is False (use --device cpu --smoke for the dry run)"
             )
-            return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / OUT_MARKER).touch()
+    t_start = time.monotonic()
+    end_on_sigterm()
     env = environment(args.device)
     print("environment:", json.dumps(env, indent=1), flush=True)
     _write_json(out / "environment.json", env)

@@ -53,9 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from tupe import validators as V
     from tupe.evaluation import EXTEND_METHODS
     from tupe.evaluation.passkey import DEFAULT_DISTANCES
+    from tupe.scripts import ScriptParser
     from tupe.training.arguments import DEMO_STEPS, add_packing_argument, attention_kernel_name
 
-    p = argparse.ArgumentParser(prog="python -m tupe.comparison.study", description=__doc__.split("\n\n")[0])
+    p = ScriptParser(prog="python -m tupe.comparison.study", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=V.nonempty_path, help="study folder (outside the repository)")
     p.add_argument(
         "--schemes", help="comma-separated schemes (default: every scheme in tupe.POSITION_SCHEMES)"
@@ -134,6 +135,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.stages.split(",")) - set(STAGES)
     if unknown:
         p.error(f"--stages: unknown {', '.join(sorted(unknown))}; choose from {', '.join(STAGES)}")
+    stages = args.stages.split(",")
+    if len(set(stages)) != len(stages):
+        p.error(
+            f"--stages: {', '.join(sorted({x for x in stages if stages.count(x) > 1}))} given more than once"
+        )
     unknown = set(args.extend_methods.split(",")) - set(EXTEND_METHODS)
     if unknown:
         p.error(
@@ -147,8 +153,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# what each stage's result file must hold for the summary to read it: top-level keys, and the keys of the
+# entries of its list
+STAGE_KEYS = {
+    "ood": (("models",), "models", ("name", "loss", "word_order_delta")),
+    "lengths": (("settings", "by_length"), "by_length", ("model", "length", "evaluated")),
+    "passkey": (("settings", "by_distance"), "by_distance", ("model", "distance", "evaluated")),
+}
+
+
+def read_stage(path: Path) -> dict[str, Any]:
+    """A stage's result file (`ood-*.json`, `lengths-*.json`, `passkey-*.json`), checked: a file cut short, empty
+    or without the keys the summary reads is a one-line `TupeError` naming it (not a `JSONDecodeError` or
+    `KeyError: 'by_length'` further on)."""
+    from tupe.io.reading import RESULTS_LIMIT, read_json
+
+    stage = path.name.split("-", 1)[0]
+    top, entries, keys = STAGE_KEYS[stage]
+    result = read_json(path, f"the study's {stage} result", RESULTS_LIMIT)
+    missing = [k for k in top if k not in result]
+    if not missing and not isinstance(result[entries], list):
+        missing = [entries]
+    bad = next((e for e in result.get(entries) or [] if not isinstance(e, dict) or set(keys) - set(e)), None)
+    if missing or bad is not None:
+        what = f"no {', '.join(map(repr, missing))}" if missing else f"an entry of {entries!r} lacks {keys}"
+        raise TupeError(f"{path}: {what}; not a complete {stage} result of the study")
+    return result
+
+
 def _done(path: Path, resume: bool, log) -> bool:  # noqa: ANN001
+    """Whether `--resume` keeps the stage's file: one that exists and reads whole; a damaged one (cut short by a
+    kill, emptied, edited) is done again, with a line saying so."""
     if resume and path.exists():
+        try:
+            read_stage(path)
+        except TupeError as err:
+            log(f"--resume: {err}; the stage is done again")
+            return False
         log(f"--resume: {path} exists, stage kept")
         return True
     return False
@@ -211,6 +252,32 @@ def _glue(runs: dict[str, Path], out: Path, args: argparse.Namespace, log) -> No
         )
 
 
+def check_inputs(args: argparse.Namespace, stages: list[str], seeds: list[int]) -> None:
+    """The texts, the GLUE data and the seeds to fine-tune, checked before the train stage (hours), each error
+    naming the study's own flag."""
+    from tupe.comparison.compare import parse_seeds
+    from tupe.evaluation.runs import resolve_text
+    from tupe.validators import check_path_kind
+
+    texts = [("--ood-text", paths, args.ood_text_column) for paths in args.ood_text or [] if "ood" in stages]
+    texts += [("--length-text", args.length_text, "text")] if "lengths" in stages else []
+    texts += [("--probe-text", args.probe_text, "text")] if "passkey" in stages else []
+    for flag, paths, column in texts:
+        try:
+            resolve_text(paths, column)
+        except TupeError as err:
+            raise TupeError(f"{flag}: {err}") from None
+    if "glue" in stages and args.glue_data:
+        check_path_kind("--glue-data", Path(args.glue_data) / "SST-2", "folder")
+    if args.glue_pretrain_seeds:
+        outside = sorted(set(parse_seeds(args.glue_pretrain_seeds)) - set(seeds))
+        if outside:
+            raise TupeError(
+                f"--glue-pretrain-seeds {args.glue_pretrain_seeds}: seed(s) {', '.join(map(str, outside))} are not "
+                f"among the study's --seeds {','.join(map(str, seeds))}"
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     from tupe.comparison.compare import compare, parse_schemes, parse_seeds
     from tupe.evaluation.evaluate import Settings, load_eval_model
@@ -227,6 +294,7 @@ def run(args: argparse.Namespace) -> int:
     if len(seeds) < 2:
         raise TupeError("--seeds: the study needs at least two seeds (a spread)")
     stages = args.stages.split(",")
+    check_inputs(args, stages, seeds)
     runs = _runs(out, schemes, seeds)
 
     def log(msg: str) -> None:
@@ -378,8 +446,10 @@ def _stage_columns(
         path = out / f"{stage}-{ext}.json"
         if not path.exists():
             continue
-        result = json.loads(path.read_text())
+        result = read_stage(path)
         found = {(e["model"], e[point]): e for e in result[entries]}
+        if not isinstance(result["settings"], dict) or points not in result["settings"]:
+            raise TupeError(f"{path}: no settings.{points}; not a complete {stage} result of the study")
         for x in result["settings"][points]:
             col = label.format(x, ext)
             cols.append(col)
@@ -404,7 +474,7 @@ def summarize(
     for text in texts:
         path = out / f"ood-{text}.json"
         if path.exists():
-            by_name = {m["name"]: m for m in json.loads(path.read_text())["models"]}
+            by_name = {m["name"]: m for m in read_stage(path)["models"]}
             for s in schemes:
                 ms = [by_name.get(f"{s}/seed-{k}") for k in seeds]
                 rows[s][f"ood:{text}"] = [m["loss"]["value"] if m else None for m in ms]
@@ -466,11 +536,10 @@ def summarize(
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(parse_args(argv))
-    except TupeError as err:
-        print(f"study: error: {err}", file=sys.stderr)
-        return 2
+    """The study; a bad flag, path or stage file is one line `study: error: ...` and exit code 2."""
+    from tupe.scripts import run_script
+
+    return run_script(lambda a: run(parse_args(a)), argv, prog="study")
 
 
 if __name__ == "__main__":

@@ -423,6 +423,40 @@ def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[st
         raise TupeError(f"corpus file {path} is empty (no text)")
 
 
+def _kind(value: object) -> str:
+    """`null`, `a number 5`, `a list`: what a row holds instead of text, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool | int | float):
+        return f"a number {value!r}" if not isinstance(value, bool) else f"a boolean {value!r}"
+    return {list: "a list", dict: "an object"}.get(type(value), f"a {type(value).__name__}")
+
+
+def _row_line(what: str, index: int) -> int | None:
+    """The line of a JSON-lines corpus file that holds its `index`-th record (blank lines are not records), or
+    None for other sources (CSV, parquet, `datasets` folders: rows)."""
+    prefix = "corpus file "
+    path = Path(what.removeprefix(prefix))
+    if not what.startswith(prefix) or path.suffix.lower() != ".jsonl":
+        return None
+    try:
+        with open(path, "rb") as fh:
+            seen = -1
+            for number, line in enumerate(fh, 1):
+                seen += bool(line.strip())
+                if seen == index:
+                    return number
+    except OSError:
+        pass
+    return None
+
+
+def _row_place(what: str, index: int) -> str:
+    """`corpus file F.jsonl:LINE`, else `WHAT row N` (1-based)."""
+    line = _row_line(what, index)
+    return f"{what}:{line}" if line is not None else f"{what} row {index + 1}"
+
+
 def iter_line_batches(
     corpus: Corpus, batch_lines: int = 20000
 ) -> Iterator[tuple[list[str], list[bool], int]]:
@@ -459,9 +493,20 @@ def iter_line_batches(
             lines_out, ends, n_chars = [], [], 0
     for what, ds in corpus.row_sources():
         n_rows = 0
+        index = -1
+        bad: list[
+            int
+        ] = []  # rows whose text is not a string (null, a number, a list), dropped by --skip-bad-text
         for texts in tables.iter_texts(ds, corpus.text_column, what):
             for row in texts:
+                index += 1
                 if not isinstance(row, str):
+                    if not corpus.skip_bad_text:
+                        raise TupeError(
+                            f"{_row_place(what, index)}: {corpus.text_column!r} is {_kind(row)}, not text; fix or "
+                            "remove the row, or pass --skip-bad-text to drop rows that are not text"
+                        )
+                    bad.append(index)
                     continue
                 row_lines = [
                     p for s in (ln.strip() for ln in row.split("\n")) if s for p in split_long_line(s)
@@ -473,6 +518,11 @@ def iter_line_batches(
             if len(lines_out) >= batch_lines:
                 yield lines_out, ends, done
                 lines_out, ends = [], []
+        if bad:
+            _warn_once(
+                f"{what}: skipped {len(bad)} row(s) whose {corpus.text_column!r} is not text (first at "
+                + (f"line {line})" if (line := _row_line(what, bad[0])) is not None else f"row {bad[0] + 1})")
+            )
         if n_rows == 0:
             raise TupeError(f"{what} is empty (no text in column {corpus.text_column!r})")
     if lines_out:

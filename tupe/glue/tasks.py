@@ -265,6 +265,15 @@ def _check_score(task: GlueTask, score: float, what: str) -> float:
     return score
 
 
+def _any_label(raw: object, where: str) -> str:
+    """A label of a label set learnt from the file (`tupe finetune --task classification`): any text but none, so
+    that an empty cell is not a class of its own (a 3-way head `['', 'neg', 'pos']`); `tupe glue` refuses it too."""
+    value = str(raw).strip()
+    if not value:
+        raise TupeError(f"{where}: empty label {raw!r}; every example needs one (or remove the row)")
+    return value
+
+
 def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
     value = raw.strip()
     if task.is_regression:
@@ -276,7 +285,7 @@ def _parse_label(task: GlueTask, raw: str, where: str) -> int | float:
             ) from None
         return _check_score(task, score, f"{where}: score {raw!r}")
     if task.tsv_labels == ANY_LABEL:
-        return value  # type: ignore[return-value]  (a label set still to be learnt from the file)
+        return _any_label(raw, where)  # type: ignore[return-value]  (a label set still to be learnt from the file)
     try:
         return task.tsv_labels.index(value)
     except ValueError:
@@ -440,7 +449,10 @@ def _split_from_dataset(task: GlueTask, ds, where: str) -> Split:  # noqa: ANN00
     if task.tsv_labels == ANY_LABEL:
         names = getattr(ds.features["label"], "names", None)  # a ClassLabel: its names
         labels = [
-            names[x] if names and isinstance(x, int) and 0 <= x < len(names) else str(x) for x in labels
+            names[x]
+            if names and isinstance(x, int) and 0 <= x < len(names)
+            else _any_label(x, f"{where} row {i}")
+            for i, x in enumerate(labels)
         ]
     elif task.is_regression:
         labels = [_check_score(task, float(x), f"{where} row {i}: score {x!r}") for i, x in enumerate(labels)]
@@ -614,7 +626,7 @@ def split_from_json(task: GlueTask, path: str | Path) -> Split:
                 "or a number)"
             )
         if task.tsv_labels == ANY_LABEL:
-            label = str(raw)
+            label = _any_label(raw, where)
         elif not task.is_regression and isinstance(raw, int) and not isinstance(raw, bool):
             if not 0 <= raw < task.num_labels:
                 raise TupeError(f"{where}: unknown label {raw!r} for {task.name}")

@@ -266,6 +266,15 @@ def _arg(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
 
+def _int_arg(args: argparse.Namespace, name: str, default: int, ckpt: str) -> int:
+    """An integer of the checkpoint's `args`: a string `"2"` or a float is named as such (it used to read
+    `args.encoder_layers=2 but the weights hold 2 layers`)."""
+    value = _arg(args, name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TupeError(f"{ckpt}: args.{name}={value!r} is a {type(value).__name__}, not an integer")
+    return value
+
+
 def _shape(sd: dict[str, torch.Tensor], key: str, ckpt: str) -> tuple[int, ...]:
     if key not in sd:
         raise TupeError(f"{ckpt}: missing tensor {key}")
@@ -303,13 +312,13 @@ def config_from_fairseq(
     if layers != list(range(len(layers))) or not layers:
         raise TupeError(f"{ckpt}: encoder layers {layers[:5]}... are not numbered 0..n-1")
     n_layers = len(layers)
-    if _arg(args, "encoder_layers", n_layers) != n_layers:
+    if _int_arg(args, "encoder_layers", n_layers, ckpt) != n_layers:
         raise TupeError(
-            f"{ckpt}: args.encoder_layers={args.encoder_layers} but the weights hold {n_layers} layers"
+            f"{ckpt}: args.encoder_layers={args.encoder_layers!r} but the weights hold {n_layers} layers"
         )
-    if _arg(args, "encoder_embed_dim", hidden) != hidden:
+    if _int_arg(args, "encoder_embed_dim", hidden, ckpt) != hidden:
         raise TupeError(
-            f"{ckpt}: args.encoder_embed_dim={args.encoder_embed_dim} but the embeddings are {hidden} wide"
+            f"{ckpt}: args.encoder_embed_dim={args.encoder_embed_dim!r} but the embeddings are {hidden} wide"
         )
     heads = _arg(args, "encoder_attention_heads")
     if heads is None:  # not saved: the relative table's columns, else fairseq's bert_base default

@@ -121,6 +121,18 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
+def _check_integer_ids(**tensors: torch.Tensor | None) -> None:
+    """`position_ids`, `cu_seq_lens_q` and `seq_idx` are integers: a float or bool tensor would be truncated to
+    other positions (0.5 -> 0, True -> 1, NaN -> a huge negative), so it is refused, as BERT's embedding refuses
+    float position ids."""
+    for name, t in tensors.items():
+        if t is not None and (
+            not torch.is_tensor(t) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool
+        ):
+            got = t.dtype if torch.is_tensor(t) else type(t).__name__
+            raise ValueError(f"{name} must be an integer tensor (torch.long), got {got}")
+
+
 def _document_starts(
     shape: tuple[int, int],
     device: torch.device,
@@ -594,6 +606,7 @@ class TupeModel(TupePreTrainedModel):
         one. Refused: positions outside the model's range (`_check_positions`), a shape that does not match."""
         b, n = shape
         device = self.embeddings.word_embeddings.weight.device if device is None else device
+        _check_integer_ids(position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q, seq_idx=seq_idx)
         if position_ids is not None:
             if tuple(position_ids.shape) != (b, n):
                 if position_ids.dim() == 1 and position_ids.shape[0] == n:
@@ -1023,6 +1036,8 @@ class TupeForSequenceClassification(TupePreTrainedModel):
             kwargs.get("cu_seq_lens_q"),
             kwargs.get("seq_idx"),
         )
+        if starts is not None and attention_mask is not None:  # padding given position 0 starts no document
+            starts = starts & attention_mask.to(starts.device).bool()
         if starts is not None and bool(starts[:, 1:].any()):
             # documents in a row: one row of logits per document, from its first token ([CLS]), in reading order
             hidden = hidden[starts][:, None]  # (documents, 1, hidden)
@@ -1180,6 +1195,17 @@ class TupeForMultipleChoice(TupePreTrainedModel):
                 "seq_idx) is not supported; pass (batch, choices, n) rows"
             )
         if position_ids is not None:
+            _check_integer_ids(position_ids=position_ids)
+            b, n = source.shape[0], source.shape[2]
+            if (
+                position_ids.dim() == 1 and position_ids.shape[0] == n
+            ):  # one row for every choice, as BERT reads it
+                position_ids = position_ids.expand(b, choices, n)
+            if tuple(position_ids.shape) != (b, choices, n):
+                raise ValueError(
+                    f"position_ids has shape {tuple(position_ids.shape)}; TupeForMultipleChoice takes (batch, "
+                    f"choices, length) = {(b, choices, n)} or (length,) = ({n},)"
+                )
             position_ids = flat(position_ids)
             starts = _document_starts(
                 tuple(position_ids.shape), position_ids.device, position_ids, None, None

@@ -128,6 +128,9 @@ class ResolvedConfig(PretrainConfig):
         from tupe.training.model import check_scheme
 
         check_scheme(self.scheme, self.attention_kernel, self.packing)
+        parse_report_to(
+            self.report_to
+        )  # wandb without wandb: one line before the data, the model, tupe_run.json
         if self.packing not in PACKINGS:
             raise TupeError(f"unknown --packing {self.packing!r}; choose one of: {', '.join(PACKINGS)}")
         if self.lr_scheduler not in LR_SCHEDULERS:
@@ -266,7 +269,8 @@ def _add_data_arguments(g: Any) -> None:
     g.add_argument(
         "--skip-bad-text",
         action="store_true",
-        help="drop corpus lines that are not UTF-8 (one warning per file) instead of stopping",
+        help="drop corpus lines that are not UTF-8 and rows whose text is not a string (one warning per file) "
+        "instead of stopping",
     )
     g.add_argument(
         "--tokenizer",

@@ -17,7 +17,13 @@ def default_report_to() -> str:
 
 
 def parse_report_to(text: str | list[str] | None) -> list[str]:
-    """`--report-to` as the Trainer's list: "tensorboard,wandb" -> ["tensorboard", "wandb"]; "none" -> []."""
+    """`--report-to` as the Trainer's list: "tensorboard,wandb" -> ["tensorboard", "wandb"]; "none" -> [].
+
+    Checked when the command starts, before any data, model or run record (one line naming the name): an
+    integration transformers does not know, or one whose package is not installed (`wandb` without wandb), would
+    otherwise fail inside the Trainer after the data and the model were loaded."""
+    from tupe.errors import TupeError
+
     if text is None:
         text = default_report_to()
     items = text if isinstance(text, list) else [t.strip() for t in str(text).split(",")]
@@ -25,8 +31,40 @@ def parse_report_to(text: str | list[str] | None) -> list[str]:
     if not items or items == ["none"]:
         return []
     if "none" in items:
-        raise ValueError(f"--report-to: 'none' cannot be combined with other integrations, got {text!r}")
+        raise TupeError(f"--report-to: 'none' cannot be combined with other integrations, got {text!r}")
+    check_integrations(items)
     return items
+
+
+def check_integrations(names: list[str]) -> None:
+    """Every name is one of transformers' reporting integrations (or "all"), and installed."""
+    from transformers.integrations import integration_utils as iu
+
+    from tupe.errors import TupeError
+
+    known = sorted(iu.INTEGRATION_TO_CALLBACK)
+    checked = {  # the integrations whose package transformers can look for (the others it cannot tell)
+        "azure_ml": iu.is_azureml_available, "comet_ml": iu.is_comet_available,
+        "dagshub": iu.is_dagshub_available, "dvclive": iu.is_dvclive_available, "mlflow": iu.is_mlflow_available,
+        "neptune": iu.is_neptune_available, "tensorboard": iu.is_tensorboard_available,
+        "wandb": iu.is_wandb_available, "codecarbon": iu.is_codecarbon_available,
+        "clearml": iu.is_clearml_available, "swanlab": iu.is_swanlab_available, "trackio": iu.is_trackio_available,
+    }  # fmt: skip
+    for name in names:
+        if name == "all":
+            continue
+        if name not in known:
+            raise TupeError(
+                f"--report-to: unknown integration {name!r}; choose from {', '.join(known)}, all or none"
+            )
+        available = checked.get(name)
+        if available is not None and not available():
+            package = {"azure_ml": "azureml-core", "comet_ml": "comet-ml", "tensorboard": "tensorboard"}.get(
+                name, name
+            )
+            raise TupeError(
+                f"--report-to {name}: {package} is not installed (pip install {package}), or drop it"
+            )
 
 
 def add_report_arguments(p: argparse.ArgumentParser | Any) -> None:

@@ -48,11 +48,33 @@ SST2_SAMPLES = 8000  # the study's SST-2 subset (RESULTS A.7)
 
 
 def finished_runs(runs: Path) -> dict[tuple[str, int], Path]:
-    """Every finished run (config.json written) of a `tupe compare` folder, by (scheme, seed)."""
+    """Every finished run (config.json written) of a `tupe compare` folder, by (scheme, seed): `SCHEME/seed-K/` of
+    a comparison of several seeds, `SCHEME/` of one seed (its seed read from `compare_run.json`). None found is a
+    one-line error naming the folder (it used to do nothing, exit 0)."""
+    from tupe.errors import TupeError
+    from tupe.io.reading import read_json
+    from tupe.validators import check_path_kind
+
+    check_path_kind("--runs", runs, "folder")
     found = {}
     for cfg in sorted(runs.glob("*/seed-*/config.json")):
         d = cfg.parent
         found[(d.parent.name, int(d.name.split("-", 1)[1]))] = d
+    single = sorted(runs.glob("*/config.json"))
+    if single:
+        record = runs / "compare_run.json"
+        seeds = read_json(record, "comparison record").get("seeds") if record.is_file() else None
+        if not isinstance(seeds, list) or len(seeds) != 1:
+            raise TupeError(
+                f"--runs {runs}: runs of one seed ({single[0].parent.name}/) but no compare_run.json naming that "
+                "seed; not the --out of a `tupe compare`"
+            )
+        found |= {(cfg.parent.name, int(seeds[0])): cfg.parent for cfg in single}
+    if not found:
+        raise TupeError(
+            f"--runs {runs}: no finished run (SCHEME/seed-K/config.json, or SCHEME/config.json for one seed); "
+            "not the --out of a finished `tupe compare`"
+        )
     return found
 
 
@@ -167,22 +189,24 @@ def mean_std_cell(values: list[float]) -> str:
 
 def record(args: argparse.Namespace) -> int:
     """Measure every finished run of `--runs` that has no complete record yet and write its record."""
+    from tupe.errors import TupeError
     from tupe.evaluation.command import versions
     from tupe.evaluation.runs import resolve_text
     from tupe.io.files import atomic_write_text
 
+    runs = finished_runs(args.runs)  # none: one line, before any folder is made
     folder = args.records / args.packing
     folder.mkdir(parents=True, exist_ok=True)
     sst2_seeds = {int(x) for x in args.sst2_seeds.split(",")} if args.sst2_data else set()
     corpus = None
-    for (scheme, seed), run in sorted(finished_runs(args.runs).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (scheme, seed), run in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         path = folder / f"{scheme}-seed-{seed}.json"
         rec = json.loads(path.read_text()) if path.exists() else {}
         if rec.get("run", {}).get("packing") not in (None, args.packing):
-            raise SystemExit(f"{path}: a record of packing {rec['run']['packing']}, not {args.packing}")
+            raise TupeError(f"{path}: a record of packing {rec['run']['packing']}, not {args.packing}")
         trained = json.loads((run / "pretrain_summary.json").read_text()).get("packing", "stream")
         if trained != args.packing:  # a stream run's summary names no packing
-            raise SystemExit(f"{run}: trained with --packing {trained}, not {args.packing}")
+            raise TupeError(f"{run}: trained with --packing {trained}, not {args.packing}")
         wanted = {"pretraining", "ood", "cls"} | ({"sst2"} if seed in sst2_seeds else set())
         if wanted <= set(rec):
             continue
@@ -212,11 +236,25 @@ def record(args: argparse.Namespace) -> int:
 
 
 def read_records(folder: Path) -> dict[str, dict[tuple[str, int], dict[str, Any]]]:
+    """The records by packing and (scheme, seed); a missing folder, or one without any record, is a one-line error
+    (it used to write empty tables, exit 0), and so is a record that is not whole."""
+    from tupe.errors import TupeError
+    from tupe.io.reading import read_json
+    from tupe.validators import check_path_kind
+
+    check_path_kind("--records", folder, "folder")
     out: dict[str, dict[tuple[str, int], dict[str, Any]]] = {k: {} for k in PACKINGS}
     for k in PACKINGS:
         for path in sorted((folder / k).glob("*-seed-*.json")):
-            rec = json.loads(path.read_text())
-            out[k][(rec["run"]["scheme"], int(rec["run"]["seed"]))] = rec
+            rec = read_json(path, "packing record")
+            try:
+                out[k][(rec["run"]["scheme"], int(rec["run"]["seed"]))] = rec
+            except (KeyError, TypeError, ValueError):
+                raise TupeError(f"{path}: no run.scheme / run.seed; not a record of this script") from None
+    if not any(out.values()):
+        raise TupeError(
+            f"--records {folder}: no record ({'/ or '.join(PACKINGS)}/SCHEME-seed-K.json); run `record` first"
+        )
     return out
 
 
@@ -335,13 +373,24 @@ def report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """`record` or `report`; a bad flag or folder is one line and exit code 2."""
+    from tupe.scripts import ScriptParser, run_script
+    from tupe.validators import int_range
+
+    def parsed_and_run(argv: list[str] | None) -> int:
+        args = p.parse_args(argv)
+        torch.set_num_threads(1)
+        return record(args) if args.command == "record" else report(args)
+
+    p = ScriptParser(prog="compare_packing.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("record", help="write a record for each finished run of one packing")
     r.add_argument("--runs", type=Path, required=True, help="the --out folder of `tupe compare --packing P`")
     r.add_argument("--packing", choices=PACKINGS, required=True, help="the packing those runs trained with")
     r.add_argument("--records", type=Path, required=True, help="records folder (one sub-folder per packing)")
-    r.add_argument("--blocks", type=int, default=64, help="evaluation-text blocks for the [CLS] measures")
+    r.add_argument(
+        "--blocks", type=int_range(1), default=64, help="evaluation-text blocks for the [CLS] measures"
+    )
     r.add_argument("--sst2-data", type=Path, help="GLUE root with SST-2/: fine-tune the runs of --sst2-seeds")
     r.add_argument("--sst2-seeds", default="0", help="pre-training seeds whose runs get SST-2 (default 0)")
     q = sub.add_parser("report", help="the tables of docs/RESULTS.md Part D from the records")
@@ -350,9 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument(
         "--schemes", default="bert-a,tupe-a,tupe-r,rope,alibi,deberta", help="row order (others follow)"
     )
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    return record(args) if args.command == "record" else report(args)
+    return run_script(parsed_and_run, argv, prog="compare_packing.py")
 
 
 if __name__ == "__main__":
