@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tupe.validators",),
     ("tupe.modeling",),
     ("tupe.io",),
-    ("tupe.data",),
+    ("tupe.data", "tupe.scripts"),
     ("tupe.training",),
     ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench", "tupe.convert"),
     ("tupe.finetuning",),
