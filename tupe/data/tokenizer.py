@@ -9,7 +9,7 @@ Word spans are exact: offsets cover a word without the space before it (the post
 `ByteLevel(trim_offsets=True)` then the template; whole-word masking, NER entities and QA answers read them), and
 decoding drops the space `add_prefix_space` put before the first word (the decoder is `ByteLevel` then a `Strip` of
 one leading space; NER entities' `word`). Tokenizers tupe trained before had the template and the `ByteLevel`
-decoder alone; `exact_word_spans` (tupe/io/checkpoints.py) adds both steps whenever tupe loads one. Ids are the
+decoder alone; `exact_word_spans` (tupe/modeling/word_spans.py) adds both steps whenever tupe loads one. Ids are the
 same either way, so `tokenizer_fingerprint`, which keys the packed-data and evaluation caches and a run's identity
 for `--resume`, leaves the two steps out: those keys do not change, and what was cached before stays valid.
 """
@@ -142,8 +142,8 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """Load an existing tokenizer directory (or a `tokenizer.json` file) and check the special-token contract."""
     from tokenizers import Tokenizer
 
-    from tupe.io.checkpoints import exact_word_spans
     from tupe.io.checkpoints import load_tokenizer as load_saved_tokenizer
+    from tupe.modeling.word_spans import exact_word_spans
 
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
@@ -257,7 +257,7 @@ def get_or_train_tokenizer(
     from transformers import AutoTokenizer
 
     from tupe.data.corpus import text_rule
-    from tupe.io.checkpoints import exact_word_spans
+    from tupe.modeling.word_spans import exact_word_spans
 
     # the line rule too: BPE trained on text cut another way is another tokenizer
     key_src = json.dumps(
