@@ -956,7 +956,11 @@ class FlattenedBatches:
     it replaces each example's first label with -100 (for a causal LM's shifted labels) and expects a list per
     example. Here a label per example (classification, regression) stays one per example, `labels` (examples,),
     which the sequence-classification head matches with each example's first token; a list per example (NER's
-    per-token labels) is concatenated as it is, `labels` (1, T). No attention mask: there is no padding."""
+    per-token labels) is concatenated as it is, `labels` (1, T). No attention mask: there is no padding.
+
+    Public (`from tupe import FlattenedBatches`): the Trainer's `data_collator` for padding-free classification
+    with `TupeForSequenceClassification`, which pools each example's first token (docs/model.md, "Heads with
+    documents", has the example); `tupe glue` and `tupe finetune` use it."""
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, Any]:
         import torch
