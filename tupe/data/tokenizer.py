@@ -100,15 +100,28 @@ def train_tokenizer(
         show_progress=show_progress,
     )
 
+    # the tokenizers library draws its bars on a terminal only: this one (the corpus read, the long part on a large
+    # corpus) shows in a log too, as `tokenize+pack`'s does; its own merge bars follow on a terminal
+    from tqdm.auto import tqdm
+
+    total = max_bytes if max_bytes is not None else (corpus.total_bytes or None)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="BPE", disable=not show_progress, leave=False)
+
     def batches():  # noqa: ANN202
         seen = 0
-        for lines, _ends, _done in iter_line_batches(corpus):
+        for lines, _ends, done in iter_line_batches(corpus):
             yield lines
             seen += sum(map(len, lines))
+            if total:
+                bar.n = min(total, seen if max_bytes is not None else done)
+                bar.refresh()
             if max_bytes is not None and seen >= max_bytes:
                 return
 
-    backend.train_from_iterator(batches(), trainer=trainer)
+    try:
+        backend.train_from_iterator(batches(), trainer=trainer)
+    finally:
+        bar.close()
     # "The [MASK] sat": let the mask absorb the space before it, as RoBERTa's <mask> does
     backend.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True, normalized=False)])
     vocab = backend.get_vocab()
