@@ -132,3 +132,38 @@ def google_bert_folder(folder: Path, words: Sequence[str] = (), class_name: str 
     )  # fmt: skip
     getattr(transformers, class_name)(config).save_pretrained(folder)
     return folder
+
+
+def run_card_without_tupe(card: Path, after: str, workdir: Path):  # noqa: ANN201 - a subprocess.CompletedProcess
+    """Run the Python recipe of a model card ("How to load") as a user without tupe would: in a fresh process
+    where `import tupe` fails, tupe's folders are not on sys.path, stdin is closed (a prompt would fail, not
+    wait) and transformers keeps the folder's code in `workdir`; then `after` (code reading the recipe's
+    variables). Returns the finished process (stdout, stderr)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import textwrap
+
+    text = Path(card).read_text(encoding="utf-8").split("## How to load", 1)[1]
+    (recipe,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    root = str(Path(__file__).resolve().parents[1])
+    script = (
+        "import sys\n"
+        f"sys.path = [p for p in sys.path if p not in ('', {root!r})]\n"
+        'sys.modules["tupe"] = None  # no tupe: only the folder\'s own code may be used\n'
+        + recipe
+        + "\n"
+        + textwrap.dedent(after)
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(workdir / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        cwd=workdir,
+        env=env,
+        timeout=600,
+    )

@@ -60,14 +60,15 @@ def test_the_import_hook_leaves_nothing_changed_and_tupe_pipelines_imports_first
         "if 'exec_module' in vars(sys.modules[m].__spec__.loader)]\n"
         "print(len(hooks), wrapped, p.PIPELINE_REGISTRY.supported_tasks['token-classification']['impl'].__module__)"
     )
-    assert _python(code).stdout.split() == ["0", "[]", "tupe.pipelines"]
+    # the token-classification class lives beside the modeling code (model folders carry a copy of it)
+    assert _python(code).stdout.split() == ["0", "[]", "tupe.modeling.token_classification"]
     code = (
         "import tupe.pipelines\n"
         "from transformers.pipelines import PIPELINE_REGISTRY as r\n"
         "print(r.supported_tasks['question-answering']['impl'].__module__, "
         "r.supported_tasks['token-classification']['impl'].__module__)"
     )
-    assert _python(code).stdout.split() == ["tupe.pipelines", "tupe.pipelines"]
+    assert _python(code).stdout.split() == ["tupe.pipelines", "tupe.modeling.token_classification"]
 
 
 def test_version_flag_prints_the_package_version():
@@ -112,3 +113,26 @@ def test_every_command_suggests_the_flag_an_underscore_or_run_script_spelling_me
     )
     assert main(["glue", "--model", "m", "--task", "SST-2", "--out", "g", "--learning_rate", "1e-4"]) == 2
     assert "did you mean --lrs?" in capsys.readouterr().err
+
+
+def test_more_transformers_flags_get_a_hint_even_when_a_required_flag_is_missing(capsys) -> None:  # noqa: ANN001
+    """Issue 49: `--dataset_name`, `--overwrite_output_dir`, `--resume_from_checkpoint`, `--do_eval` and `glue
+    --task_name` got no hint; `glue --task_name sst2` got only "--task is required" (argparse names a missing flag
+    before unknown ones). Each now names tupe's flag, or says what to do where tupe needs none."""
+    from tupe.cli import main
+
+    argv = ["pretrain", "--out", "x", "--dataset_name", "wikitext", "--overwrite_output_dir"]
+    assert main([*argv, "--resume_from_checkpoint", "--do_eval"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "did you mean --corpus / --overwrite / --resume?" in err
+    assert "--do_eval: drop it, tupe always scores the validation data" in err
+    assert main(["glue", "--model", "m", "--out", "g", "--task_name", "sst2", "--do_train"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "tupe glue: error: the following arguments are required: --task; did you mean --task?; --do_train: drop "
+        "it, tupe trains whenever it runs (see `tupe glue --help`)"
+    )
+    argv = ["finetune", "--task", "ner", "--model", "m", "--out", "o", "--train", "t", "--validation", "v"]
+    assert main([*argv, "--resume_from_checkpoint", "--overwrite_output_dir"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "did you mean --overwrite?" in err and "--resume_from_checkpoint: drop it, running the same" in err

@@ -104,6 +104,19 @@ RUN_SCRIPT_SPELLINGS: dict[str, tuple[str, ...]] = {
     "--save-steps": ("--save-steps",),
     "--mlm-probability": ("--mlm-probability",),
     "--label-all-tokens": ("--label-all-tokens",),
+    "--dataset-name": ("--corpus", "--train"),
+    "--task-name": ("--task",),
+    "--overwrite-output-dir": ("--overwrite",),
+    "--resume-from-checkpoint": ("--resume",),
+}
+# ... and those that tupe needs no flag for, with what to do instead (when the command has no flag of that meaning)
+RUN_SCRIPT_NOTES: dict[str, str] = {
+    "--do-train": "drop it, tupe trains whenever it runs",
+    "--do-eval": "drop it, tupe always scores the validation data at the end (--eval-steps N: also during "
+    "training, where the command has it)",
+    "--do-predict": "drop it, the predictions are written with the scores",
+    "--resume-from-checkpoint": "drop it, running the same command again keeps the finished runs and redoes the "
+    "interrupted one",
 }
 
 
@@ -127,6 +140,21 @@ def suggest_flag(word: str, options: set[str]) -> str | None:
     return close[0] if close else None
 
 
+def flag_hints(words: list[str], options: set[str]) -> str:
+    """What to append to an error about `words` (flags the command does not have): "; did you mean --lr /
+    --epochs?" for those with a tupe flag of the same meaning (`suggest_flag`), then "; --do_eval: drop it, ..."
+    for those that need none (`RUN_SCRIPT_NOTES`); "" for none of either."""
+    hints, notes = [], []
+    for word in words:
+        flag = suggest_flag(word, options)
+        note = RUN_SCRIPT_NOTES.get(word.split("=", 1)[0].replace("_", "-").lower())
+        if flag is not None and flag not in hints:
+            hints.append(flag)
+        elif flag is None and note is not None:
+            notes.append(f"{word.split('=', 1)[0]}: {note}")
+    return (f"; did you mean {' / '.join(hints)}?" if hints else "") + "".join(f"; {n}" for n in notes)
+
+
 def _option_strings(p: argparse.ArgumentParser) -> set[str]:
     """Every flag of `p` and of its own sub-commands (`tupe convert fairseq`)."""
     found = set(p._option_string_actions)
@@ -147,13 +175,7 @@ class _Parser(argparse.ArgumentParser):
         prog = self.help_prog or self.prog
         prefix = "unrecognized arguments: "
         if message.startswith(prefix) and self.command_options:
-            hints = []
-            for word in message[len(prefix) :].split():
-                flag = suggest_flag(word, self.command_options)
-                if flag is not None and flag not in hints:
-                    hints.append(flag)
-            if hints:
-                message += f"; did you mean {' / '.join(hints)}?"
+            message += flag_hints(message[len(prefix) :].split(), self.command_options)
         raise _UsageError(f"{prog}: error: {message} (see `{prog} --help`)")
 
 
@@ -216,7 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except _UsageError as err:
-        print(err, file=sys.stderr)
+        text = str(err)
+        options = parser.command_options
+        if "the following arguments are required" in text and options:
+            # argparse names the missing flag before any it does not know: `glue --task_name sst2` gets "--task is
+            # required", so the flags it does not know get their hints here
+            unknown = [w for w in argv if w.startswith("--") and w.split("=", 1)[0] not in options]
+            text = text.replace(" (see `", flag_hints(unknown, options) + " (see `", 1)
+        print(text, file=sys.stderr)
         return 2
     from tupe.runtime import tune_cpu_allocator
 

@@ -227,3 +227,26 @@ def test_a_dataset_in_the_local_cache_is_read_offline(hf_cache: Path) -> None:
         resolve_corpus(["plainname"])
     with pytest.raises(TupeError, match="--corpus someone/tiny-wiki:other: .*'other'"):
         resolve_corpus(["someone/tiny-wiki:other"])
+
+
+def test_an_arrow_file_of_a_saved_dataset_is_read_as_rows(tmp_path: Path, hf_cache: Path, capsys) -> None:  # noqa: ANN001
+    """Issue 49: the `.arrow` file inside a `save_to_disk` folder, given as the corpus, was read as text ("is not
+    UTF-8 text"; with --skip-bad-text "produced no tokens"). It is read as the dataset's rows (the same documents
+    as the folder gives), and one `datasets` cannot read is refused in one line naming the folder to pass."""
+    import datasets
+
+    from tupe.cli import main
+
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": ["a b\nc", "", "d"], "id": [1, 2, 3]}).save_to_disk(str(saved))
+    (arrow,) = saved.glob("*.arrow")
+    corpus = resolve_corpus([str(arrow)])
+    assert not corpus.files and corpus.tables == [arrow]
+    assert _docs(corpus) == _docs(resolve_corpus([str(saved)])) == [["a b", "c"], ["d"]]
+    arrow.write_bytes(b"\xff\xfe not an arrow stream \x00\x01" * 40)  # damaged
+    capsys.readouterr()  # save_to_disk's bar
+    code = main(["pretrain", "--corpus", str(arrow), "--prepare-only", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert f"corpus file {arrow}: cannot read it as arrow" in err
+    assert f"pass the dataset's folder {saved} (written by save_to_disk) instead" in err

@@ -80,3 +80,18 @@ def test_a_full_disk_while_caching_the_tokenizer_is_one_line_and_leaves_nothing(
         get_or_train_tokenizer(corpus, tmp_path, 350, log=lambda _m: None)
     assert (tmp_path / "tokenizers").is_dir()
     assert not [p for p in (tmp_path / "tokenizers").rglob("*") if p.name.startswith(".")]
+
+
+def test_bpe_training_has_a_progress_bar_in_a_log_too(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """Issue 49: the tokenizers library draws its bars on a terminal only, so a logged `tupe pretrain` showed
+    nothing while the BPE read the corpus; a tqdm bar over the corpus's bytes shows it (none without progress)."""
+    from tupe.data.corpus import Corpus
+    from tupe.data.tokenizer import train_tokenizer
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat and the dog ran far away\n" * 2000)
+    train_tokenizer(Corpus(files=[corpus]), vocab_size=300, min_frequency=1, show_progress=True)
+    err = capsys.readouterr().err
+    assert "BPE: 100%" in err and f"{corpus.stat().st_size / 1000:.1f}k/" in err, err
+    train_tokenizer(Corpus(files=[corpus]), vocab_size=300, min_frequency=1, show_progress=False)
+    assert "BPE" not in capsys.readouterr().err

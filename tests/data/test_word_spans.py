@@ -267,3 +267,50 @@ def test_the_fingerprint_ignores_truncation_and_padding_left_by_a_call(small_tok
     old = _before_the_fix(small_tokenizer)
     as_loaded = hashlib.sha256(old.backend_tokenizer.to_str().encode()).hexdigest()[:20]
     assert tokenizer_fingerprint(old) == as_loaded
+
+
+def test_whole_word_masking_keeps_a_character_s_byte_tokens_in_its_word() -> None:
+    r"""Issue 49: a curly quote the BPE has no token for becomes byte tokens with the same span (one character);
+    transformers' collator starts a word at the second of them (its span does not begin where the previous one
+    ends) and masks half a word. `tupe.data.whole_word.WholeWordMaskCollator` keeps tokens whose spans touch or
+    overlap in one word: every word of the text (the oracle: `\S+`) is masked whole or not at all."""
+    from transformers import DataCollatorForLanguageModeling
+
+    from tests.data.conftest import book_lines
+    from tests.helpers import train_test_tokenizer
+    from tupe.data.whole_word import WholeWordMaskCollator
+
+    ascii_lines = [line.encode("ascii", "ignore").decode() for book in book_lines(3, 150) for line in book]
+    tok = train_test_tokenizer(ascii_lines, 400)  # it never saw a curly quote: byte tokens
+    enc = tok("don\u2019t", return_offsets_mapping=True)
+    assert enc["offset_mapping"].count((3, 4)) >= 2  # the quote's bytes, in tokens of one character's span
+    words = " ".join(ascii_lines).split()
+    quoted = ["don\u2019t", "it\u2019s", "\u2018well\u2019", "Smith\u2019s", "caf\u00e9"]
+    rows = [" ".join(w if k % 4 else quoted[(k // 4) % 5] for k, w in enumerate(words[i * 120 : (i + 1) * 120]))
+            for i in range(16)]  # fmt: skip
+    examples = []
+    for text in rows:
+        e = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        examples.append({k: v[:127] + v[-1:] for k, v in e.items()})
+
+    def split_words(collator_class: type) -> int:
+        """How many words of the text the collator masked in part, over the rows."""
+        with pytest.warns(UserWarning, match="Random token replacement is not supported"):
+            collator = collator_class(tok, whole_word_mask=True, mlm_probability=0.3, seed=0)
+        masked = collator(examples)["labels"] != -100
+        split = whole = 0
+        for row, (text, example) in enumerate(zip(rows, examples)):
+            spans = _words(text)
+            by_word: dict[int, set[bool]] = {}
+            for k, (start, end) in enumerate(example["offset_mapping"]):
+                if example["special_tokens_mask"][k] or start == end:
+                    continue
+                word = next(i for i, (a, b) in enumerate(spans) if a <= start and end <= b)
+                by_word.setdefault(word, set()).add(bool(masked[row, k]))
+            split += sum(len(states) > 1 for states in by_word.values())
+            whole += sum(states == {True} for states in by_word.values())
+        assert whole > 50  # it masks words at all
+        return split
+
+    assert split_words(WholeWordMaskCollator) == 0
+    assert split_words(DataCollatorForLanguageModeling) > 0  # the library's words, for contrast

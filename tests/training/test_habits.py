@@ -56,6 +56,30 @@ def test_model_card(finished_run: Path) -> None:
     assert 'AutoModelForMaskedLM.from_pretrained("' in card and "trust_remote_code=True" in card
 
 
+def test_the_card_s_recipe_runs_without_tupe_and_without_a_prompt(finished_run: Path, tmp_path: Path) -> None:
+    """Issue 49: the card's code, where tupe cannot be imported and stdin is closed: `AutoTokenizer` loads
+    without asking whether to run the folder's code (the card passes trust_remote_code=True: config.json's
+    auto_map names it), the same token ids as tupe's tokenizer, and the fill-mask pipeline predicts as with tupe."""
+    import transformers
+
+    from tests.helpers import run_card_without_tupe
+    from tupe.io.checkpoints import load_tokenizer
+
+    text = "The man [MASK] the door."
+    after = f"""
+        import json
+        print("IDS " + json.dumps(tokenizer({text!r})["input_ids"]))
+        print("FILL " + json.dumps([p["token_str"] for p in fill({text!r})]))
+    """
+    done = run_card_without_tupe(finished_run / "README.md", after, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "custom code" not in done.stdout + done.stderr  # no "Do you wish to run the custom code? [y/N]"
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line[:4] in ("IDS ", "FILL"))
+    assert json.loads(lines["IDS"]) == load_tokenizer(finished_run)(text)["input_ids"]
+    fill = transformers.pipeline("fill-mask", model=str(finished_run))
+    assert json.loads(lines["FILL"]) == [p["token_str"] for p in fill(text)]
+
+
 def test_report_to_tensorboard_and_real_epochs(finished_run: Path) -> None:
     assert list((finished_run / "tensorboard").glob("events.out.tfevents.*"))
     summary = json.loads((finished_run / "pretrain_summary.json").read_text())

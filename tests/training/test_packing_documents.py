@@ -98,7 +98,10 @@ def test_stream_run_refuses_documents_resume_and_keeps_its_identity(tiny_run, tm
     assert (
         "packing" not in record["data"] and "packing" not in summary and "packing_efficiency" not in summary
     )
-    assert "packing" not in (out / "README.md").read_text().lower().split("## how it was made")[0]
+    # ... but its card names its packing (issue 49)
+    card = (out / "README.md").read_text().split("## How it was made")[0]
+    assert "| packing | stream (FULL-SENTENCES: blocks cross documents) |" in card
+    assert "Packing: stream (`--packing stream`, RoBERTa's FULL-SENTENCES)" in card
     with pytest.raises(TupeError, match=r"different run \(--packing: 'stream' -> 'documents'\)"):
         pretrain(tiny_run(out, max_steps=4, packing="documents", resume=True))
     # the documents run of the same corpus validates on the same text: the same non-special tokens
@@ -189,3 +192,25 @@ def test_paired_scoring_of_a_document_block_is_per_piece() -> None:
     labels = torch.tensor([-100, 7, -100, -100, -100, 9, -100])
     positions = torch.tensor([0, 1, 2, 3, 0, 1, 2])
     assert float(_pieces_nll(Model(), ids, labels, positions)) == (40 + 1) + (30 + 1)
+
+
+@pytest.mark.slow
+def test_one_document_a_line_without_blank_lines_is_warned_about(
+    short_docs: Path, tmp_path: Path, capsys
+) -> None:  # noqa: ANN001
+    """Issue 49: a `.txt` of one document a line (no blank line) with --packing documents asked for is one
+    document cut into pieces: a warning says how documents are split and how to mark them; the same documents
+    with a blank line after each (short_docs) get none."""
+    lines = [line for line in short_docs.read_text().splitlines() if line.strip()]
+    flat = tmp_path / "one-a-line.txt"
+    flat.write_text("\n".join(lines) + "\n")
+    args = ["pretrain", "--scheme", "tupe-a", "--packing", "documents", "--prepare-only"]
+    assert main([*args, "--out", str(tmp_path / "flat"), *_tiny(flat, tmp_path / "cache")]) == 0
+    captured = capsys.readouterr()
+    assert "data: --packing documents: 1 document in " in captured.out
+    (warning,) = [line for line in captured.err.splitlines() if "warning: --packing documents" in line]
+    assert (
+        "no text file of the corpus has a blank line" in warning and "put a blank line after each" in warning
+    )
+    assert main([*args, "--out", str(tmp_path / "docs"), *_tiny(short_docs, tmp_path / "cache")]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -281,3 +281,41 @@ def test_transformers_trainer_with_data_collator_with_flattening(tmp_path, schem
     assert any(not torch.equal(start[k], weights[1][k]) for k in start)  # it trained
     for k in weights[0]:
         torch.testing.assert_close(weights[1][k], weights[0][k], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["tupe-a", "rope"])
+def test_public_flattened_batches_in_a_trainer_classify_as_padded_batches(tmp_path, scheme: str) -> None:
+    """Issue 49: `DataCollatorWithFlattening` cannot carry one label per example; `tupe.FlattenedBatches`, the
+    public collator, does: given to transformers' Trainer as it is, it trains a sequence classifier (dropout 0) to
+    the weights of padded batches, and its batches are `DataCollatorWithFlattening`'s plus `labels` (examples,)."""
+    import datasets
+    from transformers import DataCollatorWithFlattening, DataCollatorWithPadding, Trainer, TrainingArguments
+
+    import tupe
+
+    features = _examples(12, "class", seed=3)
+    flat = tupe.FlattenedBatches()(features[:4])
+    theirs = DataCollatorWithFlattening(return_position_ids=True)(
+        [{"input_ids": f["input_ids"]} for f in features[:4]]
+    )
+    assert torch.equal(flat["input_ids"], theirs["input_ids"]) and torch.equal(
+        flat["position_ids"], theirs["position_ids"]
+    )
+    assert flat["labels"].tolist() == [f["labels"] for f in features[:4]]
+    weights = []
+    for collator in (DataCollatorWithPadding(_Tok()), tupe.FlattenedBatches()):
+        torch.manual_seed(0)
+        model = tupe.TupeForSequenceClassification(
+            tupe.TupeConfig(position_scheme=scheme, num_labels=3, **TINY)
+        )
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "t"), per_device_train_batch_size=4, max_steps=3, learning_rate=1e-2,
+            report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no", seed=0,
+        )  # fmt: skip
+        Trainer(
+            model=model, args=args, train_dataset=datasets.Dataset.from_list(features), data_collator=collator
+        ).train()
+        weights.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+    for k in weights[0]:
+        torch.testing.assert_close(weights[1][k], weights[0][k], atol=2e-5, rtol=1e-4)

@@ -43,6 +43,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -385,6 +386,25 @@ def load_or_build_documents(
     else:
         log(f"data: reusing cached document blocks {target}")
     return DocumentBlocks.open(target, packed)
+
+
+def undivided_files_warning(blocks: DocumentBlocks, corpus: Any) -> str | None:
+    """A warning for `--packing documents` on text files without a single blank line: each file is then one
+    document, cut into pieces of a block (a file of one document a line, the habit of many corpora, becomes "1
+    document in 1,811 pieces"), which is rarely what the flag was asked for. None where the files have blank lines
+    (the built-in corpus: a blank line after each book), rows give the documents, or no document is cut."""
+    s = blocks.stats
+    if not corpus.files or corpus.datasets or corpus.tables or corpus.names:
+        return None
+    if s["documents"] > len(corpus.files) or s["all"]["pieces"] <= s["documents"]:
+        return None
+    documents = f"{s['documents']:,} document{'' if s['documents'] == 1 else 's'}"
+    return (
+        f"warning: --packing documents: {documents} in {s['all']['pieces']:,} pieces: no text file of the corpus "
+        "has a blank line, so each file is one document, cut into pieces of a block. Documents end at a blank "
+        "line (and at the end of a file): for one document a line, put a blank line after each, or give a "
+        "JSON-lines/parquet file or a datasets folder (a row is a document)"
+    )
 
 
 def describe_packing(blocks: DocumentBlocks) -> str:

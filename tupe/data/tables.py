@@ -19,14 +19,14 @@ from typing import Any
 
 from tupe.errors import TupeError, one_line
 
-# suffix -> `datasets` builder that reads it
-TABLE_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
+# suffix -> `datasets` builder that reads it (".arrow": a file of a `save_to_disk` folder, Arrow's stream format)
+TABLE_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow"}
 _NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?$")
 _TEXT_SUFFIXES = {".txt", ".gz", ".text", ".md", ".csv", ".tsv"}  # a missing file, not a dataset name
 
 
 def is_table_file(path: Path) -> bool:
-    """A parquet or JSON file: read as rows of a text column, not as lines of text."""
+    """A parquet, JSON or Arrow file: read as rows of a text column, not as lines of text."""
     return path.suffix.lower() in TABLE_SUFFIXES
 
 
@@ -81,7 +81,9 @@ def open_saved(path: Path) -> Any:  # noqa: ANN401 - datasets.Dataset
 
 
 def open_file(path: Path) -> Any:  # noqa: ANN401 - datasets.IterableDataset
-    """A parquet or JSON / JSON-lines file, streamed by the `datasets` reader of its kind."""
+    """A parquet, JSON / JSON-lines or Arrow file, streamed by the `datasets` reader of its kind. An Arrow file
+    (one of a `save_to_disk` folder's `data-*.arrow`) is read as rows; one `datasets` cannot read is refused
+    naming its folder, which is what to pass."""
     builder = TABLE_SUFFIXES[path.suffix.lower()]
     if builder == "json":
         from tupe.io.reading import check_json_rows
@@ -91,7 +93,12 @@ def open_file(path: Path) -> Any:  # noqa: ANN401 - datasets.IterableDataset
         try:
             ds = datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True)
         except Exception as err:  # noqa: BLE001 - not parquet / not JSON: one line naming the file
-            raise TupeError(f"corpus file {path}: cannot read it as {builder}: {one_line(err)}") from None
+            hint = ""
+            if builder == "arrow" and is_saved_dataset(path.parent):
+                hint = f"; pass the dataset's folder {path.parent} (written by save_to_disk) instead"
+            raise TupeError(
+                f"corpus file {path}: cannot read it as {builder}: {one_line(err)}{hint}"
+            ) from None
     if builder == "json":
         _JSON_FILES[ds] = path
     return ds

@@ -9,7 +9,7 @@ Word spans are exact: offsets cover a word without the space before it (the post
 `ByteLevel(trim_offsets=True)` then the template; whole-word masking, NER entities and QA answers read them), and
 decoding drops the space `add_prefix_space` put before the first word (the decoder is `ByteLevel` then a `Strip` of
 one leading space; NER entities' `word`). Tokenizers tupe trained before had the template and the `ByteLevel`
-decoder alone; `exact_word_spans` (tupe/io/checkpoints.py) adds both steps whenever tupe loads one. Ids are the
+decoder alone; `exact_word_spans` (tupe/modeling/word_spans.py) adds both steps whenever tupe loads one. Ids are the
 same either way, so `tokenizer_fingerprint`, which keys the packed-data and evaluation caches and a run's identity
 for `--resume`, leaves the two steps out: those keys do not change, and what was cached before stays valid.
 """
@@ -100,15 +100,28 @@ def train_tokenizer(
         show_progress=show_progress,
     )
 
+    # the tokenizers library draws its bars on a terminal only: this one (the corpus read, the long part on a large
+    # corpus) shows in a log too, as `tokenize+pack`'s does; its own merge bars follow on a terminal
+    from tqdm.auto import tqdm
+
+    total = max_bytes if max_bytes is not None else (corpus.total_bytes or None)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="BPE", disable=not show_progress, leave=False)
+
     def batches():  # noqa: ANN202
         seen = 0
-        for lines, _ends, _done in iter_line_batches(corpus):
+        for lines, _ends, done in iter_line_batches(corpus):
             yield lines
             seen += sum(map(len, lines))
+            if total:
+                bar.n = min(total, seen if max_bytes is not None else done)
+                bar.refresh()
             if max_bytes is not None and seen >= max_bytes:
                 return
 
-    backend.train_from_iterator(batches(), trainer=trainer)
+    try:
+        backend.train_from_iterator(batches(), trainer=trainer)
+    finally:
+        bar.close()
     # "The [MASK] sat": let the mask absorb the space before it, as RoBERTa's <mask> does
     backend.add_special_tokens([AddedToken("[MASK]", lstrip=True, special=True, normalized=False)])
     vocab = backend.get_vocab()
@@ -142,8 +155,8 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """Load an existing tokenizer directory (or a `tokenizer.json` file) and check the special-token contract."""
     from tokenizers import Tokenizer
 
-    from tupe.io.checkpoints import exact_word_spans
     from tupe.io.checkpoints import load_tokenizer as load_saved_tokenizer
+    from tupe.modeling.word_spans import exact_word_spans
 
     path = Path(path)
     if path.is_file() and path.suffix == ".json":
@@ -257,7 +270,7 @@ def get_or_train_tokenizer(
     from transformers import AutoTokenizer
 
     from tupe.data.corpus import text_rule
-    from tupe.io.checkpoints import exact_word_spans
+    from tupe.modeling.word_spans import exact_word_spans
 
     # the line rule too: BPE trained on text cut another way is another tokenizer
     key_src = json.dumps(

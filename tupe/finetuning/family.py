@@ -177,44 +177,91 @@ class Family(TaskFamily):
             f"seeds -> {out_dir / 'results.json'}"
         )
 
-    def write_run_card(self, folder: Path, info: Any, lr: float, seed: int, scores: dict[str, Any]) -> None:
-        """README.md of one run's saved model: scheme, recipe, data, validation scores, how to load it (for NER
-        with the pipeline aggregation strategy that matches its training labels)."""
-        from tupe.io.model_card import write_model_card
+    def write_run_card(
+        self,
+        folder: Path,
+        info: Any,
+        lr: float,
+        seed: int,
+        scores: dict[str, Any],
+        trainer: dict[str, Any] | None = None,
+    ) -> None:
+        """README.md of one run's saved model, a Hub card: `base_model` (the pre-trained folder's name), `datasets`
+        (the training data's name), the `model-index` of its validation scores, the training hyper-parameters
+        (`trainer`: what the Trainer used, `trainer_used`), the framework versions, how to load it (for NER with
+        the pipeline aggregation strategy that matches its training labels, saved in config.json)."""
+        from tupe.io.model_card import base_model_name, write_model_card
 
-        settings = self.settings
-        recipe = {
-            "task": self.name,
-            "pre-trained model": f"{info.path} ({info.pretrain_steps or 'unknown'} pre-training steps)",
-            "learning rate": f"{lr:g}",
-            "seed": seed,
-            "epochs": settings.epochs if settings.max_steps is None else None,
-            "max steps": settings.max_steps,
-            "batch size": settings.batch_size,
-            "gradient accumulation": settings.grad_accum if settings.grad_accum > 1 else None,
-            "max sequence length": settings.max_seq_len,
-            "dropout": settings.dropout,
-            "labels": "every sub-token (--label-all-tokens)"
-            if settings.label_all_tokens
-            else ("a word's first sub-token" if self.name == "ner" else None),
-        }
         extras = self.config_extras()
+        labels = (
+            "every sub-token (--label-all-tokens)"
+            if self.settings.label_all_tokens
+            else ("a word's first sub-token" if self.name == "ner" else None)
+        )
+        out_dir = folder.parent.parent.parent  # OUT/runs/<run>/model
+        train, dev = self.paths
         write_model_card(
             folder,
             kind=self.card_kind,
             scheme=info.scheme,
-            recipe=recipe,
-            data=f"Training file {self.paths[0]} ({len(self.train):,} examples); validation file {self.paths[1]} "
+            recipe=self.hyperparameters(info, lr, seed, trainer or {}) | {"labels": labels},
+            data=f"Training file {train.name} ({len(self.train):,} examples); validation file {dev.name} "
             f"({len(self.dev):,}).",
             metrics={f"validation {m}": v for m, v in scores.items()},
-            aggregation_strategy=extras.get("aggregation_strategy", "first"),
+            aggregation_strategy=extras.get("aggregation_strategy"),
             notes=(
-                f"The labels were trained on {recipe['labels']}: read words with the pipeline's "
-                f'`aggregation_strategy="{extras["aggregation_strategy"]}"` (also in config.json).'
+                f"The labels were trained on {labels}: the pipeline reads words with "
+                f'`aggregation_strategy="{extras["aggregation_strategy"]}"` (config.json), unless a call names '
+                "another."
                 if "aggregation_strategy" in extras
                 else ""
             ),
+            base_model=base_model_name(info.path),
+            datasets=[train.name],
+            model_index={
+                "name": f"{out_dir.name}-{run_name(lr, seed)}",
+                "dataset": {"name": dev.name, "type": dev.name, "split": "validation"},
+                "metrics": {m: scores[m] for m in self.metrics if m in scores},
+            },
         )
+
+    def hyperparameters(self, info: Any, lr: float, seed: int, used: dict[str, Any]) -> dict[str, Any]:
+        """The card's table of what trained the run: the settings, and what the Trainer used where it decided
+        (`used`: its warm-up and total steps, optimizer, batch); a value that does not apply is left out."""
+        from tupe.io.model_card import base_model_name
+
+        s = self.settings
+        accum = int(s.grad_accum or 1)
+        warmup = (
+            f"{s.warmup_steps} steps" if s.warmup_steps is not None else f"{s.warmup_ratio:g} of the steps"
+        )
+        if "warmup_steps" in used:
+            warmup += f" ({used['warmup_steps']} steps)"
+        betas = used.get("adam_betas", [s.adam_beta1, s.adam_beta2])
+        return {
+            "task": self.name,
+            "pre-trained model": f"{base_model_name(info.path)} ({info.pretrain_steps or 'unknown'} pre-training "
+            "steps)",
+            "learning rate": f"{lr:g}",
+            "seed": seed,
+            "epochs": s.epochs if s.max_steps is None else None,
+            "max steps": s.max_steps,
+            "optimizer steps": used.get("total_steps"),
+            "batch size": s.batch_size
+            if accum == 1
+            else f"{s.batch_size} ({accum} accumulated forward passes of {s.batch_size // accum})",
+            "eval batch size": s.eval_batch_size,
+            "optimizer": f"{used.get('optimizer', 'adamw_torch')} (betas {betas[0]}, {betas[1]}; epsilon "
+            f"{used.get('adam_epsilon', s.adam_epsilon):g})",
+            "learning-rate schedule": used.get("lr_scheduler", s.lr_scheduler),
+            "warm-up": warmup,
+            "weight decay": s.weight_decay,
+            "max gradient norm": s.max_grad_norm,
+            "max sequence length": s.max_seq_len,
+            "dropout": s.dropout,
+            "precision": "fp16" if s.fp16 else "bf16" if s.bf16 else "fp32",
+            "batches": used.get("batches"),
+        }
 
 
 def one_split(path: Path, what: str) -> Any:

@@ -206,7 +206,7 @@ def rank_answers(
                 if offs[a][0] >= offs[a][1] or offs[b][0] >= offs[b][1]:
                     continue  # a token that covers no text (white space, its offsets trimmed) bounds no answer
                 # the tokenizer's offsets are the words' exact spans (no space before a word: tupe's tokenizers
-                # trim them, tupe.io.checkpoints.exact_word_spans): the answer is the context between them
+                # trim them, tupe.modeling.word_spans.exact_word_spans): the answer is the context between them
                 key = (offs[a][0], offs[b][1])
                 score = float(st[a] + en[b])
                 if key not in spans or score > spans[key].logit:

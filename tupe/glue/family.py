@@ -127,7 +127,15 @@ class GlueFamily(TaskFamily):
         if results.runs:
             self._write_card(out_dir, info, self._grid_metrics(results))
 
-    def write_run_card(self, folder: Path, info: Any, lr: float, seed: int, scores: dict[str, Any]) -> None:
+    def write_run_card(
+        self,
+        folder: Path,
+        info: Any,
+        lr: float,
+        seed: int,
+        scores: dict[str, Any],
+        trainer: dict[str, Any] | None = None,
+    ) -> None:
         metrics = {f"{split} {m}": v for split, ms in scores.items() for m, v in ms.items()}
         self._write_card(folder, info, metrics, lr, seed)
 
@@ -151,14 +159,15 @@ class GlueFamily(TaskFamily):
         seed: int | None = None,
     ) -> None:
         """README.md of a GLUE result folder (or of one run's saved model): scheme, recipe, data, dev scores."""
-        from tupe.io.model_card import write_model_card
+        from tupe.io.model_card import base_model_name, write_model_card
 
         if not folder.is_dir():
             return
         settings, task = self.settings, self.task
         recipe = {
             "task": task.name,
-            "pre-trained model": f"{info.path} ({info.pretrain_steps or 'unknown'} pre-training steps)",
+            "pre-trained model": f"{base_model_name(info.path)} ({info.pretrain_steps or 'unknown'} pre-training "
+            "steps)",
             "learning rates": ", ".join(f"{x:g}" for x in settings.lrs or []) if lr is None else f"{lr:g}",
             "seeds": ", ".join(map(str, settings.seeds)) if seed is None else str(seed),
             "epochs": settings.epochs,
@@ -186,6 +195,8 @@ class GlueFamily(TaskFamily):
             recipe=recipe,
             data=data,
             metrics=metrics,
+            base_model=base_model_name(info.path),
+            datasets=["nyu-mll/glue"],
             notes=""
             if seed is not None
             else "The fine-tuned models are in `runs/*/model` with `--save-models`.",

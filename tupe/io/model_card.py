@@ -47,6 +47,74 @@ def scheme_description(scheme: str) -> tuple[str, str]:
     return cls.display_name, doc
 
 
+def base_model_name(path: str | os.PathLike) -> str:
+    """How a card names the pre-trained model it was fine-tuned from (its `base_model`): the folder's name, which
+    is the repository's name once both are on the Hub; never a local path, which means nothing elsewhere."""
+    return Path(path).resolve().name
+
+
+def framework_versions() -> dict[str, str]:
+    """The installed versions of what trains and loads a model (a card's "Framework versions")."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name, package in (
+        ("tupe", "tupe"),
+        ("Transformers", "transformers"),
+        ("PyTorch", "torch"),
+        ("Tokenizers", "tokenizers"),
+        ("Datasets", "datasets"),
+    ):
+        try:
+            out[name] = version(package)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def front_matter(
+    kind: str,
+    scheme: str,
+    base_model: str | None = None,
+    datasets: list[str] | None = None,
+    model_index: dict[str, Any] | None = None,
+) -> str:
+    """The card's YAML metadata, as the Hub reads it (`huggingface_hub.ModelCardData`): library, pipeline tag,
+    `base_model`, `datasets`, tags and, with `model_index` ({"name", "dataset": {"name", "type", "split"},
+    "metrics": {metric: value}}), the `model-index` of its results."""
+    from huggingface_hub import EvalResult, ModelCardData
+    from huggingface_hub.utils import yaml_dump
+
+    results = None
+    if model_index:
+        dataset = model_index["dataset"]
+        results = [
+            EvalResult(
+                task_type=kind,
+                dataset_type=dataset["type"],
+                dataset_name=dataset["name"],
+                dataset_split=dataset.get("split"),
+                metric_type=metric,
+                metric_name=metric,
+                metric_value=value,
+            )
+            for metric, value in model_index["metrics"].items()
+            if isinstance(value, int | float) and value == value  # an undefined score (None, NaN): no entry
+        ] or None
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag=kind,
+        base_model=base_model,
+        datasets=datasets or None,
+        tags=["tupe", scheme, "positional-encoding"],
+        model_name=model_index["name"] if results else None,
+        eval_results=results,
+    ).to_dict()
+    order = ("library_name", "pipeline_tag", "base_model", "datasets", "tags")
+    ordered = {k: data[k] for k in order if k in data} | {k: v for k, v in data.items() if k not in order}
+    return "---\n" + yaml_dump(ordered, sort_keys=False) + "---"
+
+
 def _table(rows: dict[str, Any]) -> str:
     lines = ["| | |", "|---|---|"]
     for k, v in rows.items():
@@ -69,11 +137,16 @@ def model_card(
     model_path: str = "PATH",
     notes: str = "",
     mask_token: str = "[MASK]",
-    aggregation_strategy: str = "first",
+    aggregation_strategy: str | None = None,
+    base_model: str | None = None,
+    datasets: list[str] | None = None,
+    model_index: dict[str, Any] | None = None,
 ) -> str:
     """The card's Markdown. `kind`: "fill-mask" (a pre-trained model), "text-classification" (GLUE, `tupe
     finetune --task classification`), "token-classification" (`--task ner`; `aggregation_strategy`: the
-    pipeline's that matches how the labels were trained), "question-answering" or "multiple-choice"."""
+    pipeline's that matches how the labels were trained, saved in config.json), "question-answering" or
+    "multiple-choice". `base_model`, `datasets` and `model_index` go into the YAML metadata (`front_matter`);
+    `recipe` is the table of training hyper-parameters."""
     name, equation = scheme_description(scheme)
     command = command or command_line()
     auto = AUTO_CLASSES.get(kind, "AutoModelForSequenceClassification")
@@ -84,8 +157,9 @@ def model_card(
             f'print(fill("The man {mask_token} the door.", tokenizer_kwargs={{"truncation": True}}))'
         )
     elif kind == "token-classification":
+        # no aggregation_strategy: the pipeline reads the one config.json names (the folder's pipeline code)
         use = (
-            f'ner = pipeline("token-classification", {pipe}, aggregation_strategy="{aggregation_strategy}")\n'
+            f'ner = pipeline("token-classification", {pipe})\n'
             'print(ner("Alice Smith flew from Paris to Berlin."))'
         )
     elif kind == "question-answering":
@@ -112,18 +186,8 @@ def model_card(
         "question-answering": "fine-tuned extractive question answering",
         "multiple-choice": "fine-tuned multiple choice",
     }.get(kind, "fine-tuned classifier")
-    front = "\n".join(
-        [
-            "---",
-            "library_name: transformers",
-            f"pipeline_tag: {kind}",
-            "tags:",
-            "- tupe",
-            f"- {scheme}",
-            "- positional-encoding",
-            "---",
-        ]
-    )
+    front = front_matter(kind, scheme, base_model, datasets, model_index)
+    versions = "\n".join(f"- {name} {v}" for name, v in framework_versions().items())
     parts = [
         front,
         f"# {name} ({scheme}) — {what}",
@@ -131,19 +195,30 @@ def model_card(
         + "\n\nFrom the TUPE paper: "
         + PAPER
         + ". The maths of every scheme is in `docs/model.md` of the `tupe` package.",
-        "## Recipe\n\n" + _table(recipe),
+        "## Training hyperparameters\n\n" + _table(recipe),
         "## Data\n\n" + data,
         "## Results\n\n" + (_table(metrics) if metrics else "(none recorded)"),
-        "## How it was made\n\n```bash\n" + command + "\n```",
+        "## How it was made\n\n```bash\n" + command + "\n```\n\nFramework versions:\n\n" + versions,
         "## How to load\n\n"
         "The folder holds the modeling code (`auto_map`), so `transformers` loads it without `tupe` installed:\n\n"
         "```python\n"
         f"from transformers import {auto}, AutoTokenizer, pipeline\n\n"
         f'model = {auto}.from_pretrained("{model_path}", trust_remote_code=True)\n'
-        f'tokenizer = AutoTokenizer.from_pretrained("{model_path}")\n'
+        f'tokenizer = AutoTokenizer.from_pretrained("{model_path}", trust_remote_code=True)\n'
         f"{use}\n"
         "```\n\n"
-        "With `tupe` installed, `import tupe` registers the classes and `trust_remote_code` is not needed. "
+        "`AutoTokenizer` reads config.json, whose `auto_map` names the folder's code: without `tupe`, "
+        "`trust_remote_code=True` is needed there too (else transformers asks whether to run it); the tokenizer "
+        "itself is transformers' own fast tokenizer (`tokenizer.json`). "
+        + (
+            "The folder's code also serves `pipeline(\"token-classification\")` with tupe's: whole words "
+            "(punctuation apart) at exact spans, read with the `aggregation_strategy` that config.json names"
+            + (f' (`"{aggregation_strategy}"`)' if aggregation_strategy else "")
+            + ", the entities `tupe` gives. "
+            if kind == "token-classification"
+            else ""
+        )
+        + "With `tupe` installed, `import tupe` registers the classes and `trust_remote_code` is not needed. "
         "The tokenizer knows the model's maximum length: pass `truncation=True` for longer texts.",
     ]
     if notes:

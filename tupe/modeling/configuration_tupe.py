@@ -167,3 +167,21 @@ TupeConfig.__doc__ += (
     )
     + "\n"
 )
+
+
+def _serve_token_classification() -> None:
+    """In a model folder's copy of this module (loaded with `trust_remote_code=True`, tupe perhaps not installed):
+    where transformers' pipelines are loaded, serve "token-classification" with the folder's copy of tupe's
+    word-reading pipeline (token_classification.py) as `import tupe` does, so that `pipeline("token-classification",
+    model=FOLDER, trust_remote_code=True)` gives the entities it gives with tupe (the pipeline's class is chosen
+    once the config is read, before the model). tupe's own module does nothing here: tupe registers it when
+    transformers' pipelines are imported (tupe/__init__.py)."""
+    import sys
+
+    if __name__.partition(".")[0] != "tupe" and "transformers.pipelines" in sys.modules:
+        from .token_classification import register_token_classification
+
+        register_token_classification()
+
+
+_serve_token_classification()

@@ -1239,3 +1239,10 @@ AUTO_CLASSES: dict[str, str] = {
     "AutoModelForQuestionAnswering": "TupeForQuestionAnswering",
     "AutoModelForMultipleChoice": "TupeForMultipleChoice",
 }
+
+if __name__.partition(".")[0] != "tupe":
+    # a model folder's copy (trust_remote_code): a model loaded before transformers' pipelines were imported, then
+    # handed to `pipeline("token-classification", model=model)`, reads words as with tupe (configuration_tupe.py)
+    from .token_classification import register_token_classification
+
+    register_token_classification()

@@ -422,6 +422,23 @@ def trainer_used(trainer: Any) -> dict[str, Any]:
     return used
 
 
+def eval_logs(scores: dict[str, Any]) -> dict[str, float]:
+    """A run's final scores as the Trainer logs evaluation metrics (run_ner's `eval_f1`, `eval_precision`, ...:
+    TensorBoard shows them as eval/f1), on the scale results.json records them; GLUE's {split: {metric}} as
+    `eval_<split>_<metric>`. An undefined score (None) is left out."""
+
+    def number(v: Any) -> bool:  # noqa: ANN401
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    out: dict[str, float] = {}
+    for key, value in scores.items():
+        if isinstance(value, dict):
+            out.update({f"eval_{key}_{m}": float(v) for m, v in value.items() if number(v)})
+        elif number(value):
+            out[f"eval_{key}"] = float(value)
+    return out
+
+
 def loss_curve(trainer: Any) -> list[tuple[int, float]]:
     return [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
 
@@ -505,13 +522,35 @@ class Grid:
     outputs: OutputFolder
 
     def describe(self, settings: GridSettings, n_train: int) -> str:
-        """The line a command prints before it starts: the grid's size, what is done, each run's length."""
-        batches = math.ceil(n_train / settings.batch_size)
+        """The line a command prints before it starts: the grid's size, what is done, each run's length in
+        optimizer steps (--max-steps where given; --grad-accum forward passes make one step)."""
+        per_epoch, total = optimizer_steps(settings, n_train)
+        accum = max(1, int(settings.grad_accum or 1))
+        length = (
+            f"{total} steps a run (--max-steps; an epoch is {per_epoch})"
+            if settings.max_steps is not None
+            else f"{settings.epochs:g} epochs x {per_epoch} steps"
+        )
+        batch = f"batch {settings.batch_size}" + (
+            f" = {accum} forward passes of {settings.batch_size // accum}" if accum > 1 else ""
+        )
         return (
             f"grid: {len(settings.lrs or [])} lr x {len(settings.seeds)} seeds = {len(self.runs)} runs, "
-            f"{sum(g in self.done for g in self.runs)} already done; {settings.epochs:g} epochs x {batches} steps "
-            f"(batch {settings.batch_size}, max length {settings.max_seq_len})"
+            f"{sum(g in self.done for g in self.runs)} already done; {length} ({batch}, max length "
+            f"{settings.max_seq_len})"
         )
+
+
+def optimizer_steps(settings: GridSettings, n_train: int) -> tuple[int, int]:
+    """(optimizer steps an epoch, optimizer steps a run) on `n_train` examples, as the Trainer counts them: batches
+    of --batch-size / --grad-accum examples, --grad-accum of them a step (the last step of an epoch may have fewer),
+    and --max-steps where given, else --epochs' steps."""
+    accum = max(1, int(settings.grad_accum or 1))
+    batches = math.ceil(n_train / max(1, settings.batch_size // accum))
+    per_epoch = max(1, math.ceil(batches / accum))
+    if settings.max_steps is not None:
+        return per_epoch, int(settings.max_steps)
+    return per_epoch, math.ceil(per_epoch * float(settings.epochs or 0))
 
 
 def plan_grid(
@@ -532,8 +571,7 @@ def plan_grid(
     }
     done = finished_runs(out_dir, fingerprint, overwrite, outputs)
     runs = [(lr, seed) for lr in settings.lrs or [] for seed in settings.seeds]
-    steps = int(math.ceil(math.ceil(n_train / settings.batch_size) * float(settings.epochs or 0)))
-    return Grid(out_dir, runs, done, fingerprint, steps, outputs)
+    return Grid(out_dir, runs, done, fingerprint, optimizer_steps(settings, n_train)[1], outputs)
 
 
 def train_grid(
@@ -689,8 +727,16 @@ class TaskFamily:
     def publish(self, out_dir: Path, results: GridResults, info: Any) -> None:
         """What the family writes beside results.json after each run (a model card, the best run's predictions)."""
 
-    def write_run_card(self, folder: Path, info: Any, lr: float, seed: int, scores: dict[str, Any]) -> None:
-        """README.md of one run's saved model (--save-models)."""
+    def write_run_card(
+        self,
+        folder: Path,
+        info: Any,
+        lr: float,
+        seed: int,
+        scores: dict[str, Any],
+        trainer: dict[str, Any] | None = None,
+    ) -> None:
+        """README.md of one run's saved model (--save-models); `trainer`: what the Trainer used (`trainer_used`)."""
 
     def best_line(self, results: GridResults, out_dir: Path) -> str:
         best = results.best
@@ -910,7 +956,11 @@ class FlattenedBatches:
     it replaces each example's first label with -100 (for a causal LM's shifted labels) and expects a list per
     example. Here a label per example (classification, regression) stays one per example, `labels` (examples,),
     which the sequence-classification head matches with each example's first token; a list per example (NER's
-    per-token labels) is concatenated as it is, `labels` (1, T). No attention mask: there is no padding."""
+    per-token labels) is concatenated as it is, `labels` (1, T). No attention mask: there is no padding.
+
+    Public (`from tupe import FlattenedBatches`): the Trainer's `data_collator` for padding-free classification
+    with `TupeForSequenceClassification`, which pools each example's first token (docs/model.md, "Heads with
+    documents", has the example); `tupe glue` and `tupe finetune` use it."""
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, Any]:
         import torch
@@ -1130,6 +1180,7 @@ def train_run(job: GridJob, lr: float, seed: int, run_dir: Path, callbacks: list
     out = trainer.train()
     train_seconds = time.time() - t0
     scores, predictions = family.evaluate(trainer, job.evals, run_dir)
+    trainer.log(eval_logs(scores))  # to every --report-to integration (TensorBoard: eval/f1, ...)
     redo = (
         f"run lr={lr:g} seed={seed} has no result.json and is redone next time; the finished runs are kept: "
         "free space and rerun the same command"
@@ -1137,7 +1188,7 @@ def train_run(job: GridJob, lr: float, seed: int, run_dir: Path, callbacks: list
     used = finish_run(trainer, run_dir, opts.save_models, redo)
     used["batches"] = "padding-free" if job.padding_free else "padded"
     if opts.save_models:
-        family.write_run_card(run_dir / "model", job.checkpoint.info, lr, seed, scores)
+        family.write_run_card(run_dir / "model", job.checkpoint.info, lr, seed, scores, trainer=used)
     return asdict(
         RunResult(
             lr=lr,

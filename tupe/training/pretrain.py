@@ -198,9 +198,12 @@ def _prepare_data(run: ResolvedConfig, log: _Log, progress: bool) -> Any:
         f"{len(data.valid_idx):,} valid"
     )
     if data.packing == "documents":
-        from tupe.data.documents import describe_packing
+        from tupe.data.documents import describe_packing, undivided_files_warning
 
         log(describe_packing(data.packed))
+        warning = undivided_files_warning(data.packed, data.corpus)
+        if warning:
+            log.warn(warning)
     return data
 
 
@@ -282,10 +285,12 @@ def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: di
     recipe["seed"] = run.seed
     recipe["objective"] = "masked LM (15% of tokens: 80% [MASK], 10% random, 10% kept)"
     data = (
-        f"{corpus.describe()}; byte-level BPE tokenizer ({run.vocab_size} entries), packed into "
-        f"{train_blocks:,} training blocks of {run.max_length} tokens (1 block in {run.valid_every} held out "
-        "for validation)."
+        f"{corpus.describe()}; byte-level BPE tokenizer ({run.vocab_size} entries). Packing: stream "
+        "(`--packing stream`, RoBERTa's FULL-SENTENCES): the documents one after another with a [SEP] between "
+        f"them, cut into blocks of {run.max_length} tokens that each start with [CLS] and may cross a document "
+        f"boundary; {train_blocks:,} training blocks (1 block in {run.valid_every} held out for validation)."
     )
+    recipe["packing"] = "stream (FULL-SENTENCES: blocks cross documents)"
     if run.packing == "documents":
         recipe["packing"] = "documents"
         stats = summary["packing_stats"]

@@ -53,6 +53,8 @@ _RUN_ARTIFACT_NAMES = {
     "positional.py",
     "kernels.py",
     "conversion.py",
+    "token_classification.py",  # the token-classification pipeline a model folder carries (issue 49)
+    "word_spans.py",
     ".tmp-final",
     METRICS_FILE,
     SUMMARY_FILE,
