@@ -1,4 +1,4 @@
-"""docs/results/packing/compare_packing.py: a record per finished run (kept, skipped once complete), the report's
+"""scripts/results/compare_packing.py: a record per finished run (kept, skipped once complete), the report's
 pairing of documents with stream by seed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tupe.cli import main as cli
 
 
 def _script():  # noqa: ANN202 - the script as a module
-    return load_script("docs/results/packing/compare_packing.py")
+    return load_script("scripts/results/compare_packing.py")
 
 
 @pytest.mark.slow

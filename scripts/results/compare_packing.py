@@ -3,10 +3,10 @@
     # as runs finish (again and again: a run with a complete record is skipped), in each packing's `tupe compare`
     # output folder; the record is a small JSON kept in the repository, so a finished run's measures outlive the
     # machine it trained on (its checkpoint does not need to)
-    python docs/results/packing/compare_packing.py record --runs RUNS_STREAM --packing stream \
+    python scripts/results/compare_packing.py record --runs RUNS_STREAM --packing stream \
         --records docs/results/packing/records [--sst2-data GLUE_ROOT --sst2-seeds 0]
     # the tables, from whatever records there are (a run not yet recorded: a blank cell)
-    python docs/results/packing/compare_packing.py report --records docs/results/packing/records \
+    python scripts/results/compare_packing.py report --records docs/results/packing/records \
         --out docs/results/packing
 
 RUNS is the `--out` of `tupe compare --packing P` (its runs in `RUNS/SCHEME/seed-K`). A record

@@ -1,6 +1,6 @@
 """The length study's chunks as one report: the tables of docs/RESULTS.md Part E.
 
-    python docs/results/length/combine.py docs/results/length
+    python scripts/results/combine_length.py docs/results/length
 
 The study ran in chunks of four schemes (`length-1` ... `length-4`, `tupe.bench.gpu_studies.length_chunks`), each
 a `python -m tupe.comparison.study` folder whose results were copied here by `tupe.bench.gpu_studies.collect`.

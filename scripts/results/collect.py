@@ -1,6 +1,6 @@
 """Collect the mini-scale reproduction (docs/RESULTS.md) from its run folder into docs/results/.
 
-Usage: python docs/results/collect.py RUN_DIR   (RUN_DIR holds compare/, glue/, and the analysis text)
+Usage: python scripts/results/collect.py RUN_DIR   (RUN_DIR holds compare/, glue/, and the analysis text)
 
 Copies the small outputs (loss curves, tables, summaries), re-runs `tupe analyze --no-json-maps` on every
 pre-trained model (small JSON), and writes glue_seeds.md: every seed's dev score, mean +/- sample std and the
@@ -21,7 +21,7 @@ SCHEMES = [
     if len(sys.argv) < 3 or s in sys.argv[2:]
 ]
 TASKS = [("CoLA", "mcc"), ("SST-2", "accuracy"), ("MRPC", "accuracy")]
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2] / "docs" / "results"  # where the collected outputs go
 ANALYSIS_TEXT = "/work/shared/data/corpus/gutenberg/203-0.txt"
 
 
