@@ -10,6 +10,7 @@ median the paper's protocol uses, and a cross-model figure of the first-layer te
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -22,7 +23,9 @@ SCHEMES = [
 ]
 TASKS = [("CoLA", "mcc"), ("SST-2", "accuracy"), ("MRPC", "accuracy")]
 HERE = Path(__file__).resolve().parents[2] / "docs" / "results"  # where the collected outputs go
-ANALYSIS_TEXT = "/work/shared/data/corpus/gutenberg/203-0.txt"
+ANALYSIS_TEXT = (
+    os.environ.get("GUTENBERG_DIR", "gutenberg") + "/203-0.txt"
+)  # the analysis text of RESULTS Part B
 
 
 def copy_compare(run: Path) -> None:
