@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tupe.io.results import recorded_path
+
 PACKINGS = ("stream", "documents")
 SST2_SEEDS = "1,2,3"  # the fine-tuning seeds of the study's glue stage
 SST2_SAMPLES = 8000  # the study's SST-2 subset (RESULTS A.7)
@@ -188,7 +190,12 @@ def record(args: argparse.Namespace) -> int:
             continue
         name = f"{scheme}/seed-{seed}"
         print(f"[record] {args.packing} {name}: {', '.join(sorted(wanted - set(rec)))}", flush=True)
-        rec["run"] = {"scheme": scheme, "seed": seed, "packing": args.packing, "folder": str(run)}
+        rec["run"] = {
+            "scheme": scheme,
+            "seed": seed,
+            "packing": args.packing,
+            "folder": recorded_path(run, folder),
+        }
         if "pretraining" not in rec:
             rec["pretraining"] = pretraining(run)
         if "ood" not in rec:

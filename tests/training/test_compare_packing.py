@@ -32,12 +32,15 @@ def test_records_of_both_packings_and_the_report(
         assert cp.main(["record", "--runs", str(runs), "--packing", packing, "--records", str(records),
                         "--blocks", "4"]) == 0  # fmt: skip
     rec = json.loads((records / "documents" / "tupe-a-seed-1.json").read_text())
-    assert rec["run"] == {
-        "scheme": "tupe-a",
-        "seed": 1,
-        "packing": "documents",
-        "folder": str(tmp_path / "documents" / "tupe-a" / "seed-1"),
-    }
+    assert (
+        rec["run"]
+        == {
+            "scheme": "tupe-a",
+            "seed": 1,
+            "packing": "documents",
+            "folder": "../../documents/tupe-a/seed-1",  # relative to the record: no machine's folder in the repository
+        }
+    )
     summary = json.loads((tmp_path / "documents" / "tupe-a" / "seed-1" / "pretrain_summary.json").read_text())
     assert rec["pretraining"]["final_loss"] == summary["final_eval_loss"]
     assert rec["pretraining"]["packing_efficiency"] == summary["packing_efficiency"]

@@ -87,6 +87,26 @@ def recorded_command(argv: Sequence[str], base: str | os.PathLike) -> str:
     return " ".join(out)
 
 
+PATH_KEYS = frozenset({"path", "files", "data_cache", "plot", "folder", "source", "model", "text", "command"})
+
+
+def relative_paths(data: Any, base: str | os.PathLike, key: str = "") -> Any:  # noqa: ANN401 - any JSON value
+    """A record about to be written in folder `base` with the absolute paths under `PATH_KEYS` relative to `base`
+    (a command line word by word, its program by name: `recorded_command`). Names (a model given by its path is
+    named by it) stay as given: they label rows."""
+    if isinstance(data, dict):
+        return {k: relative_paths(v, base, k) for k, v in data.items()}
+    if isinstance(data, list):
+        return [relative_paths(v, base, key) for v in data]
+    if not isinstance(data, str) or "/" not in data or key not in PATH_KEYS:
+        return data
+    if key == "command":
+        return recorded_command(data.split(" "), base)
+    if data.startswith("/") and not any(c.isspace() for c in data):
+        return recorded_path(data, base)
+    return data
+
+
 # --- stripped records -------------------------------------------------------------------------------------------
 
 
