@@ -95,7 +95,7 @@ def hold_lock(kind: str, path: Path, command: str, argv: list | None = None):  #
 
 
 def load_script(relative: str):  # noqa: ANN201 - the script as a module
-    """A script of the repository that is not in a package (docs/results/..., docs/benchmarks/...) as a module."""
+    """A script of the repository that is not in a package (scripts/results/..., benchmarks/...) as a module."""
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / relative

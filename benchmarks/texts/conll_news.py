@@ -1,6 +1,6 @@
 """CoNLL-2003 (Reuters 1996 news) as plain text: the news text of the length/seed study (issue 37, item 5).
 
-    python benchmarks/texts/conll_news.py /path/to/conll2003/train.txt /work/runs/texts/conll-news.txt
+    python benchmarks/texts/conll_news.py /path/to/conll2003/train.txt runs/texts/conll-news.txt
 
 The file is not shipped (Reuters' licence); this script is how the study makes it. How:
 - a CoNLL-2003 file holds one token per line (`token POS chunk NER`), sentences separated by blank lines and

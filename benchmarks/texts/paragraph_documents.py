@@ -1,6 +1,6 @@
 """The built-in corpus with every paragraph a document: the short-document arm of the packing study (issue 36).
 
-    python benchmarks/texts/paragraph_documents.py /work/runs/texts/paragraphs
+    python benchmarks/texts/paragraph_documents.py runs/texts/paragraphs
 
 The built-in corpus holds one paragraph per line and no blank lines, so for the packer each of its 24 books is one
 document, and `--packing stream` and `--packing documents` differ on it only where a block crosses one of the 23

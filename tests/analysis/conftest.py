@@ -1,4 +1,4 @@
-"""Tiny tokenizer, text and model directories made on the fly (nothing from a hub, nothing from /work/shared)."""
+"""Tiny tokenizer, text and model directories made on the fly (nothing from a hub, nothing from the shared data folder)."""
 
 from __future__ import annotations
 

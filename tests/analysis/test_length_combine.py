@@ -1,4 +1,4 @@
-"""docs/results/length/combine.py: the length study's chunks as one report, paired with bert-a by seed across
+"""scripts/results/combine_length.py: the length study's chunks as one report, paired with bert-a by seed across
 chunks."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ..helpers import load_script
 
 
 def _script():  # noqa: ANN202 - the script as a module
-    return load_script("docs/results/length/combine.py")
+    return load_script("scripts/results/combine_length.py")
 
 
 def _chunk(folder: Path, seeds: list[int], schemes: dict) -> None:

@@ -1,4 +1,4 @@
-"""docs/benchmarks/glue_padding_free.py (issue 36's padded vs padding-free GLUE step benchmark) runs, resumes and
+"""benchmarks/glue_padding_free.py (issue 36's padded vs padding-free GLUE step benchmark) runs, resumes and
 measures the padding share as padded batches hold it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ..helpers import load_script
 
 
 def _script():  # noqa: ANN202
-    return load_script("docs/benchmarks/glue_padding_free.py")
+    return load_script("benchmarks/glue_padding_free.py")
 
 
 def test_the_padding_share_is_the_pad_tokens_of_padded_batches() -> None:

@@ -1,4 +1,4 @@
-"""docs/benchmarks/packing_step.py (issue 36's documents-vs-stream step benchmark) runs and reports what it says."""
+"""benchmarks/packing_step.py (issue 36's documents-vs-stream step benchmark) runs and reports what it says."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ..helpers import load_script
 
 
 def test_packing_step_benchmark_runs_at_a_tiny_shape(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    script = load_script("docs/benchmarks/packing_step.py")
+    script = load_script("benchmarks/packing_step.py")
     rng = random.Random(0)
     words = "the a man woman dog cat saw met found left near by house river town".split()
     docs = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 20))) + "." for _ in range(600)]

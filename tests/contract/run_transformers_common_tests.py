@@ -4,8 +4,8 @@ Not collected by pytest (no `test_` prefix): it needs transformers' `tests/` fol
 library's source distribution, and it runs from a scratch folder outside the repository so that transformers'
 `tests` package does not meet tupe's. Usage (from the repository root):
 
-    pip download --no-deps --no-binary :all: transformers==$(python -c 'import transformers as t; print(t.__version__)') -d /tmp/tfsrc
-    OMP_NUM_THREADS=1 python tests/contract/run_transformers_common_tests.py /tmp/tfsrc/transformers-*.tar.gz \
+    pip download --no-deps --no-binary :all: transformers==$(python -c 'import transformers as t; print(t.__version__)') -d tfsrc
+    OMP_NUM_THREADS=1 python tests/contract/run_transformers_common_tests.py tfsrc/transformers-*.tar.gz \
         [--schemes tupe-a deberta] [--jobs 2] [--json counts.json] [-- extra pytest args]
 
 The suite's `tests/exporters` and `tests/generation` are not in the source distribution; their two mixins are

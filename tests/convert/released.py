@@ -81,7 +81,7 @@ def fairseq_args(**overrides) -> argparse.Namespace:
         adam_betas="(0.9, 0.999)",
         mask_prob=0.15,
         seed=1,
-        save_dir="/tmp/ckpt",
+        save_dir="ckpt",
         keep_updates_list=[100000, 300000],
         max_source_positions=24,
     )

@@ -1,4 +1,4 @@
-"""Small corpora cut from the built-in default corpus (tests never need /work/shared)."""
+"""Small corpora cut from the built-in default corpus (tests never need the shared data folder)."""
 
 from __future__ import annotations
 

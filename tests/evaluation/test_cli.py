@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 from tupe.cli import main
 
@@ -41,10 +42,15 @@ def test_table_and_json(tmp_path, tokenizer, text_file, capsys):
     assert result["command"].startswith("tupe evaluate --model ")
     assert "--max-blocks 15" in result["command"]
     assert {"tupe", "torch", "transformers", "python"} <= set(result["versions"])
-    assert result["text"]["files"] == [str(text_file)]
+    # paths relative to the JSON's folder: a committed record names no folder of the machine that made it
+    assert result["text"]["files"] == [os.path.relpath(text_file, out_json.parent)]
+    assert (
+        f"--model ../a ../b ../bert --text {os.path.relpath(text_file, out_json.parent)}" in result["command"]
+    )
+    assert [m["path"] for m in result["models"]] == ["../a", "../b", "../bert"]
     assert result["text"]["bytes"] == text_file.stat().st_size
     groups = result["tokenizer_groups"]
-    assert [g["models"] for g in groups] == [[str(a), str(b)], [str(bert)]]
+    assert [g["models"] for g in groups] == [[str(a), str(b)], [str(bert)]]  # names: as given
     for g in groups:
         assert g["blocks"] == 15 and g["masked_tokens"] > 0 and g["pppl_tokens"] == 30 and g["tokens"] > 0
     assert [d["a"] + "|" + d["b"] for d in groups[0]["differences"]] == [f"{a}|{b}"]

@@ -1,4 +1,4 @@
-"""docs/results/packing/compare_packing.py: a record per finished run (kept, skipped once complete), the report's
+"""scripts/results/compare_packing.py: a record per finished run (kept, skipped once complete), the report's
 pairing of documents with stream by seed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from tupe.cli import main as cli
 
 
 def _script():  # noqa: ANN202 - the script as a module
-    return load_script("docs/results/packing/compare_packing.py")
+    return load_script("scripts/results/compare_packing.py")
 
 
 @pytest.mark.slow
@@ -32,12 +32,15 @@ def test_records_of_both_packings_and_the_report(
         assert cp.main(["record", "--runs", str(runs), "--packing", packing, "--records", str(records),
                         "--blocks", "4"]) == 0  # fmt: skip
     rec = json.loads((records / "documents" / "tupe-a-seed-1.json").read_text())
-    assert rec["run"] == {
-        "scheme": "tupe-a",
-        "seed": 1,
-        "packing": "documents",
-        "folder": str(tmp_path / "documents" / "tupe-a" / "seed-1"),
-    }
+    assert (
+        rec["run"]
+        == {
+            "scheme": "tupe-a",
+            "seed": 1,
+            "packing": "documents",
+            "folder": "../../documents/tupe-a/seed-1",  # relative to the record: no machine's folder in the repository
+        }
+    )
     summary = json.loads((tmp_path / "documents" / "tupe-a" / "seed-1" / "pretrain_summary.json").read_text())
     assert rec["pretraining"]["final_loss"] == summary["final_eval_loss"]
     assert rec["pretraining"]["packing_efficiency"] == summary["packing_efficiency"]

@@ -3,8 +3,8 @@
     benchmarks/gpu/run.sh --out /tmp/gpu --archive $OUT/gpu.tar.gz --stages packing-speed,studies \
         [--studies packing,length-1,...] [--glue-data .carry/glue] [--ood-text .carry/conll-news.txt]
 
-`packing-speed` (issue 36, item 5 on a GPU): `docs/benchmarks/packing_step.py` (a `--packing documents` training
-step against a `stream` one) and, with `--glue-data`, `docs/benchmarks/glue_padding_free.py` (a padding-free
+`packing-speed` (issue 36, item 5 on a GPU): `benchmarks/packing_step.py` (a `--packing documents` training
+step against a `stream` one) and, with `--glue-data`, `benchmarks/glue_padding_free.py` (a padding-free
 `tupe glue` step against a padded one, CoLA and SST-2) at the `base` shape and length 512, bf16 autocast.
 
 `studies`: the pre-training studies, as jobs in priority order (`--studies`, default all of `job_names()`); each
@@ -372,7 +372,7 @@ def stage_packing_speed(args: argparse.Namespace, out: Path, timeout: float) -> 
             record["result"] = json.loads(written.read_text())
         return record
 
-    step = [*python_command(), "docs/benchmarks/packing_step.py", "--device", args.device, "--json",
+    step = [*python_command(), "benchmarks/packing_step.py", "--device", args.device, "--json",
             str(out / "packing_step.json")]  # fmt: skip
     if args.smoke:
         corpus = work / "corpus.txt"
@@ -402,7 +402,7 @@ def stage_packing_speed(args: argparse.Namespace, out: Path, timeout: float) -> 
     if not tasks:
         result["glue"] = {"skipped": "no --glue-data with CoLA/ and SST-2/"}
         return result
-    glue = [*python_command(), "docs/benchmarks/glue_padding_free.py", "--data-dir", str(args.glue_data), "--tasks",
+    glue = [*python_command(), "benchmarks/glue_padding_free.py", "--data-dir", str(args.glue_data), "--tasks",
             ",".join(tasks), "--device", args.device, "--json", str(out / "glue_padding_free.json")]  # fmt: skip
     if args.smoke:
         glue += [

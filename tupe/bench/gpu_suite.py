@@ -24,7 +24,7 @@ and, asked for by name (`--stages packing-speed,studies`; tupe/bench/gpu_studies
 need from a GPU:
 
 6. `packing-speed`: issue 36's documents-vs-stream pre-training step and padding-free-vs-padded `tupe glue` step at
-   base/512 in bf16 (`docs/benchmarks/packing_step.py`, `docs/benchmarks/glue_padding_free.py`);
+   base/512 in bf16 (`benchmarks/packing_step.py`, `benchmarks/glue_padding_free.py`);
 7. `studies`: the packing study of issue 36 and the length study of issue 37, jobs in priority order, each
    resumable (`--studies`, `--studies-work`).
 

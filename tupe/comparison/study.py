@@ -1,7 +1,7 @@
 """The study of every positional scheme (issue 23, item 3; extended for length by issue 37): one command that a
 session launches and can resume.
 
-    python -m tupe.comparison.study --out /work/runs/study --resume --parallel 2 \
+    python -m tupe.comparison.study --out runs/study --resume --parallel 2 \
         [--ood-text mnli_premises.txt] [--ood-text conll-news.txt] [--glue-data /path/to/glue]
 
 (`mnli_premises.txt`: the MultiNLI premises as a text file, one premise per document, i.e. separated by blank

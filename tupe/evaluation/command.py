@@ -421,8 +421,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def write_json(path: Path, result: dict[str, Any]) -> None:
+    """The result as strict JSON, its paths (models, texts, cache, plot, command) relative to the file's folder."""
     from tupe.io.files import atomic_write_text
+    from tupe.io.results import relative_paths
 
+    result = relative_paths(result, Path(path).absolute().parent)
     atomic_write_text(path, json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
 
 

@@ -7,7 +7,7 @@ here is a fresh interpreter that applies the tuning, and for "after" `keep_large
 2 + STEPS steps (batch 1 x 512, one thread) and prints the median step's wall and CPU time, the minor page
 faults per step and the peak RSS. Usage, from the repository root (docs/benchmarks.md):
 
-    python docs/benchmarks/mmap_max_ab.py [SCHEMES] [PAIRS] [STEPS]     # defaults: bert-a,deberta 2 4
+    python benchmarks/mmap_max_ab.py [SCHEMES] [PAIRS] [STEPS]     # defaults: bert-a,deberta 2 4
 """
 
 import json

@@ -6,7 +6,7 @@ offset after the projection. "before" is rebuilt here by giving one model the ol
 (same weights, same batch, the old projection exactly); both train at the `base` shape, batch 1 x 512, one thread.
 Usage, from the repository root (docs/benchmarks.md):
 
-    python docs/benchmarks/deberta_rows_ab.py [ROUNDS]
+    python benchmarks/deberta_rows_ab.py [ROUNDS]
 """
 
 import statistics

@@ -1,6 +1,6 @@
 """The length study's chunks as one report: the tables of docs/RESULTS.md Part E.
 
-    python docs/results/length/combine.py docs/results/length
+    python scripts/results/combine_length.py docs/results/length
 
 The study ran in chunks of four schemes (`length-1` ... `length-4`, `tupe.bench.gpu_studies.length_chunks`), each
 a `python -m tupe.comparison.study` folder whose results were copied here by `tupe.bench.gpu_studies.collect`.
@@ -31,6 +31,7 @@ from typing import Any
 
 from tupe.analysis.seeds import mean_std as _mean_and_std
 from tupe.analysis.seeds import t_interval as _t_bounds
+from tupe.io.results import load_result
 
 REFERENCE = "bert-a"
 
@@ -40,7 +41,7 @@ def read_chunks(folder: Path) -> tuple[list[int], dict[str, dict[str, Any]], lis
     rows: dict[str, dict[str, Any]] = {}
     chunks = []
     for path in sorted(folder.glob("length-*/study.json"), key=lambda p: int(p.parent.name.split("-")[1])):
-        data = json.loads(path.read_text())
+        data = load_result(path, whole=False)
         if seeds is None:
             seeds = data["seeds"]
         elif data["seeds"] != seeds:
@@ -61,7 +62,7 @@ def read_unigram(folder: Path) -> dict[int, float]:
     `lengths-*.json`; a length with two different values is left out."""
     seen: dict[int, set[float]] = {}
     for path in sorted(folder.glob("length-*/lengths-*.json")):
-        for run in json.loads(path.read_text())["runs"]:
+        for run in load_result(path, whole=False)["runs"]:
             for group in run["tokenizer_groups"]:
                 seen.setdefault(run["length"], set()).add(round(group["unigram"]["loss"]["value"], 6))
     return {n: next(iter(v)) for n, v in sorted(seen.items()) if len(v) == 1}

@@ -5,7 +5,7 @@ One fresh process per measurement (peak RSS is per process): builds a `base`-pre
 of them as masked-LM targets, and prints the process's peak resident memory (model, gradients and the
 activations kept for backward) and the step's time. Usage (docs/benchmarks.md):
 
-    python docs/benchmarks/checkpointing_memory.py SCHEME BATCH SEQ_LEN on|off
+    python benchmarks/checkpointing_memory.py SCHEME BATCH SEQ_LEN on|off
 """
 
 import resource

@@ -13,7 +13,7 @@ documents step is a stream step on other blocks and the ratio says nothing about
 
 Usage, from the repository root (docs/benchmarks.md, docs/pretraining.md):
 
-    python docs/benchmarks/packing_step.py [--scheme tupe-a] [--preset mini] [--rounds 30] [--threads 1]
+    python benchmarks/packing_step.py [--scheme tupe-a] [--preset mini] [--rounds 30] [--threads 1]
         [--corpus PATH ...] [--cache-dir DIR] [--json OUT.json] [--device cuda --autocast bfloat16]
 
 On a GPU (`--device cuda`, issue 36 item 5's GPU figure at base/512 in bf16: the `packing-speed` stage of

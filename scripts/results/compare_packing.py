@@ -3,10 +3,10 @@
     # as runs finish (again and again: a run with a complete record is skipped), in each packing's `tupe compare`
     # output folder; the record is a small JSON kept in the repository, so a finished run's measures outlive the
     # machine it trained on (its checkpoint does not need to)
-    python docs/results/packing/compare_packing.py record --runs RUNS_STREAM --packing stream \
+    python scripts/results/compare_packing.py record --runs RUNS_STREAM --packing stream \
         --records docs/results/packing/records [--sst2-data GLUE_ROOT --sst2-seeds 0]
     # the tables, from whatever records there are (a run not yet recorded: a blank cell)
-    python docs/results/packing/compare_packing.py report --records docs/results/packing/records \
+    python scripts/results/compare_packing.py report --records docs/results/packing/records \
         --out docs/results/packing
 
 RUNS is the `--out` of `tupe compare --packing P` (its runs in `RUNS/SCHEME/seed-K`). A record
@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from tupe.io.results import recorded_path
 
 PACKINGS = ("stream", "documents")
 SST2_SEEDS = "1,2,3"  # the fine-tuning seeds of the study's glue stage
@@ -212,7 +214,12 @@ def record(args: argparse.Namespace) -> int:
             continue
         name = f"{scheme}/seed-{seed}"
         print(f"[record] {args.packing} {name}: {', '.join(sorted(wanted - set(rec)))}", flush=True)
-        rec["run"] = {"scheme": scheme, "seed": seed, "packing": args.packing, "folder": str(run)}
+        rec["run"] = {
+            "scheme": scheme,
+            "seed": seed,
+            "packing": args.packing,
+            "folder": recorded_path(run, folder),
+        }
         if "pretraining" not in rec:
             rec["pretraining"] = pretraining(run)
         if "ood" not in rec:

@@ -5,7 +5,7 @@ corpus, same deterministic collator), per block; a bootstrap over blocks gives a
 loss and for its difference from the first model. Also reports the loss of a unigram model (token frequencies of
 the training blocks, add-0.5 smoothing) on the same masked tokens: the level a model reaches without context.
 
-Usage: python docs/results/paired_valid.py RUN_DIR/compare CORPUS CACHE_DIR bert-a bert-r tupe-a ...
+Usage: python scripts/results/paired_valid.py RUN_DIR/compare CORPUS CACHE_DIR bert-a bert-r tupe-a ...
 """
 
 from __future__ import annotations
@@ -77,4 +77,6 @@ def main(compare: Path, corpus: str, cache: str, schemes: list[str], valid_every
 if __name__ == "__main__":
     result = main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:])
     print(json.dumps(result, indent=1))
-    (Path(__file__).resolve().parent / "paired_valid.json").write_text(json.dumps(result, indent=1))
+    (Path(__file__).resolve().parents[2] / "docs" / "results" / "paired_valid.json").write_text(
+        json.dumps(result, indent=1)
+    )

@@ -1,6 +1,6 @@
 """Collect the mini-scale reproduction (docs/RESULTS.md) from its run folder into docs/results/.
 
-Usage: python docs/results/collect.py RUN_DIR   (RUN_DIR holds compare/, glue/, and the analysis text)
+Usage: python scripts/results/collect.py RUN_DIR   (RUN_DIR holds compare/, glue/, and the analysis text)
 
 Copies the small outputs (loss curves, tables, summaries), re-runs `tupe analyze --no-json-maps` on every
 pre-trained model (small JSON), and writes glue_seeds.md: every seed's dev score, mean +/- sample std and the
@@ -10,6 +10,7 @@ median the paper's protocol uses, and a cross-model figure of the first-layer te
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -21,8 +22,10 @@ SCHEMES = [
     if len(sys.argv) < 3 or s in sys.argv[2:]
 ]
 TASKS = [("CoLA", "mcc"), ("SST-2", "accuracy"), ("MRPC", "accuracy")]
-HERE = Path(__file__).resolve().parent
-ANALYSIS_TEXT = "/work/shared/data/corpus/gutenberg/203-0.txt"
+HERE = Path(__file__).resolve().parents[2] / "docs" / "results"  # where the collected outputs go
+ANALYSIS_TEXT = (
+    os.environ.get("GUTENBERG_DIR", "gutenberg") + "/203-0.txt"
+)  # the analysis text of RESULTS Part B
 
 
 def copy_compare(run: Path) -> None:

@@ -2,7 +2,7 @@
 sizes vary: a `base`-shape tupe-a (untrained) evaluates inputs of 512, 1024, 2048, 4096, 1024, 4096, 512 tokens
 without gradients, two threads; RSS and peak RSS (MiB) after each. Usage (docs/benchmarks.md):
 
-    python docs/benchmarks/mmap_max_rss.py before; python docs/benchmarks/mmap_max_rss.py after
+    python benchmarks/mmap_max_rss.py before; python benchmarks/mmap_max_rss.py after
 """
 
 import resource

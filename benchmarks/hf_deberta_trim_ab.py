@@ -6,7 +6,7 @@ the bench's hf-deberta and tupe deberta candidates (batch 1 x 512, one thread), 
 3 rounds of one deberta step and one hf-deberta step, printing each step's wall and CPU time and minor page
 faults. Usage, from the repository root (docs/benchmarks.md):
 
-    python docs/benchmarks/hf_deberta_trim_ab.py trim; python docs/benchmarks/hf_deberta_trim_ab.py notrim
+    python benchmarks/hf_deberta_trim_ab.py trim; python benchmarks/hf_deberta_trim_ab.py notrim
 """
 
 import ctypes

@@ -5,7 +5,7 @@ the median L2 norm of the word-embedding rows (specials excluded) and of the abs
 cosine similarity of neighbouring position vectors (after removing the mean position vector): about 0 for a
 random table, clearly positive once positions have a local structure that low-rank attention can use.
 
-    python docs/results/plateau/position_table.py RUN_DIR [RUN_DIR ...]
+    python scripts/results/position_table.py RUN_DIR [RUN_DIR ...]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ No benchmark machinery runs before the models (`tupe bench` first measures a mat
 changes glibc's malloc thresholds by itself). `tupe.bench.runner` only builds the models, the batch and the
 training step (forward, backward, clipping, fused AdamW). Usage (docs/benchmarks.md):
 
-    python docs/benchmarks/harness_mini.py untuned|tuned [DROPOUT]
+    python benchmarks/harness_mini.py untuned|tuned [DROPOUT]
 """
 
 import dataclasses

@@ -3,7 +3,7 @@
 Fresh interpreters with `tupe.tune_cpu_allocator()` applied, and for "after" `tupe.keep_large_blocks()`
 (glibc's `M_MMAP_MAX` at 0); each times, on one thread, a zero-filled 32,768 x 768 float32 tensor (the word
 embeddings' gradient at the `base` shape, which the embedding's backward allocates every step) and the
-(32,768 x 75) @ (75 x 768) product that gives the tied decoder's gradient. Usage: python docs/benchmarks/mmap_max_micro.py
+(32,768 x 75) @ (75 x 768) product that gives the tied decoder's gradient. Usage: python benchmarks/mmap_max_micro.py
 """
 
 import subprocess

@@ -16,7 +16,7 @@ vocabulary size trained on the tasks' training text (a few seconds). The result 
 
 Usage, from the repository root (docs/benchmarks.md, docs/glue.md):
 
-    python docs/benchmarks/glue_padding_free.py --data-dir GLUE_DIR [--tasks CoLA,SST-2] [--preset mini]
+    python benchmarks/glue_padding_free.py --data-dir GLUE_DIR [--tasks CoLA,SST-2] [--preset mini]
         [--scheme tupe-a] [--batch-size 32] [--steps 20] [--warmup 2] [--threads 1] [--tokenizer DIR]
         [--json OUT.json] [--share-only] [--device cuda --autocast bfloat16]
 

@@ -1,0 +1,170 @@
+"""docs/results in the repository (issue 48, item 6): every committed report regenerates from the committed records,
+byte for byte; stripped records come back whole through `tupe.io.results.load_result`; `docs/results` stays small;
+no tracked file names an absolute path of the machine it was made on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import load_script
+from tupe.io.results import (
+    MACHINE_PATH,
+    anonymise_paths,
+    load_result,
+    recorded_command,
+    recorded_path,
+    restore,
+    strip_result,
+    stripped_files,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+LIMIT = 5 * 2**20  # bytes of docs/results in the tree
+
+# Files that may name an absolute /tmp path (never /work, /root or /home), with why: each names a scratch folder of
+# the lent GPU machine (nothing of the machine that ran it) or shows the pattern itself.
+ALLOWED = {
+    "tupe/bench/gpu_suite.py": "--studies-work's default: a scratch folder on the GPU machine, kept between calls",
+    "tupe/bench/gpu_studies.py": "its usage line and --studies-work's default on the GPU machine",
+    "benchmarks/gpu/carry.sh": "where the GPU machine installs the carried wheels",
+    "docs/benchmarks.md": "the GPU calls as run there: scratch folders of the GPU machine",
+}
+PATTERN_FILES = {
+    "tupe/io/results.py",
+    "tests/test_results.py",
+}  # they write the patterns out, to find and rewrite them
+
+
+def _tracked() -> list[str]:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, check=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return out.stdout.split()
+
+
+def test_no_tracked_file_names_a_machine_path():
+    found = []
+    for rel in _tracked():
+        path = ROOT / rel
+        if rel in PATTERN_FILES or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue  # images, archives
+        for n, line in enumerate(text.splitlines(), 1):
+            if any(
+                rel not in ALLOWED or not m.group().startswith("/tmp/") for m in MACHINE_PATH.finditer(line)
+            ):
+                found.append(f"{rel}:{n}: {line.strip()[:120]}")
+    assert not found, (
+        "absolute machine paths (anonymise them: tupe.io.results.anonymise_paths):\n" + "\n".join(found[:40])
+    )
+
+
+def test_docs_results_is_small_and_holds_no_scripts():
+    files = [f for f in _tracked() if f.startswith("docs/results/") and (ROOT / f).is_file()]
+    size = sum((ROOT / f).stat().st_size for f in files)
+    assert size <= LIMIT, (
+        f"docs/results holds {size / 2**20:.1f} MiB in the tree (at most {LIMIT / 2**20:.0f})"
+    )
+    scripts = [f for f in _tracked() if f.startswith("docs/") and f.endswith(".py")]
+    assert not scripts, f"scripts belong in scripts/ or benchmarks/, not docs/: {scripts}"
+
+
+def test_the_machine_path_pattern_and_its_rewrite():
+    for path in ["/work/runs/x", "/root/.cache/tupe", "/home/ann/data", "/tmp/gpu/a.json", "'/tmp/x'"]:
+        assert MACHINE_PATH.search(path), path
+        assert not MACHINE_PATH.search(anonymise_paths(path)), anonymise_paths(path)
+    for text in ["runs/x", "~/x", "/tmp/", "a/work/b", "/opt/torch/bin/python3", "https://x.org/home/a"]:
+        assert not MACHINE_PATH.search(text), text
+    assert anonymise_paths("/work/main/tupe/comparison/study.py --out /work/runs/length/length-1") == (
+        "tupe/comparison/study.py --out runs/length/length-1"
+    )
+    assert anonymise_paths('"/root/.cache/tupe/packed/x"') == '"~/.cache/tupe/packed/x"'
+
+
+def test_recorded_paths_are_relative_to_the_record(tmp_path):
+    out = tmp_path / "study"
+    assert recorded_path(out / "runs" / "a", out) == "runs/a"
+    assert recorded_path(tmp_path / "texts" / "t.txt", out) == "../texts/t.txt"
+    argv = [
+        str(ROOT / "tupe" / "comparison" / "study.py"),
+        "--out",
+        str(out),
+        f"--text={tmp_path / 't.txt'}",
+        "-x",
+    ]
+    assert recorded_command(argv, out) == "tupe/comparison/study.py --out . --text=../t.txt -x"
+    assert recorded_command([str(ROOT / "tupe" / "__main__.py"), "evaluate"], out) == "tupe evaluate"
+
+
+def test_strip_and_restore_give_back_the_record():
+    record = {
+        "a": 1,
+        "groups": [{"per_block": {"nll": [1.5, 2.0]}, "x": 2, "differences": [{"a": "m"}]}],
+        "z": [],
+    }
+    stripped = strip_result(record)
+    assert stripped == {"a": 1, "groups": [{"x": 2}], "z": []}
+    assert restore(stripped, record, ("per_block", "differences")) == record
+    renamed = json.loads(json.dumps(stripped).replace('"x": 2', '"x": 3'))  # what the tree holds wins
+    assert restore(renamed, record, ("per_block", "differences"))["groups"][0]["x"] == 3
+
+
+def _history() -> bool:
+    manifest = json.loads((RESULTS / "length" / "stripped.json").read_text())
+    probe = subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", manifest["commit"]], capture_output=True
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_stripped_record_comes_back_whole_from_history(tmp_path):
+    if not _history():
+        pytest.skip("no git history here (a source archive or a shallow clone)")
+    folder = RESULTS / "length"
+    rel = "length-1/passkey-pi.json"
+    assert rel in stripped_files(folder)
+    whole = load_result(folder / rel)
+    tree = json.loads((folder / rel).read_text())
+    assert "per_block" not in json.dumps(tree)
+    entry = whole["by_distance"][0]
+    assert len(entry["per_block"]["nll"]) == whole["settings"]["blocks"] or len(entry["per_block"]["nll"]) > 0
+    assert strip_result(whole) == tree  # the tree's record is the whole one, stripped
+    export = load_script("scripts/results/stored.py")
+    export.main(["export", str(folder), str(tmp_path)])
+    import numpy as np
+
+    arrays = np.load(tmp_path / "per_block.npz")
+    listed = json.loads((tmp_path / "per_block.json").read_text())["arrays"]
+    one = next(a for a in listed if a["file"] == rel and a["key"].endswith("by_distance/0/per_block/nll"))
+    assert arrays[one["array"]].tolist() == entry["per_block"]["nll"]
+    assert arrays[one["array"]].dtype == np.float64
+
+
+def test_length_report_regenerates(tmp_path):
+    """docs/results/length/length.md and length.json, from the chunks' committed study.json and lengths-*.json."""
+    folder = tmp_path / "length"
+    shutil.copytree(RESULTS / "length", folder, ignore=shutil.ignore_patterns("*.png"))
+    load_script("scripts/results/combine_length.py").main([str(folder)])
+    for name in ("length.md", "length.json"):
+        assert (folder / name).read_bytes() == (RESULTS / "length" / name).read_bytes(), name
+
+
+def test_packing_report_regenerates(tmp_path):
+    """docs/results/packing/packing.md and packing.json, from the committed records (the command line aside)."""
+    script = load_script("scripts/results/compare_packing.py")
+    script.main(["report", "--records", str(RESULTS / "packing" / "records"), "--out", str(tmp_path)])
+    assert (tmp_path / "packing.md").read_bytes() == (RESULTS / "packing" / "packing.md").read_bytes()
+    made, kept = (json.loads((d / "packing.json").read_text()) for d in (tmp_path, RESULTS / "packing"))
+    made.pop("command"), kept.pop("command")
+    assert made == kept
