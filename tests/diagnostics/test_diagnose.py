@@ -177,3 +177,28 @@ def test_a_folder_of_other_files_is_refused_and_left_alone(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     assert main(["diagnose", "--out", str(tmp_path), "--schemes", "nope", "--steps", "1"]) == 2
     assert "did not write" in capsys.readouterr().err and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_checkpoint_is_fine_tuned_on_the_tasks_with_its_own_weights_and_scheme(tmp_path, capsys):
+    """`--model`: a tupe checkpoint (its vocabulary's ordinary ids play the tasks' tokens) trained a few steps and
+    scored like a fresh model; two folders of one name are refused."""
+    from tests.evaluation.conftest import make_documents, save_tupe
+    from tests.helpers import train_test_tokenizer
+
+    tok = train_test_tokenizer(make_documents(40, seed=1), vocab_size=400)
+    model = save_tupe(tmp_path / "rope-ckpt", tok, "rope", max_len=64)
+    out = tmp_path / "diag"
+    argv = ["diagnose", "--out", str(out), "--model", str(model), "--seeds", "0", "--steps", "3"]
+    assert (
+        main([*argv, "--multiples", "1,2", "--test-examples", "8", "--parallel", "1", "--no-progress"]) == 0
+    )
+    record = json.loads((out / "diagnostics.json").read_text())
+    (run,) = record["runs"]
+    assert (
+        run["scheme"] == "rope" and run["checkpoint"] == "../rope-ckpt" and run["name"] == "rope-ckpt/seed-0"
+    )
+    assert {e["method"] for e in run["tasks"]} == {"none", "pi", "ntk", "yarn"}
+    other = tmp_path / "other" / "rope-ckpt"
+    other.mkdir(parents=True)
+    assert main(["diagnose", "--out", str(tmp_path / "d2"), "--model", str(model), str(other)]) == 2
+    assert "two folders called 'rope-ckpt'" in capsys.readouterr().err

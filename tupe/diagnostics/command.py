@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
 import subprocess
 import sys
 import time
@@ -95,6 +94,10 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[Any]:
             if not Path(path).is_dir():
                 raise TupeError(f"--model {path} is not a folder")
             name = Path(path).resolve().name
+            if any(j.name.startswith(f"{name}/") for j in jobs):
+                raise TupeError(
+                    f"--model names two folders called {name!r}; their results would share a name"
+                )
             jobs += [
                 Job(f"{name}/seed-{s}", None, str(path), s, str(out / "runs" / f"{name}-seed-{s}"))
                 for s in args.seeds
@@ -176,16 +179,21 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from tupe.io.results import recorded_command, recorded_path
+
+    words = sys.argv[2:] if sys.argv[1:2] == ["diagnose"] else sys.argv[1:]
     record = {
-        "command": "tupe diagnose "
-        + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["diagnose"] else sys.argv[1:]),
+        # paths relative to --out, where the record is written
+        "command": recorded_command(["tupe", "diagnose", *words], out),
         "commit": _commit(),
         "machine": {"platform": platform.platform(terse=True), "torch": torch.__version__},
         "settings": dataclasses.asdict(settings),
         "wall_seconds": round(time.perf_counter() - start, 1),
         "job_seconds": round(sum(r["seconds"] for r in results), 1),
         "summary": summary,
-        "runs": results,
+        "runs": [
+            r | {"checkpoint": r["checkpoint"] and recorded_path(r["checkpoint"], out)} for r in results
+        ],
     }
     text = markdown(summary, lengths, record["settings"])
     atomic_write_text(out / "diagnostics.md", text)
