@@ -201,7 +201,13 @@ def test_no_module_imports_another_modules_private_names() -> None:
 
 POSITIONAL = PACKAGE / "modeling" / "positional.py"
 # what positional.py offers the rest of the package about schemes: the interface, not the schemes' own classes
-_SCHEME_INTERFACE = {"PositionalScheme", "PositionalModule", "SchemeField", "SchemeReport", "PositionalContext"}
+_SCHEME_INTERFACE = {
+    "PositionalScheme",
+    "PositionalModule",
+    "SchemeField",
+    "SchemeReport",
+    "PositionalContext",
+}
 
 
 def _scheme_classes() -> set[str]:
