@@ -201,7 +201,13 @@ def test_no_module_imports_another_modules_private_names() -> None:
 
 POSITIONAL = PACKAGE / "modeling" / "positional.py"
 # what positional.py offers the rest of the package about schemes: the interface, not the schemes' own classes
-_SCHEME_INTERFACE = {"PositionalScheme", "PositionalModule", "SchemeField", "PositionalContext"}
+_SCHEME_INTERFACE = {
+    "PositionalScheme",
+    "PositionalModule",
+    "SchemeField",
+    "SchemeReport",
+    "PositionalContext",
+}
 
 
 def _scheme_classes() -> set[str]:
@@ -254,7 +260,7 @@ def test_the_scheme_check_catches_what_it_is_for() -> None:
         "ok = scheme in ('rope', 'x')\n"
         "from tupe.modeling.positional import UntiedPositions\n"
         "isinstance(m, positional.RelativeBias)\n"
-        "fine = scheme_class(scheme).relative_bias and scheme == other\n"
+        "fine = scheme_class(scheme).report.relative_bias and scheme == other\n"
     )
     found = scheme_knowledge(code, {"tupe-r", "rope"}, {"UntiedPositions", "RelativeBias"})
     assert [f.split(":")[0] for f in found] == ["1", "2", "3", "4"]

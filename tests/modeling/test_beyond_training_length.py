@@ -14,7 +14,7 @@ from tupe.modeling.positional import SCHEMES
 from ..helpers import tiny_config
 
 SAVED, LONGER = 64, 160
-ANY_LENGTH = [name for name, cls in SCHEMES.items() if cls.position_table is None]
+ANY_LENGTH = [name for name, cls in SCHEMES.items() if cls.report.position_table is None]
 LENGTH_DEPENDENT = {"fire"}  # psi(max(N, L)): the input length N normalises every offset
 
 

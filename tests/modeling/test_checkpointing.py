@@ -31,6 +31,7 @@ from tupe.modeling.kernels import (
 from tupe.modeling.positional import (
     PositionalContext,
     PositionalScheme,
+    SchemeReport,
     TupeA,
     register_scheme,
     unregister_scheme,
@@ -144,8 +145,10 @@ class DeferredToy(PositionalScheme):
     term built on first read from `parts` (tensors its forward computed from its parameters), and a per-layer
     term of the layer's queries and keys gated by another such tensor."""
 
-    name, display_name, summary = "toy-deferred", "Toy deferred", "a deferred content-free and layer term"
+    name = "toy-deferred"
+    report = SchemeReport("Toy deferred", "a deferred content-free and layer term")
     terms = frozenset({"content_free", "layer"})
+    takes_positions = False  # positions 0..n-1 only
 
     def __init__(self, config):
         super().__init__(config)
@@ -156,7 +159,7 @@ class DeferredToy(PositionalScheme):
         nn.init.normal_(self.slopes)
         nn.init.normal_(self.gates)
 
-    def forward(self, n):
+    def forward(self, n, positions):
         i = torch.arange(n, dtype=self.slopes.dtype)
         parts = {
             "slopes": nn.functional.softplus(self.slopes)[:, None, None],
@@ -179,7 +182,7 @@ class ClosureToy(DeferredToy):
 
     name = "toy-closure"
 
-    def forward(self, n):
+    def forward(self, n, positions):
         ctx = PositionalContext(self.logit_scale)
         gates = torch.tanh(self.gates)[:, None, None]
         ctx.layer_term = lambda ctx, q, k, project: gates * (q @ k.transpose(-1, -2)) * self.logit_scale
@@ -191,8 +194,8 @@ class LazyClosureToy(DeferredToy):
 
     name = "toy-lazy-closure"
 
-    def forward(self, n):
-        ctx = super().forward(n)
+    def forward(self, n, positions):
+        ctx = super().forward(n, positions)
         slopes = ctx.parts["slopes"]
         ctx.bias_fn = lambda: -slopes * ctx.parts["distance"]
         return ctx
@@ -203,9 +206,9 @@ class KeepingToy(DeferredToy):
 
     name = "toy-keeping"
 
-    def forward(self, n):
+    def forward(self, n, positions):
         self.kept_gates = torch.tanh(self.gates)[:, None, None]
-        return super().forward(n)
+        return super().forward(n, positions)
 
     def gated_term(self, ctx, q, k, project):
         return self.kept_gates * (q @ k.transpose(-1, -2)) * self.logit_scale

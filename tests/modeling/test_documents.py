@@ -181,7 +181,9 @@ def test_positions_not_from_zero_match_the_naive_reference(scheme):
     tol = _naive_tolerance(scheme)
     torch.testing.assert_close(out.logits, mlm, atol=tol, rtol=tol)
     cls = SCHEME_CLASSES[scheme]
-    if cls.absolute_input or cls.untied_projections:  # a table read at positions 3..14, not 0..11
+    if (
+        cls.report.absolute_input or cls.report.untied_projections
+    ):  # a table read at positions 3..14, not 0..11
         assert (model(ids).logits - out.logits).abs().max() > 1e-6
     elif scheme != "fire":  # relative terms only: a shift changes nothing (fire: N = 15, not 12)
         torch.testing.assert_close(out.logits, model(ids).logits, atol=tol, rtol=tol)
@@ -447,27 +449,58 @@ def test_gradient_checkpointing_keeps_packed_gradients(scheme, use_reentrant):
         torch.testing.assert_close(checkpointed[name], grad, atol=1e-12, rtol=1e-10, msg=name)
 
 
-def test_a_scheme_without_positions_refuses_position_ids():
-    from tupe.modeling.positional import (
-        PositionalContext,
-        PositionalScheme,
-        register_scheme,
-        unregister_scheme,
-    )
+def _blind_scheme(takes_positions: bool):
+    """A scheme whose terms are those of positions 0..n-1 whatever it is given (the old recipe's `forward(n)`)."""
+    from tupe.modeling.positional import PositionalContext, PositionalScheme, SchemeReport
 
-    @register_scheme
     class Blind(PositionalScheme):
-        name, display_name, summary = "toy-blind", "Toy", "a forward(n) scheme"
+        name = "toy-blind"
+        report = SchemeReport("Toy", "a scheme of positions 0..n-1 only")
+        terms = frozenset({"content_free"})
 
-        def forward(self, n):
-            return PositionalContext(self.logit_scale)
+        def forward(self, n, positions):
+            assert positions is None or self.takes_positions  # the model never passes it positions it refused
+            i = torch.arange(n, dtype=torch.float32)
+            return PositionalContext(self.logit_scale, content_free=-(i[None, :] - i[:, None]).abs()[None])
 
+    Blind.takes_positions = takes_positions
+    return Blind
+
+
+def test_a_scheme_that_declares_it_takes_no_positions_refuses_position_ids_and_documents_by_name():
+    """`takes_positions = False` is a declaration, not read off the signature: such a scheme runs without
+    position_ids, and position_ids, `cu_seq_lens_q` or `seq_idx` (packed documents) are refused, naming it."""
+    from tupe.modeling.positional import register_scheme, unregister_scheme
+
+    register_scheme(_blind_scheme(takes_positions=False))
     try:
         model = TupeModel(tiny_config("toy-blind")).eval()
         ids = torch.randint(5, 50, (1, 6))
         model(ids)
         with pytest.raises(ValueError, match="'toy-blind' takes no position_ids"):
             model(ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
+        with pytest.raises(ValueError, match="'toy-blind' takes no position_ids"):
+            model(ids, seq_idx=torch.tensor([[0, 0, 0, 1, 1, 1]]))
+    finally:
+        unregister_scheme("toy-blind")
+
+
+def test_a_scheme_always_receives_the_positions():
+    """The contract passes `positions` to every scheme's forward (None: 0..n-1): a scheme that ignores them has
+    to say so (above); one that takes them gets the packed documents' positions, and no signature is read."""
+    from tupe.modeling.positional import register_scheme, unregister_scheme
+
+    seen = []
+    cls = _blind_scheme(takes_positions=True)
+    forward = cls.forward
+    cls.forward = lambda self, n, positions: seen.append(positions) or forward(self, n, positions)
+    register_scheme(cls)
+    try:
+        model = TupeModel(tiny_config("toy-blind")).eval()
+        ids = torch.randint(5, 50, (1, 6))
+        model(ids)
+        model(ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
+        assert seen[0] is None and seen[1].ids.tolist() == [[0, 1, 2, 0, 1, 2]]
     finally:
         unregister_scheme("toy-blind")
 

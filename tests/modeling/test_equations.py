@@ -63,7 +63,7 @@ def test_positional_logits_match_naive_first_layer(scheme):
     assert bias.shape == (2, 9, 9)
     # With identical tokens the content logits are constant per query, so the first layer's attention is the
     # softmax of the content-free term (exactly, for every scheme with such a term and no input positions).
-    if not cls.absolute_input:
+    if not cls.report.absolute_input:
         ids = torch.full((1, 9), 7)
         _, attentions, _ = naive_forward(model, ids)
         torch.testing.assert_close(torch.softmax(bias.double(), -1), attentions[0][0], atol=1e-6, rtol=1e-5)

@@ -144,7 +144,7 @@ def test_runs_beyond_max_position_embeddings(scheme):
     torch.testing.assert_close(
         model.tupe.positional(n).content_free.double(), _naive(model, n), atol=1e-5, rtol=1e-5
     )
-    assert SCHEMES[scheme].position_table is None  # what `tupe evaluate --lengths` asks
+    assert SCHEMES[scheme].report.position_table is None  # what `tupe evaluate --lengths` asks
     model.config.max_position_embeddings = n
     ids = torch.randint(5, 50, (2, n))
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""`PositionalScheme.position_table` names the only length-dependent state of a model: what `tupe evaluate
+"""`SchemeReport.position_table` names the only length-dependent state of a model: what `tupe evaluate
 --lengths` resizes (or refuses to go beyond) is asked of this attribute, never of the scheme's name."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_position_table_is_the_only_state_whose_shape_depends_on_the_length(sche
     short, long = _state(scheme, 16), _state(scheme, 24)
     assert short.keys() == long.keys()
     differ = sorted(k for k in short if short[k] != long[k])
-    table = SCHEMES[scheme].position_table
+    table = SCHEMES[scheme].report.position_table
     if table is None:
         assert differ == []
     else:

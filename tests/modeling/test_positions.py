@@ -56,7 +56,7 @@ def _final_loss(scheme: str, blind: bool) -> float:
     if blind:
         positional = model.tupe.positional
         forward = positional.forward
-        positional.forward = lambda n: _blind(forward(n))
+        positional.forward = lambda n, positions: _blind(forward(n, positions))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(0)
     losses = []

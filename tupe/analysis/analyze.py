@@ -136,7 +136,7 @@ def analyze(
     }
     with torch.no_grad():
         positional = encoder.positional_logits(n)
-    does_split = scheme_class(scheme).decomposable
+    does_split = scheme_class(scheme).report.decomposable
     if not does_split and positional is None:
         raise TupeError(
             f"position_scheme {scheme!r} has neither input positions to split nor a content-free "
@@ -162,7 +162,7 @@ def analyze(
             result["decomposition"] = {
                 "convention": "LayerNorm split with per-token statistics of w+p; LayerNorm bias, query/key "
                 "biases"
-                + (" and relative bias" if scheme_class(scheme).relative_bias else "")
+                + (" and relative bias" if scheme_class(scheme).report.relative_bias else "")
                 + " on the position side",
                 "max_abs_error": dec.max_abs_error,
                 "stats": dec.stats,

@@ -87,8 +87,8 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
     model = _encoder(model)
     config = model.config
     scheme = config.position_scheme
-    if not scheme_class(scheme).decomposable:
-        decomposable = [name for name, cls in SCHEMES.items() if cls.decomposable]
+    if not scheme_class(scheme).report.decomposable:
+        decomposable = [name for name, cls in SCHEMES.items() if cls.report.decomposable]
         raise TupeError(
             f"position_scheme {scheme!r} has no word/position split of its logits; "
             f"it applies to {', '.join(decomposable)}"
@@ -99,7 +99,7 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
     dt = torch.float64
     emb = model.embeddings
     ln = emb.LayerNorm
-    ctx = model.positional(n)
+    ctx = model.positional(n, None)
     scale = float(ctx.logit_scale)
     attn = model.layers[0].attention
     hidden = config.hidden_size
@@ -109,7 +109,7 @@ def first_layer_terms(model, input_ids: torch.Tensor) -> tuple[dict[str, torch.T
     bq, bk = b_qkv[:hidden], b_qkv[hidden : 2 * hidden]
 
     w = emb.word_embeddings(input_ids).to(dt)  # (b, n, hidden)
-    if scheme_class(scheme).absolute_input:
+    if scheme_class(scheme).report.absolute_input:
         p = ctx.input_embedding[:n].to(dt).expand(b, n, hidden)  # the learned or fixed table
     else:
         p = torch.zeros_like(w)  # bert-a-d, tupe-*: positions do not enter the input

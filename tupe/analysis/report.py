@@ -56,17 +56,18 @@ def render_html(result: dict, figures: dict[str, bytes]) -> str:
         from tupe.modeling.positional import scheme_class
 
         scheme = scheme_class(result["position_scheme"])
+        report = scheme.report
         parts.append("<h2>First-layer logits: word and position terms (paper Fig. 2)</h2>")
         parts.append(_img(figures["decomposition"], "four terms of the first-layer logits"))
         parts.append(
             "<p class='note'>Each map is the mean over the text blocks and over all heads. The input "
             "LayerNorm is split exactly with each token's own statistics; the LayerNorm bias and the query/key "
             "biases are counted on the position side (they do not depend on the word)"
-            + (", and so is the relative bias b<sub>j-i</sub>" if scheme.relative_bias else "")
+            + (", and so is the relative bias b<sub>j-i</sub>" if report.relative_bias else "")
             + (
-                f", and so is {scheme.display_name}'s content-free term (its input has no positions, so the two "
+                f", and so is {report.display_name}'s content-free term (its input has no positions, so the two "
                 "cross terms contain only the biases)"
-                if scheme.content_free and not scheme.absolute_input
+                if scheme.content_free and not report.absolute_input
                 else ""
             )
             + f". The four terms sum to the first layer's logits: largest deviation "

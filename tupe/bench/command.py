@@ -276,7 +276,9 @@ def ratios(rows: list[dict], key: str = "step_s_median") -> dict[str, float]:
             continue
         if hf:
             out[f"{scheme} [{backend}] / hf-bert"] = t / hf
-        if hf_deberta and scheme_class(scheme).transformers_comparator == HF_DEBERTA:  # transformers' own one
+        if (
+            hf_deberta and scheme_class(scheme).report.transformers_comparator == HF_DEBERTA
+        ):  # transformers' own one
             out[f"{scheme} [{backend}] / hf-deberta"] = t / hf_deberta
         bert = by.get((baseline, backend))
         if bert and scheme != baseline:
@@ -345,7 +347,7 @@ def _time_shape(name: str, shape: Shape, args: argparse.Namespace, schemes, back
         cands.append(build_hf_bert(shape, args.seq_len, batch, device, torch.float32))
     from tupe.modeling.positional import scheme_class
 
-    wants_deberta = any(scheme_class(s).transformers_comparator == HF_DEBERTA for s in schemes)
+    wants_deberta = any(scheme_class(s).report.transformers_comparator == HF_DEBERTA for s in schemes)
     if wants_deberta and not getattr(args, "no_hf_deberta", False):
         cands.append(build_hf_deberta(shape, args.seq_len, batch, device, torch.float32))
     if getattr(args, "flash_baseline", False):

@@ -52,7 +52,7 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
 
     `predicted_rows`: rows the MLM head runs on (masked tokens with sparse prediction, batch x seq_len without).
     `scheme` is a TUPE position scheme or a transformers comparator, counted as the scheme it implements (the
-    scheme's `transformers_comparator`; "hf-bert": BERT-A with a dense head, "hf-deberta": DeBERTa).
+    scheme's report's `transformers_comparator`; "hf-bert": BERT-A with a dense head, "hf-deberta": DeBERTa).
     """
     from tupe.modeling.positional import comparator_scheme, scheme_class
     from tupe.training.model import HF_BERT
@@ -64,10 +64,10 @@ def forward_flops(shape: Shape, scheme: str, batch: int, seq_len: int, predicted
     total = layers * per_layer
     cls = scheme_class(comparator_scheme(scheme) or scheme)
     if scheme != HF_BERT:
-        total += cls.extra_forward_flops(
+        total += cls.report.forward_flops(
             h, seq_len, shape.num_attention_heads
         )  # positional side, once per forward
-    total += layers * cls.extra_layer_flops(h, seq_len, batch)  # positional terms inside every layer
+    total += layers * cls.report.layer_flops(h, seq_len, batch)  # positional terms inside every layer
     total += 2 * predicted_rows * h * h + 2 * predicted_rows * h * v  # MLM head: dense + tied decoder
     return float(total)
 

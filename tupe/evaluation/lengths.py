@@ -2,7 +2,7 @@
 
 At each length the text is packed into blocks of that length and every model that can run there is evaluated by
 `evaluate()` unchanged (same seeded masks for the models sharing a tokenizer, word-order check, paired intervals).
-Whether a model can run beyond its own length is asked of its scheme class (`PositionalScheme.position_table`):
+Whether a model can run beyond its own length is asked of its scheme class (`SchemeReport.position_table`):
 schemes without a learned table run at any length; a learned table has no row beyond its last, so the model is
 reported as "no positions beyond N" unless `--extend-positions` builds the longer table:
 
@@ -42,7 +42,7 @@ def table_key(m: EvalModel) -> str | None:
         return "bert.embeddings.position_embeddings.weight"
     from tupe.modeling.positional import scheme_class
 
-    path = scheme_class(m.model.config.position_scheme).position_table
+    path = scheme_class(m.model.config.position_scheme).report.position_table
     return None if path is None else f"tupe.positional.{path}.weight"
 
 

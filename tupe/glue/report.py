@@ -50,10 +50,10 @@ PAPER_ROWS: list[tuple[str, str, int, list[float]]] = [
 
 
 def scheme_display_name(scheme: str) -> str:
-    """The paper's name of a scheme (its `display_name`), or the name itself for one this package lacks."""
+    """The paper's name of a scheme (its report's `display_name`), or the name itself for one this package lacks."""
     from tupe.modeling.positional import SCHEMES
 
-    return SCHEMES[scheme].display_name if scheme in SCHEMES else scheme
+    return SCHEMES[scheme].report.display_name if scheme in SCHEMES else scheme
 
 
 def format_steps(steps: int | None) -> str:

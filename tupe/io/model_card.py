@@ -44,7 +44,7 @@ def scheme_description(scheme: str) -> tuple[str, str]:
     if cls is None:
         return scheme, ""
     doc = (cls.__doc__ or "").strip().split("\n")[0]
-    return cls.display_name, doc
+    return cls.report.display_name, doc
 
 
 def base_model_name(path: str | os.PathLike) -> str:

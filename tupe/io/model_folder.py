@@ -281,10 +281,10 @@ def validate_config(
                 f"{path}: {key} {_show(v)} is not a token id of the vocabulary (0 to {vocab - 1})"
             )
     if model_type == "tupe":
-        from tupe.modeling.positional import SCHEMES
+        from tupe.modeling.positional import SCHEMES, find_scheme
 
         scheme = cfg.get("position_scheme", "tupe-a")
-        if not isinstance(scheme, str) or scheme not in SCHEMES:
+        if not isinstance(scheme, str) or find_scheme(scheme) is None:
             raise TupeError(f"{path}: position_scheme {_show(scheme)} is not one of {', '.join(SCHEMES)}")
         kernel = cfg.get("attention_kernel", "auto")
         if not isinstance(kernel, str):

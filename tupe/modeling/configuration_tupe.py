@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from .kernels import ATTENTION_KERNELS, KERNEL_ALIASES, check_kernel_for_scheme
-from .positional import POSITION_SCHEMES, scheme_class, scheme_fields
+from .positional import POSITION_SCHEMES, SCHEMES, PositionalScheme, scheme_class, scheme_fields
 
 # The one attention switch (saved in config.json) takes "auto" or a name of the kernel registry (kernels.py), read
 # live: `ATTENTION_KERNELS`. See docs/model.md "Attention kernels".
@@ -37,9 +37,10 @@ class TupeConfig(PretrainedConfig):
             `rope_scaling` is mapped onto it), for the `rope` scheme only (any other refuses it by name), applied
             through transformers' `ROPE_INIT_FUNCTIONS` (tupe/modeling/rope_scaling.py; docs/model.md "RoPE
             scaling"). Unset by default, and then not saved.
-        **kwargs: the positional schemes' own fields, as each scheme declares them (`PositionalScheme.config_fields`;
-            every config carries every registered scheme's fields, with its default where not given, so that
-            one config loads under any scheme), then `PretrainedConfig`'s arguments. The built-in schemes':
+        **kwargs: the positional scheme's own fields, as it declares them (`PositionalScheme.config_fields`; a
+            config holds its own scheme's fields only, with their defaults where not given; another registered
+            scheme's field is dropped, so that config.json files that carry every scheme's fields, as they were
+            once saved, load unchanged), then `PretrainedConfig`'s arguments. The built-in schemes':
     """
 
     model_type = "tupe"
@@ -96,19 +97,25 @@ class TupeConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.classifier_dropout = classifier_dropout
         self.sparse_prediction = sparse_prediction
-        # Every registered scheme's fields, resolved now (e.g. deberta's max_relative_positions -1 ->
-        # max_position_embeddings, so that a copy built for longer inputs keeps the bucket boundaries it was
-        # trained with), then the scheme's own checks.
-        for field in scheme_fields().values():
-            value = kwargs.pop(field.name, field.default)
-            setattr(self, field.name, value if field.resolve is None else field.resolve(value, self))
-        scheme.check_config(self)
+        self._take_scheme_fields(scheme, kwargs)
         self._take_rope_parameters(scheme, kwargs)
         self.attention_kernel = check_kernel_for_scheme(attention_kernel, position_scheme, scheme.terms)
         self.cls_token_id = cls_token_id
         self.sep_token_id = sep_token_id
         self.mask_token_id = mask_token_id
         super().__init__(pad_token_id=pad_token_id, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def _take_scheme_fields(self, scheme: type[PositionalScheme], kwargs: dict) -> None:
+        """The scheme's own fields, resolved now (e.g. deberta's max_relative_positions -1 ->
+        max_position_embeddings, so that a copy built for longer inputs keeps the bucket boundaries it was trained
+        with), then its checks. Other registered schemes' fields are dropped: a config holds its own scheme's only
+        (config.json files written when every config carried every scheme's fields load unchanged)."""
+        for field in scheme.config_fields:
+            value = kwargs.pop(field.name, field.default)
+            setattr(self, field.name, value if field.resolve is None else field.resolve(value, self))
+        for name in scheme_fields():
+            kwargs.pop(name, None)
+        scheme.check_config(self)
 
     def _take_rope_parameters(self, scheme, kwargs: dict) -> None:
         """`rope_parameters` (or the legacy `rope_scaling`, mapped onto it as transformers 5 does) in standard
@@ -162,7 +169,8 @@ class TupeConfig(PretrainedConfig):
 
 TupeConfig.__doc__ += (
     "".join(
-        f"\n        {field.name} (default {field.default!r}): {field.doc}."
+        f"\n        {field.name} ({', '.join(s for s, c in SCHEMES.items() if field in c.config_fields)}; default "
+        f"{field.default!r}): {field.doc}."
         for field in scheme_fields().values()
     )
     + "\n"

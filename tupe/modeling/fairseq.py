@@ -468,7 +468,7 @@ def encoder_tensors(
             query, key = proj[:H], proj[H:]
         out[f"tupe.positional.untied.pos_query.{p}"] = query  # U^Q
         out[f"tupe.positional.untied.pos_key.{p}"] = key  # U^K
-    if scheme_class(config.position_scheme).relative_bias:  # tupe-r
+    if scheme_class(config.position_scheme).report.relative_bias:  # tupe-r
         out["tupe.positional.relative.bias.weight"] = take(ENC + "relative_attention_bias.weight")
         # the released code keeps rp_bucket as a plain attribute (not saved); the fused layout's pull request
         # registers it, so it is saved: tupe rebuilds the table either way and checks a saved one equal

@@ -9,7 +9,6 @@ model is built or loaded (to the saved `config.attention_kernel` unless `attn_im
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -558,8 +557,6 @@ class TupeModel(TupePreTrainedModel):
         self.layers = nn.ModuleList(TupeLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
         self._kernels: dict[tuple, str] = {}  # names of the kernels resolved by situation (`_kernel`)
-        # a scheme registered from outside with `forward(n)` only runs without position_ids
-        self._scheme_takes_positions = len(inspect.signature(self.positional.forward).parameters) >= 2
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -572,7 +569,7 @@ class TupeModel(TupePreTrainedModel):
         """The content-free term added to every layer's logits, (heads, seq_len, seq_len), after the [CLS] reset
         where the scheme has one; None for schemes without such a term (bert-a, bert-a-d, rope)."""
         self._check_length(seq_len)
-        return self.positional(seq_len).content_free
+        return self.positional(seq_len, None).content_free
 
     def _check_positions(self, ids: torch.Tensor) -> None:
         """Positions given as data must lie in the model's range: the length limit applies to positions, not to
@@ -682,10 +679,11 @@ class TupeModel(TupePreTrainedModel):
         probabilities: bool = False,
         positions: Positions | None = None,
     ) -> AttentionInputs:
-        if positions is not None and not self._scheme_takes_positions:
+        if positions is not None and not type(self.positional).takes_positions:
             raise ValueError(
-                f"position_scheme {self.config.position_scheme!r} takes no position_ids (its forward(n) has no "
-                f"positions argument); call it without position_ids, cu_seq_lens_q or seq_idx"
+                f"position_scheme {self.config.position_scheme!r} takes no position_ids (it declares "
+                f"takes_positions = False: positions 0..n-1 only); call it without position_ids, cu_seq_lens_q or "
+                f"seq_idx, and without packed documents"
             )
         documents = positions is not None and positions.documents is not None
         device = self.embeddings.word_embeddings.weight.device
@@ -701,16 +699,14 @@ class TupeModel(TupePreTrainedModel):
             rows = DocumentRows.of(positions, dtype)
         # documents at positions 0..m-1: each attended in a row of its own, one shared term
         if rows is not None:
-            ctx = self.positional(rows.length)
+            ctx = self.positional(rows.length, None)
             if ctx.input_embedding is not None:  # absolute positions, added to the flattened tokens
                 ctx.input_embedding = ctx.input_embedding[positions.ids]
             if kernel.reads_content_free:
                 ctx.content_free  # noqa: B018 - built once here for every layer, as below
             return AttentionInputs(ctx, None, None, kernel, probabilities, rows)
-        if positions is None:
-            ctx = self.positional(n)
-        else:
-            ctx = self.positional(n, positions)
+        ctx = self.positional(n, positions)
+        if positions is not None:
             ctx.positions = positions
         padding = None
         # Without padding no mask at all (faster kernels); traced or compiled, the padding term is always built:

@@ -3,13 +3,16 @@
 Every scheme turns a sequence length into a `PositionalContext`: what it adds to the input, to the queries and
 keys, or to the attention logits. The context is computed once per forward pass and shared by every layer.
 
-A scheme is one `PositionalScheme` subclass, and everything the rest of the package needs to know about it is
-declared there: what its contexts carry (`terms`, which decides the attention kernels that apply), its
-`TupeConfig` fields with their defaults and checks (`config_fields`, `check_config`), the initialisation of
-parameters the generic one does not cover (`init_positional_weights`), the names `--init-from` reports its
-parameters under (`parameter_groups`), its `--scheme` help line (`summary`) and the facts bench, analysis and
-reports read. It joins the registry with `register_scheme` (the built-in ones at the end of this file); adding a
-scheme touches this file only, and nothing outside it compares scheme names (tests/test_layers.py checks).
+A scheme is one `PositionalScheme` subclass. Its modelling contract is declared there: what its contexts carry
+(`terms`, which decides the attention kernels that apply), its `TupeConfig` fields with their defaults and checks
+(`config_fields`, `check_config`; a config holds its own scheme's fields only), the initialisation of parameters
+the generic one does not cover (`init_positional_weights`) and `forward(n, positions)`, which always receives the
+positions (a scheme that cannot take arbitrary ones says so, `takes_positions = False`, and the model refuses
+position_ids and documents for it by name). What bench, analysis, evaluation and reports say about it (names,
+FLOPs, comparators, `--init-from`'s parameter groups) is one record apart, `report` (`SchemeReport`). It joins
+the registry with `register_scheme` (the built-in ones at the end of this file; another distribution's through
+the `tupe.schemes` entry-point group, loaded by name in any process); adding a scheme touches this file only,
+and nothing outside it compares scheme names (tests/test_layers.py checks).
 
 Notation (see `docs/model.md`, which carries every equation): `d` head dimension, `p` the learned absolute position table,
 `U^Q, U^K` the untied positional projections shared by all layers, `b_{j-i}` a per-head relative bias.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -40,7 +44,9 @@ __all__ = [
     "PositionalScheme",
     "Positions",
     "SchemeField",
+    "SchemeReport",
     "build_scheme",
+    "find_scheme",
     "register_scheme",
     "scheme_class",
     "scheme_fields",
@@ -237,42 +243,68 @@ def cls_reset(v: torch.Tensor, theta: torch.Tensor, first: torch.Tensor | None =
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SchemeReport:
+    """What bench, analysis, evaluation, reports and `--init-from` say about a scheme (`PositionalScheme.report`).
+
+    The model never reads it: the modelling contract is the scheme class itself (`terms`, `config_fields`,
+    `forward`). `display_name`: as in the paper's tables; `summary`: one line for `--scheme`'s help;
+    `parameter_groups`: (parameter name inside the scheme module, group name), how `--init-from`'s report names
+    its parameters; `absolute_input`: `p_i` added to the word embedding (BERT-style); `untied_projections`:
+    positions enter through their own projections `U^Q, U^K`; `relative_bias`: `b_{j-i}` on the logits;
+    `decomposable`: first-layer logits split into Fig. 2's word/position terms (`tupe analyze`); `position_table`:
+    submodule path of a learned table, one row per position (`tupe evaluate --lengths`); `transformers_comparator`:
+    `tupe bench`'s transformers model of this scheme; `forward_flops(hidden, seq_len, heads)`: matmul FLOPs of the
+    positional side once per forward pass (shared by the batch and the layers), `layer_flops(hidden, seq_len,
+    batch)`: those of its terms inside each layer, both at the scheme's default config fields.
+    """
+
+    display_name: str
+    summary: str
+    parameter_groups: tuple[tuple[str, str], ...] = ()
+    absolute_input: bool = False
+    untied_projections: bool = False
+    relative_bias: bool = False
+    decomposable: bool = False
+    position_table: str | None = None
+    transformers_comparator: str | None = None
+    forward_flops: Callable[[int, int, int], float] = lambda hidden, seq_len, heads: 0.0
+    layer_flops: Callable[[int, int, int], float] = lambda hidden, seq_len, batch: 0.0
+
+
 class PositionalScheme(PositionalModule):
-    """Interface: `forward(n)` returns the `PositionalContext` of a length-n input.
+    """Interface: `forward(n, positions)` returns the `PositionalContext` of a length-n input.
 
-    What a scheme computes after its forward pass (a content-free term built only when a kernel reads it, a term
-    of each layer's queries and keys) is one of its methods, named by the context (`content_free_method`,
-    `layer_term`) and reading the context's tensors (its fields, `parts`), never a closure: gradient checkpointing
-    passes each layer the context's tensors, and those only.
+    The modelling contract is these class attributes and methods: `terms` (what the contexts carry for the
+    kernels), `config_fields` and `check_config` (its `TupeConfig` fields), the parameters it builds in
+    `__init__`, `init_positional_weights`, and `forward`, which always receives the positions (None: 0..n-1 in
+    every row). What a scheme computes after its forward pass (a content-free term built only when a kernel reads
+    it, a term of each layer's queries and keys) is one of its methods, named by the context
+    (`content_free_method`, `layer_term`) and reading the context's tensors (its fields, `parts`), never a
+    closure: gradient checkpointing passes each layer the context's tensors, and those only.
 
-    The class attributes describe the scheme to the rest of the package (configuration, bench, analysis, reports,
-    `--init-from`), which asks them rather than comparing names: adding a scheme means adding a subclass here and
-    registering it (`register_scheme`, from inside or outside the package).
+    What bench, analysis, evaluation and reports say about it is one record apart, `report` (`SchemeReport`).
+    The rest of the package asks these rather than comparing names: adding a scheme means adding a subclass and
+    registering it (`register_scheme`, from inside the package or outside it: the `tupe.schemes` entry points).
     """
 
     name: ClassVar[str]
-    display_name: ClassVar[str]  # as in the paper's tables
-    summary: ClassVar[str]  # one line for `tupe pretrain --scheme`'s help
+    report: ClassVar[SchemeReport]  # names, FLOPs, comparators: what the model never reads
     # What its contexts carry that concerns an attention kernel (`kernels.CONTEXT_TERMS`): "content_free" a
     # (h, n, n) term, "fold" its low-rank form, "constant" nothing learned in it, "rotary", "layer" a per-layer
     # content x position term. The one declaration: the booleans below are read from it, and so is `kernels()`.
     terms: ClassVar[frozenset[str]] = frozenset()
     score_dims: ClassVar[int] = 1  # content logits are scaled by (score_dims * d) ** -0.5
-    absolute_input: ClassVar[bool] = False  # p_i added to the word embedding (BERT-style)
-    untied_projections: ClassVar[bool] = False  # positions enter through their own projections U^Q, U^K
-    relative_bias: ClassVar[bool] = False  # b_{j-i} on the logits
     resets_cls: ClassVar[bool] = False  # [CLS] row/column of the content-free term replaced by theta
-    decomposable: ClassVar[bool] = False  # first-layer logits split into Fig. 2's word/position terms
+    # `forward` computes its terms from any given positions (position_ids, packed documents); False: positions
+    # 0..n-1 only (`forward` then always receives None), and the model refuses position_ids and documents by name
+    takes_positions: ClassVar[bool] = True
     # A document at positions 0..m-1 gets the terms of positions 0..m-1 of any longer input (the leading m x m
     # block of its content-free term): packed documents then run as rows of their own (`kernels.DocumentRows`,
     # one shared term). Not fire (its normaliser is the length), nor deberta (its layer term is built per length).
     document_rows: ClassVar[bool] = False
-    position_table: ClassVar[str | None] = None  # submodule path of a learned table, one row per position
-    transformers_comparator: ClassVar[str | None] = None  # `tupe bench`'s transformers model of this scheme
-    # `TupeConfig` fields this scheme reads (every config carries every registered scheme's fields)
+    # `TupeConfig` fields this scheme reads (a config holds its own scheme's fields only)
     config_fields: ClassVar[tuple[SchemeField, ...]] = ()
-    # (parameter name inside the scheme module, group name): how `--init-from`'s report names its parameters
-    parameter_groups: ClassVar[tuple[tuple[str, str], ...]] = ()
     # applies transformers' RoPE scaling, `config.rope_parameters` (tupe/modeling/rope_scaling.py); any other
     # scheme refuses a config that carries one, by name
     takes_rope_parameters: ClassVar[bool] = False
@@ -305,29 +337,11 @@ class PositionalScheme(PositionalModule):
         """The `TupeConfig.attention_kernel` values that apply to this scheme, from the kernel registry."""
         return kernels_for_terms(cls.terms)
 
-    @classmethod
-    def extra_forward_flops(cls, hidden: int, seq_len: int, heads: int) -> float:
-        """Matmul FLOPs of the positional side, once per forward pass (shared by the batch and the layers), at
-        the scheme's default config fields."""
-        flops = 0.0
-        if cls.untied_projections:
-            flops += 2 * 2 * seq_len * hidden * hidden  # p U^Q and p U^K
-        if cls.untied_projections and cls.content_free:
-            flops += 2 * seq_len * seq_len * hidden  # (p U^Q)(p U^K)^T for all heads
-        if cls.resets_cls:
-            flops += 2 * 2 * 2 * hidden * hidden  # theta: the two [CLS]-reset vectors through U^Q and U^K
-        return flops
-
-    @classmethod
-    def extra_layer_flops(cls, hidden: int, seq_len: int, batch: int) -> float:
-        """Matmul FLOPs of the positional terms inside each layer's forward pass (none for most schemes)."""
-        return 0.0
-
-    def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
+    def forward(self, n: int, positions: Positions | None) -> PositionalContext:
         """The context of a length-n input: positions 0..n-1 in every row (`positions` None, the fast path), or
         the given `positions` (`Positions`: (b, n) ids, documents), from which every term is computed (tables
-        looked up by position, relative terms from pairwise differences, per row). A scheme whose `forward`
-        takes no `positions` runs without `position_ids` only (the model refuses them for it, by name)."""
+        looked up by position, relative terms from pairwise differences, per row). The model always passes
+        `positions`; a scheme declaring `takes_positions = False` only ever receives None."""
         raise NotImplementedError
 
 
@@ -355,18 +369,64 @@ UNTIED_GROUPS = (
 )
 
 
+KERPLE_GROUPS = (("bias_p", "KERPLE bias_p"), ("bias_a", "KERPLE bias_a"))
+
+
+def _untied_flops(content_free: bool, resets_cls: bool, hidden: int, seq_len: int, heads: int) -> float:
+    flops = 2 * 2 * seq_len * hidden * hidden  # p U^Q and p U^K
+    if content_free:
+        flops += 2 * seq_len * seq_len * hidden  # (p U^Q)(p U^K)^T for all heads
+    if resets_cls:
+        flops += 2 * 2 * 2 * hidden * hidden  # theta: the two [CLS]-reset vectors through U^Q and U^K
+    return float(flops)
+
+
+def untied_report(
+    display_name: str, summary: str, content_free: bool, resets_cls: bool, relative_bias: bool = False
+) -> SchemeReport:
+    """The report of a scheme built on `UntiedPositions` (bert-a-d and the TUPE family)."""
+    return SchemeReport(
+        display_name,
+        summary,
+        parameter_groups=UNTIED_GROUPS + (RELATIVE_BIAS_GROUPS if relative_bias else ()),
+        untied_projections=True,
+        relative_bias=relative_bias,
+        decomposable=True,
+        position_table="untied.embeddings",
+        forward_flops=partial(_untied_flops, content_free, resets_cls),
+    )
+
+
+def kerple_report(display_name: str, summary: str) -> SchemeReport:
+    """KERPLE's: elementwise work on n distances per head, no matrix multiplication (nothing in model FLOPs)."""
+    return SchemeReport(
+        display_name, summary, parameter_groups=KERPLE_GROUPS, relative_bias=True, decomposable=True
+    )
+
+
+def _fire_forward_flops(width: int, hidden: int, seq_len: int, heads: int) -> float:
+    return 2.0 * (2 * seq_len - 1) * width * (1 + heads)
+
+
+def _deberta_layer_flops(hidden: int, seq_len: int, batch: int) -> float:
+    # the layer's W^Q, W^K on the 2n - 1 relative rows; q . kr and k . qr for every (i, j) pair, all heads
+    return 2 * (2 * seq_len - 1) * hidden * 2 * hidden + 2 * 2 * batch * seq_len * seq_len * hidden
+
+
 class BertA(PositionalScheme):
     """BERT-A: `p_i` added to the word embedding at the input; plain scaled dot-product logits."""
 
     name = "bert-a"
     document_rows = True
-    display_name = "BERT-A"
-    summary = "learned absolute positions added to the input (BERT)"
-    parameter_groups = (("embeddings", "position table"),)
-    transformers_comparator = "hf-bert"  # BertForMaskedLM
-    absolute_input = True
-    decomposable = True
-    position_table = "embeddings"
+    report = SchemeReport(
+        "BERT-A",
+        "learned absolute positions added to the input (BERT)",
+        parameter_groups=(("embeddings", "position table"),),
+        absolute_input=True,
+        decomposable=True,
+        position_table="embeddings",
+        transformers_comparator="hf-bert",  # BertForMaskedLM
+    )
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -381,13 +441,17 @@ class BertR(BertA):
     """BERT-R: BERT-A plus the relative bias `b_{j-i}` on every layer's logits."""
 
     name = "bert-r"
-    display_name = "BERT-R"
-    summary = "bert-a plus a T5 relative bias on every layer"
-    transformers_comparator = None
     terms = frozenset({"content_free"})
-    relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
-    parameter_groups = BertA.parameter_groups + RELATIVE_BIAS_GROUPS
+    report = SchemeReport(
+        "BERT-R",
+        "bert-a plus a T5 relative bias on every layer",
+        parameter_groups=(("embeddings", "position table"), *RELATIVE_BIAS_GROUPS),
+        absolute_input=True,
+        relative_bias=True,
+        decomposable=True,
+        position_table="embeddings",
+    )
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -404,13 +468,10 @@ class BertAd(PositionalScheme):
 
     name = "bert-a-d"
     document_rows = True
-    display_name = "BERT-A^d"
-    summary = "absolute positions added to queries and keys through their own projections"
-    parameter_groups = UNTIED_GROUPS
     score_dims = 4
-    untied_projections = True
-    decomposable = True
-    position_table = "untied.embeddings"
+    report = untied_report(
+        "BERT-A^d", "absolute positions added to queries and keys through their own projections", False, False
+    )
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -426,15 +487,12 @@ class TupeA(PositionalScheme):
 
     name = "tupe-a"
     document_rows = True
-    display_name = "TUPE-A"
-    summary = "untied absolute positions with the [CLS] reset (the paper's TUPE-A)"
     terms = frozenset({"content_free", "fold"})
     score_dims = 2
-    untied_projections = True
     resets_cls = True
-    parameter_groups = UNTIED_GROUPS
-    decomposable = True
-    position_table = "untied.embeddings"
+    report = untied_report(
+        "TUPE-A", "untied absolute positions with the [CLS] reset (the paper's TUPE-A)", True, True
+    )
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -488,21 +546,19 @@ class TupeATieCls(TupeA):
     """TUPE-A without the [CLS] reset (ablation)."""
 
     name = "tupe-a-tie-cls"
-    display_name = "TUPE-A tie-cls"
-    summary = "tupe-a without the [CLS] reset (ablation)"
     resets_cls = False
+    report = untied_report("TUPE-A tie-cls", "tupe-a without the [CLS] reset (ablation)", True, False)
 
 
 class TupeR(TupeA):
     """TUPE-R: TUPE-A's term plus `b_{j-i}`, reset for [CLS] (the relative part via the code's extra bucket)."""
 
     name = "tupe-r"
-    display_name = "TUPE-R"
-    summary = "tupe-a plus a T5 relative bias (the paper's TUPE-R)"
     terms = frozenset({"content_free"})  # a relative bias is not low-rank: no fold
-    relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
-    parameter_groups = UNTIED_GROUPS + RELATIVE_BIAS_GROUPS
+    report = untied_report(
+        "TUPE-R", "tupe-a plus a T5 relative bias (the paper's TUPE-R)", True, True, relative_bias=True
+    )
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -519,9 +575,10 @@ class TupeRTieCls(TupeR):
     """TUPE-R without the [CLS] reset (ablation)."""
 
     name = "tupe-r-tie-cls"
-    display_name = "TUPE-R tie-cls"
-    summary = "tupe-r without the [CLS] reset (ablation)"
     resets_cls = False
+    report = untied_report(
+        "TUPE-R tie-cls", "tupe-r without the [CLS] reset (ablation)", True, False, relative_bias=True
+    )
 
 
 class Rope(PositionalScheme):
@@ -529,13 +586,12 @@ class Rope(PositionalScheme):
 
     name = "rope"
     document_rows = True
-    display_name = "RoPE"
-    summary = "rotary positions on queries and keys"
     terms = frozenset({"rotary"})
     takes_rope_parameters = True
     config_fields = (
         SchemeField("rope_theta", 10000.0, "base of the rotary frequencies", float, 0, 1e12, low_open=True),
     )
+    report = SchemeReport("RoPE", "rotary positions on queries and keys")
 
     @classmethod
     def check_config(cls, config: PretrainedConfig) -> None:
@@ -612,8 +668,7 @@ class Nope(PositionalScheme):
 
     name = "nope"
     document_rows = True
-    display_name = "NoPE"
-    summary = "no positions at all (the bag-of-words control)"
+    report = SchemeReport("NoPE", "no positions at all (the bag-of-words control)")
 
     def forward(self, n: int, positions: Positions | None = None) -> PositionalContext:
         return PositionalContext(self.logit_scale)
@@ -641,10 +696,9 @@ class Sinusoidal(PositionalScheme):
 
     name = "sinusoidal"
     document_rows = True
-    display_name = "Sinusoidal"
-    summary = "bert-a with the fixed sine/cosine table"
-    absolute_input = True
-    decomposable = True
+    report = SchemeReport(
+        "Sinusoidal", "bert-a with the fixed sine/cosine table", absolute_input=True, decomposable=True
+    )
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -682,13 +736,15 @@ class T5Bias(PositionalScheme):
 
     name = "t5"
     document_rows = True
-    display_name = "T5 bias"
-    summary = "T5's relative bias alone"
     terms = frozenset({"content_free"})
-    relative_bias = True
     config_fields = RELATIVE_BIAS_FIELDS
-    parameter_groups = RELATIVE_BIAS_GROUPS
-    decomposable = True
+    report = SchemeReport(
+        "T5 bias",
+        "T5's relative bias alone",
+        parameter_groups=RELATIVE_BIAS_GROUPS,
+        relative_bias=True,
+        decomposable=True,
+    )
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -721,12 +777,11 @@ class Alibi(PositionalScheme):
 
     name = "alibi"
     document_rows = True
-    display_name = "ALiBi"
-    summary = "symmetric ALiBi: fixed per-head slopes times |j - i|"
     # nothing learned ("constant"): without attention dropout SDPA's flash kernel takes the term as a mask
     terms = frozenset({"content_free", "constant"})
-    relative_bias = True
-    decomposable = True
+    report = SchemeReport(
+        "ALiBi", "symmetric ALiBi: fixed per-head slopes times |j - i|", relative_bias=True, decomposable=True
+    )
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -768,9 +823,6 @@ class Kerple(PositionalScheme):
 
     document_rows = True
     terms = frozenset({"content_free"})
-    relative_bias = True
-    decomposable = True
-    parameter_groups = (("bias_p", "KERPLE bias_p"), ("bias_a", "KERPLE bias_a"))
     eps: ClassVar[float] = 1e-2  # the reference's `self.eps`, the lower clamp of both parameters
     p_max: ClassVar[float | None] = None  # upper clamp of `bias_p` (the power form's exponent: 2)
 
@@ -782,11 +834,6 @@ class Kerple(PositionalScheme):
     def init_positional_weights(self, std: float) -> None:
         init.uniform_(self.bias_p, 0.0, 2.0)  # the reference's get_parameter(2, "uniform")
         init.uniform_(self.bias_a, 0.0, 1.0)  # get_parameter(1, "uniform")
-
-    @classmethod
-    def extra_forward_flops(cls, hidden: int, seq_len: int, heads: int) -> float:
-        # elementwise work on n distances per head, no matrix multiplication: nothing in model FLOPs
-        return 0.0
 
     def _clamped(self, param: torch.Tensor, high: float | None) -> torch.Tensor:
         """`param` clamped to [eps, high] as the reference does it (module docstring)."""
@@ -818,8 +865,9 @@ class KerpleLog(Kerple):
     = a, both clamped at 0.01 as in `ParallelKerpleLog`)."""
 
     name = "kerple-log"
-    display_name = "KERPLE-log"
-    summary = "KERPLE's log kernel: -p_h log(1 + a_h |j - i|), two learned values per head"
+    report = kerple_report(
+        "KERPLE-log", "KERPLE's log kernel: -p_h log(1 + a_h |j - i|), two learned values per head"
+    )
 
     def kernel(self, p: torch.Tensor, a: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         return -p * torch.log1p(a * distance)
@@ -830,9 +878,11 @@ class KerplePower(Kerple):
     (`ParallelKerplePower`: coefficient `bias_a`, clamped at 0.01; exponent `bias_p`, clamped to [0.01, 2])."""
 
     name = "kerple-power"
-    display_name = "KERPLE-power"
-    summary = "KERPLE's power kernel: -a_h |j - i|^p_h, p_h in [0.01, 2], two learned values per head"
     p_max = 2.0
+    report = kerple_report(
+        "KERPLE-power",
+        "KERPLE's power kernel: -a_h |j - i|^p_h, p_h in [0.01, 2], two learned values per head",
+    )
 
     def kernel(self, p: torch.Tensor, a: torch.Tensor, distance: torch.Tensor) -> torch.Tensor:
         return -a * distance.pow(p)
@@ -856,11 +906,7 @@ class Fire(PositionalScheme):
     """
 
     name = "fire"
-    display_name = "FIRE"
-    summary = "FIRE: a learned MLP of the log-scaled signed offset, normalised by the length"
     terms = frozenset({"content_free"})
-    relative_bias = True
-    decomposable = True
     config_fields = (
         SchemeField("fire_mlp_width", 32, "hidden width of FIRE's MLP (the reference's 32)", int, 1, 1 << 16),
         SchemeField(
@@ -881,25 +927,27 @@ class Fire(PositionalScheme):
             str,
         ),
     )
-    parameter_groups = (
-        ("mlp_", "FIRE MLP"),
-        ("distance_scale", "FIRE c and threshold multiplier"),
-        ("threshold_multiplier", "FIRE c and threshold multiplier"),
-    )
     initial_c: ClassVar[float] = 0.1  # the reference's init_c
     eps: ClassVar[float] = 1e-6  # the reference's eps
+    report = SchemeReport(
+        "FIRE",
+        "FIRE: a learned MLP of the log-scaled signed offset, normalised by the length",
+        parameter_groups=(
+            ("mlp_", "FIRE MLP"),
+            ("distance_scale", "FIRE c and threshold multiplier"),
+            ("threshold_multiplier", "FIRE c and threshold multiplier"),
+        ),
+        relative_bias=True,
+        decomposable=True,
+        # the MLP on the 2n - 1 offsets (the default normaliser; "query" runs it on n^2 pairs), at the default
+        # width: 1 -> width, width -> heads
+        forward_flops=partial(_fire_forward_flops, config_fields[0].default),
+    )
 
     @classmethod
     def check_config(cls, config: PretrainedConfig) -> None:
         if config.fire_normalizer not in ("length", "query"):
             raise ValueError(f'fire_normalizer must be "length" or "query", got {config.fire_normalizer!r}')
-
-    @classmethod
-    def extra_forward_flops(cls, hidden: int, seq_len: int, heads: int) -> float:
-        # the MLP on the 2n - 1 offsets (the default normaliser; "query" runs it on n^2 pairs), at the default
-        # width: 1 -> width, width -> heads
-        width = cls.config_fields[0].default
-        return 2.0 * (2 * seq_len - 1) * width * (1 + heads)
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -1165,9 +1213,6 @@ class Deberta(PositionalScheme):
     """
 
     name = "deberta"
-    display_name = "DeBERTa"
-    summary = "DeBERTa-v2/v3 disentangled attention (log-bucketed relative positions)"
-    transformers_comparator = "hf-deberta"  # DebertaV2ForMaskedLM with the same choices
     terms = frozenset({"layer"})
     score_dims = 3
     config_fields = (
@@ -1179,9 +1224,15 @@ class Deberta(PositionalScheme):
             resolve=lambda value, config: config.max_position_embeddings if value < 1 else value,
         ),
     )
-    parameter_groups = (
-        ("relative.rel_embeddings", "relative-position embeddings"),
-        ("relative.LayerNorm", "relative-position LayerNorm"),
+    report = SchemeReport(
+        "DeBERTa",
+        "DeBERTa-v2/v3 disentangled attention (log-bucketed relative positions)",
+        parameter_groups=(
+            ("relative.rel_embeddings", "relative-position embeddings"),
+            ("relative.LayerNorm", "relative-position LayerNorm"),
+        ),
+        transformers_comparator="hf-deberta",  # DebertaV2ForMaskedLM with the same choices
+        layer_flops=_deberta_layer_flops,
     )
 
     @classmethod
@@ -1197,11 +1248,6 @@ class Deberta(PositionalScheme):
                 f"be longer than that; got max_relative_positions {max_relative}, position_buckets {buckets}, "
                 f"max_position_embeddings {max_positions}"
             )
-
-    @classmethod
-    def extra_layer_flops(cls, hidden: int, seq_len: int, batch: int) -> float:
-        # the layer's W^Q, W^K on the 2n - 1 relative rows; q . kr and k . qr for every (i, j) pair, all heads
-        return 2 * (2 * seq_len - 1) * hidden * 2 * hidden + 2 * 2 * batch * seq_len * seq_len * hidden
 
     def __init__(self, config: PretrainedConfig):
         super().__init__(config)
@@ -1283,8 +1329,9 @@ POSITION_SCHEMES: Sequence[str] = _SchemeNames()
 
 
 def register_scheme(cls: type[PositionalScheme]) -> type[PositionalScheme]:
-    """Add a scheme under `cls.name` (refused if the name is taken, a term is unknown, or a config field it
-    declares clashes with another scheme's or with a `TupeConfig` argument); returns it, so it can decorate."""
+    """Add a scheme under `cls.name` (refused if the name is taken, a term is unknown, it has no `report`, or a
+    config field it declares clashes with another scheme's or with a `TupeConfig` argument); returns it, so it
+    can decorate. Registering changes no config: a `TupeConfig` holds its own scheme's fields only."""
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name:
         raise ValueError(f"positional scheme {cls.__name__} has no name")
@@ -1305,9 +1352,10 @@ def register_scheme(cls: type[PositionalScheme]) -> type[PositionalScheme]:
             raise ValueError(
                 f"positional scheme {name!r}: config field {field.name!r} is a TupeConfig argument"
             )
-    for attribute in ("display_name", "summary"):
-        if not isinstance(getattr(cls, attribute, None), str):
-            raise ValueError(f"positional scheme {name!r} has no {attribute}")
+    if not isinstance(getattr(cls, "report", None), SchemeReport):
+        raise ValueError(
+            f"positional scheme {name!r} has no report (a SchemeReport: display name, summary, ...)"
+        )
     SCHEMES[name] = cls
     return cls
 
@@ -1333,17 +1381,50 @@ def scheme_fields() -> dict[str, SchemeField]:
     return {field.name: field for cls in SCHEMES.values() for field in cls.config_fields}
 
 
-def scheme_class(name: str) -> type[PositionalScheme]:
-    """The class (and so the metadata) of a scheme name, with an error listing the valid names."""
+# Schemes of other distributions: `[project.entry-points."tupe.schemes"] toy-distance = "toy_scheme:DistanceBias"`,
+# loaded by name the first time a config, a model folder or a command asks for one this process has not registered
+ENTRY_POINT_GROUP = "tupe.schemes"
+
+
+def _load_entry_point(name: str) -> None:
+    """Register the scheme an installed distribution declares under `name` in the `tupe.schemes` entry-point
+    group (its module may register it on import, or leave that to this function); nothing if none does."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        loaded = entry.load()
+        if name not in SCHEMES:
+            if getattr(loaded, "name", None) != name:
+                raise ValueError(
+                    f"entry point {entry.value!r} of group {ENTRY_POINT_GROUP!r} is named {name!r} but does not "
+                    f"give a positional scheme of that name"
+                )
+            register_scheme(loaded)
+        return
+
+
+def find_scheme(name: str) -> type[PositionalScheme] | None:
+    """The registered scheme class of a name, loading it from the `tupe.schemes` entry points where this process
+    has not registered it yet; None where no one gives it."""
     if name not in SCHEMES:
+        _load_entry_point(name)
+    return SCHEMES.get(name)
+
+
+def scheme_class(name: str) -> type[PositionalScheme]:
+    """The class (and so the metadata) of a scheme name (`find_scheme`), with an error listing the valid names."""
+    cls = find_scheme(name)
+    if cls is None:
         raise ValueError(f"unknown position_scheme {name!r}; valid schemes: {', '.join(SCHEMES)}")
-    return SCHEMES[name]
+    return cls
 
 
 def comparator_scheme(comparator: str) -> str | None:
     """The scheme whose `transformers_comparator` is `comparator` (`tupe bench`'s "hf-bert" -> "bert-a"), or None:
     what a transformers model of the bench implements, and so the baseline its ratios are stated against."""
-    return next((name for name, cls in SCHEMES.items() if cls.transformers_comparator == comparator), None)
+    return next(
+        (name for name, cls in SCHEMES.items() if cls.report.transformers_comparator == comparator), None
+    )
 
 
 def parameter_group(name: str) -> str | None:
@@ -1351,7 +1432,7 @@ def parameter_group(name: str) -> str | None:
     registered scheme's `parameter_groups` entry found in it), "positional parameters" for one no scheme names,
     None outside the positional scheme."""
     for cls in SCHEMES.values():
-        for key, group in cls.parameter_groups:
+        for key, group in cls.report.parameter_groups:
             if f"positional.{key}" in name:
                 return group
     return "positional parameters" if "positional." in name else None
@@ -1359,7 +1440,7 @@ def parameter_group(name: str) -> str | None:
 
 def schemes_help() -> str:
     """`name: summary` of every registered scheme, for `--scheme`'s help."""
-    return "; ".join(f"{name}: {cls.summary}" for name, cls in SCHEMES.items())
+    return "; ".join(f"{name}: {cls.report.summary}" for name, cls in SCHEMES.items())
 
 
 def build_scheme(config: PretrainedConfig) -> PositionalScheme:
