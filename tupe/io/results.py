@@ -87,7 +87,7 @@ def recorded_command(argv: Sequence[str], base: str | os.PathLike) -> str:
     return " ".join(out)
 
 
-PATH_KEYS = frozenset({"path", "files", "data_cache", "plot", "folder", "source", "model", "text", "command"})
+PATH_KEYS = frozenset({"path", "files", "data_cache", "plot", "folder", "source", "text", "command"})
 
 
 def relative_paths(data: Any, base: str | os.PathLike, key: str = "") -> Any:  # noqa: ANN401 - any JSON value
