@@ -55,7 +55,7 @@ def test_bad_flags_are_one_line_before_any_work(tmp_path: Path, capsys, argv, ne
     mine = tmp_path / "mine.json"
     mine.write_text('{"my": "results"}\n')
     argv = [{"FOLDER": str(tmp_path), "MINE": str(mine)}.get(a, a) for a in argv]
-    script = load_script("docs/benchmarks/packing_step.py")
+    script = load_script("benchmarks/packing_step.py")
     argv += ["--cache-dir", str(tmp_path / "cache")]
     assert run_script(script.main, argv, prog="packing_step.py") == 2
     err = capsys.readouterr().err.strip()

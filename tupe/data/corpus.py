@@ -423,7 +423,7 @@ def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[st
         raise TupeError(f"corpus file {path} is empty (no text)")
 
 
-def _kind(value: object) -> str:
+def _json_kind(value: object) -> str:
     """`null`, `a number 5`, `a list`: what a row holds instead of text, in JSON's words."""
     if value is None:
         return "null"
@@ -503,7 +503,7 @@ def iter_line_batches(
                 if not isinstance(row, str):
                     if not corpus.skip_bad_text:
                         raise TupeError(
-                            f"{_row_place(what, index)}: {corpus.text_column!r} is {_kind(row)}, not text; fix or "
+                            f"{_row_place(what, index)}: {corpus.text_column!r} is {_json_kind(row)}, not text; fix or "
                             "remove the row, or pass --skip-bad-text to drop rows that are not text"
                         )
                     bad.append(index)

@@ -288,7 +288,8 @@ def _write_card(run: ResolvedConfig, corpus: Any, train_blocks: int, summary: di
         f"{corpus.describe()}; byte-level BPE tokenizer ({run.vocab_size} entries). Packing: stream "
         "(`--packing stream`, RoBERTa's FULL-SENTENCES): the documents one after another with a [SEP] between "
         f"them, cut into blocks of {run.max_length} tokens that each start with [CLS] and may cross a document "
-        f"boundary; {train_blocks:,} training blocks (1 block in {run.valid_every} held out for validation)."
+        f"boundary; {train_blocks:,} training blocks of {run.max_length} tokens (1 block in {run.valid_every} held out "
+        "for validation)."
     )
     recipe["packing"] = "stream (FULL-SENTENCES: blocks cross documents)"
     if run.packing == "documents":

@@ -55,6 +55,7 @@ _RUN_ARTIFACT_NAMES = {
     "conversion.py",
     "token_classification.py",  # the token-classification pipeline a model folder carries (issue 49)
     "word_spans.py",
+    "rope_scaling.py",  # RoPE scaling (rope_parameters), imported by positional.py (issue 49)
     ".tmp-final",
     METRICS_FILE,
     SUMMARY_FILE,
