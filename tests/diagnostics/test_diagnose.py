@@ -202,3 +202,16 @@ def test_a_checkpoint_is_fine_tuned_on_the_tasks_with_its_own_weights_and_scheme
     other.mkdir(parents=True)
     assert main(["diagnose", "--out", str(tmp_path / "d2"), "--model", str(model), str(other)]) == 2
     assert "two folders called 'rope-ckpt'" in capsys.readouterr().err
+
+
+def test_the_committed_table_regenerates_from_the_committed_record():
+    """docs/results/diagnostics: every job's accuracies (diagnostics.json, `runs`) give the summary over seeds and
+    the Markdown table of RESULTS Part F, to the byte."""
+    from tupe.diagnostics.report import aggregate, markdown
+
+    folder = Path(__file__).resolve().parents[2] / "docs" / "results" / "diagnostics"
+    record = json.loads((folder / "diagnostics.json").read_text())
+    summary = aggregate(record["runs"])
+    assert json.loads(json.dumps(summary)) == record["summary"]
+    lengths = [k * record["settings"]["train_length"] for k in record["settings"]["multiples"]]
+    assert markdown(summary, lengths, record["settings"]) == (folder / "diagnostics.md").read_text()
