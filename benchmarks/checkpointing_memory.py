@@ -9,20 +9,28 @@ activations kept for backward) and the step's time. Usage (docs/benchmarks.md):
 """
 
 import resource
-import sys
 import time
 
 import torch
 
-from tupe import TupeConfig, TupeForMaskedLM
+from tupe import POSITION_SCHEMES, TupeConfig, TupeForMaskedLM
 from tupe.bench.flops import preset_shape
+from tupe.scripts import ScriptParser, parse_or_exit
+from tupe.validators import int_range
+
+parser = ScriptParser(prog="checkpointing_memory.py", description=__doc__.splitlines()[0])
+parser.add_argument("scheme", choices=POSITION_SCHEMES)
+parser.add_argument("batch", type=int_range(1, 4096))
+parser.add_argument("seq_len", type=int_range(1, 65536))
+parser.add_argument("checkpointing", choices=("on", "off"))
+args = parse_or_exit(parser)
 
 
 def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-scheme, batch, seq_len, checkpointing = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "on"
+scheme, batch, seq_len, checkpointing = args.scheme, args.batch, args.seq_len, args.checkpointing == "on"
 torch.manual_seed(0)
 torch.set_num_threads(2)
 shape = preset_shape("base")

@@ -10,7 +10,6 @@ Usage, from the repository root (docs/benchmarks.md):
 """
 
 import statistics
-import sys
 import types
 
 import torch
@@ -21,7 +20,12 @@ from tupe.bench.runner import build_tupe, make_batch, time_interleaved
 
 tupe.tune_cpu_allocator()  # as the `tupe` command runs
 torch.set_num_threads(1)
-rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+from tupe.scripts import ScriptParser, parse_or_exit  # noqa: E402
+from tupe.validators import int_range  # noqa: E402
+
+parser = ScriptParser(prog="deberta_rows_ab.py", description=__doc__.splitlines()[0])
+parser.add_argument("rounds", nargs="?", type=int_range(1, 1000), default=4)
+rounds = parse_or_exit(parser).rounds
 shape, seq, cpu = preset_shape("base"), 512, torch.device("cpu")
 batch = make_batch(1, seq, shape.vocab_size, cpu)
 before = build_tupe("deberta", "auto", shape, seq, batch, cpu, torch.float32)

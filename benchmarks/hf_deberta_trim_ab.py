@@ -11,7 +11,6 @@ faults. Usage, from the repository root (docs/benchmarks.md):
 
 import ctypes
 import resource
-import sys
 import time
 
 import torch
@@ -19,9 +18,13 @@ import torch
 import tupe
 from tupe.bench.flops import preset_shape
 from tupe.bench.runner import build_hf_deberta, build_tupe, make_batch
+from tupe.scripts import ScriptParser, parse_or_exit  # noqa: E402
 
+parser = ScriptParser(prog="hf_deberta_trim_ab.py", description=__doc__.splitlines()[0])
+parser.add_argument("mode", choices=("trim", "notrim"))
+args = parse_or_exit(parser)
 tupe.tune_cpu_allocator()
-if sys.argv[1] == "notrim":
+if args.mode == "notrim":
     tupe.keep_large_blocks()
 else:
     ctypes.CDLL("libc.so.6").mallopt(-4, 0)  # M_MMAP_MAX 0 only: the heap is still trimmed above 1 GiB
@@ -41,6 +44,6 @@ def step(candidate) -> str:  # noqa: ANN001
 
 
 for _ in range(2):
-    print(sys.argv[1], "alone", step(hf), flush=True)
+    print(args.mode, "alone", step(hf), flush=True)
 for _ in range(3):
-    print(sys.argv[1], "alternating", step(ours), "|", step(hf), flush=True)
+    print(args.mode, "alternating", step(ours), "|", step(hf), flush=True)

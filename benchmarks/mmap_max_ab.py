@@ -38,9 +38,21 @@ print(json.dumps(dict(wall=statistics.median(wall), cpu=statistics.median(cpu_s)
                       peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
-schemes = (sys.argv[1] if len(sys.argv) > 1 else "bert-a,deberta").split(",")
-pairs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-steps = sys.argv[3] if len(sys.argv) > 3 else "4"
+from tupe.modeling import POSITION_SCHEMES  # noqa: E402
+from tupe.scripts import ScriptParser, parse_or_exit  # noqa: E402
+from tupe.validators import int_range, name_list  # noqa: E402
+
+parser = ScriptParser(prog="mmap_max_ab.py", description=__doc__.splitlines()[0])
+parser.add_argument(
+    "schemes",
+    nargs="?",
+    type=lambda text: name_list(text, POSITION_SCHEMES, "SCHEMES", "scheme"),
+    default=["bert-a", "deberta"],
+)
+parser.add_argument("pairs", nargs="?", type=int_range(1, 1000), default=2)
+parser.add_argument("steps", nargs="?", type=int_range(1, 10000), default=4)
+args = parse_or_exit(parser)
+schemes, pairs, steps = args.schemes, args.pairs, str(args.steps)
 results: dict = {}
 for pair in range(pairs):
     for scheme in schemes:

@@ -28,6 +28,9 @@ for name, f in (("zeros(32768, 768)", lambda: torch.zeros(32768, 768)), ("mm -> 
     print(f"{sys.argv[1]:6s} {name:18s} {statistics.median(times) * 1e3:6.1f} ms  {statistics.median(faults):6.0f} faults")
 """
 
+from tupe.scripts import ScriptParser, parse_or_exit  # noqa: E402
+
+parse_or_exit(ScriptParser(prog="mmap_max_micro.py", description=__doc__.splitlines()[0]))  # no arguments
 for mode in ("before", "after", "before", "after"):
     print(
         subprocess.run(

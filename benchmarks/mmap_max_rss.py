@@ -6,7 +6,6 @@ without gradients, two threads; RSS and peak RSS (MiB) after each. Usage (docs/b
 """
 
 import resource
-import sys
 
 import torch
 
@@ -14,9 +13,13 @@ import tupe
 from tupe.bench.flops import preset_shape
 from tupe.bench.runner import tupe_config
 from tupe.modeling import TupeForMaskedLM
+from tupe.scripts import ScriptParser, parse_or_exit  # noqa: E402
 
+parser = ScriptParser(prog="mmap_max_rss.py", description=__doc__.splitlines()[0])
+parser.add_argument("mode", choices=("before", "after"))
+args = parse_or_exit(parser)
 tupe.tune_cpu_allocator()
-if sys.argv[1] == "after":
+if args.mode == "after":
     tupe.keep_large_blocks()  # glibc's mmap off for blocks over 32 MiB too
 torch.set_num_threads(2)
 shape = preset_shape("base")
@@ -32,7 +35,7 @@ with torch.no_grad():
     for n in (512, 1024, 2048, 4096, 1024, 4096, 512):
         m(input_ids=torch.randint(5, 1000, (1, n)))
         print(
-            sys.argv[1],
+            args.mode,
             n,
             "rss",
             rss(),

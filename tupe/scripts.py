@@ -36,6 +36,16 @@ def run_script(
     return result if isinstance(result, int) else 0
 
 
+def parse_or_exit(parser: ScriptParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """`parser.parse_args(argv)` for a script whose work runs at module level: a bad argument is the one line
+    `PROG: error: ...` and exit code 2, before any work."""
+    try:
+        return parser.parse_args(argv)
+    except TupeError as err:
+        print(f"{parser.prog}: error: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def claim_output_file(flag: str, path: str | Path, script: str) -> Path:
     """An output file named by the user (`--json OUT.json`): a file that can be written (not a folder, `/proc` or a
     device), not one the script did not write (`tupe.io.outputs.claim_file`: recorded in its folder's
