@@ -151,5 +151,24 @@ def main(run: Path) -> None:
     print(glue_table(run))
 
 
+def _command(argv: list[str] | None) -> None:
+    from tupe.errors import TupeError
+    from tupe.scripts import ScriptParser
+
+    p = ScriptParser(prog="collect.py", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="holds compare/, glue/ and the analysis text"
+    )
+    p.add_argument("schemes", nargs="*", metavar="SCHEME", help="only these schemes (default: all five)")
+    args = p.parse_args(argv)
+    if not args.run_dir.is_dir():
+        raise TupeError(f"RUN_DIR {args.run_dir} is not a folder")
+    if unknown := sorted(set(args.schemes) - {"bert-a", "bert-r", "tupe-a", "tupe-r", "tupe-a-tie-cls"}):
+        raise TupeError(f"unknown scheme {unknown[0]!r}; choose from: {', '.join(SCHEMES)}")
+    main(args.run_dir)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    from tupe.scripts import run_script
+
+    raise SystemExit(run_script(_command))

@@ -22,7 +22,6 @@ so differences between schemes are paired by seed across chunks. This script rea
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -288,11 +287,17 @@ def _column_key(pattern: re.Pattern[str], col: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from tupe.scripts import ScriptParser
+
+    p = ScriptParser(prog="combine_length.py", description=__doc__.split("\n")[0])
     p.add_argument(
         "folder", type=Path, help="the folder holding length-1/, length-2/, ... (each with study.json)"
     )
     args = p.parse_args(argv)
+    if not sorted(args.folder.glob("length-*/study.json")):
+        from tupe.errors import TupeError
+
+        raise TupeError(f"{args.folder} holds no length-*/study.json (the study's chunks, collected)")
     seeds, rows, chunks = read_chunks(args.folder)
     unigram = read_unigram(args.folder)
     (args.folder / "length.md").write_text(report(seeds, rows, chunks, unigram))
@@ -303,4 +308,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tupe.scripts import run_script
+
+    raise SystemExit(run_script(main))

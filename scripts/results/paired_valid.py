@@ -74,8 +74,36 @@ def main(compare: Path, corpus: str, cache: str, schemes: list[str], valid_every
     return out
 
 
+def _arguments(argv: list[str] | None = None) -> tuple[Path, str, str, list[str]]:
+    from tupe.errors import TupeError
+    from tupe.modeling import POSITION_SCHEMES
+    from tupe.scripts import ScriptParser
+
+    p = ScriptParser(prog="paired_valid.py", description=__doc__.splitlines()[0])
+    p.add_argument("compare_dir", type=Path, metavar="RUN_DIR/compare", help="a `tupe compare` folder")
+    p.add_argument("corpus", help="the corpus the runs were trained on")
+    p.add_argument("cache_dir", help="their data cache")
+    p.add_argument(
+        "schemes", nargs="+", metavar="SCHEME", help="the runs to compare, the first the reference"
+    )
+    args = p.parse_args(argv)
+    if not args.compare_dir.is_dir():
+        raise TupeError(f"RUN_DIR/compare {args.compare_dir} is not a folder")
+    for s in args.schemes:
+        if s not in POSITION_SCHEMES:
+            raise TupeError(f"unknown scheme {s!r}; choose from: {', '.join(POSITION_SCHEMES)}")
+    return args.compare_dir, args.corpus, args.cache_dir, args.schemes
+
+
 if __name__ == "__main__":
-    result = main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:])
+    from tupe.errors import TupeError, one_line
+
+    try:
+        arguments = _arguments()
+    except TupeError as err:
+        print(f"paired_valid.py: error: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    result = main(*arguments)
     print(json.dumps(result, indent=1))
     (Path(__file__).resolve().parents[2] / "docs" / "results" / "paired_valid.json").write_text(
         json.dumps(result, indent=1)

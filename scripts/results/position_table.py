@@ -10,7 +10,6 @@ random table, clearly positive once positions have a local structure that low-ra
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
@@ -50,5 +49,20 @@ def main(runs: list[str]) -> None:
             )
 
 
+def _command(argv: list[str] | None) -> None:
+    from tupe.errors import TupeError
+    from tupe.scripts import ScriptParser
+
+    p = ScriptParser(prog="position_table.py", description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="`tupe pretrain` folders with checkpoint-N/")
+    args = p.parse_args(argv)
+    for run in args.runs:
+        if not Path(run).is_dir():
+            raise TupeError(f"RUN_DIR {run} is not a folder")
+    main(args.runs)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from tupe.scripts import run_script
+
+    raise SystemExit(run_script(_command))

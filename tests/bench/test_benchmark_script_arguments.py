@@ -1,5 +1,5 @@
-"""The measurement scripts of benchmarks/ that take positional arguments (issue 49's sweep): a bad argument is one
-line `SCRIPT: error: ...` naming it, exit code 2, before any model is built; `--help` works."""
+"""The scripts of benchmarks/ and scripts/results/ that take positional arguments (issue 49's sweep): a bad argument
+is one line `SCRIPT: error: ...` naming it, exit code 2, before any model is built or file written; `--help` works."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ ROOT = Path(__file__).resolve().parents[2]
         ("mmap_max_rss.py", [], "the following arguments are required: mode"),
         ("deberta_rows_ab.py", ["0"], "argument rounds"),
         ("hf_deberta_trim_ab.py", ["sometimes"], "argument mode"),
+        ("../scripts/results/collect.py", ["NOWHERE"], "RUN_DIR NOWHERE is not a folder"),
+        ("../scripts/results/collect.py", [".", "bogus"], "unknown scheme 'bogus'"),
+        ("../scripts/results/paired_valid.py", ["NOWHERE", "c", "d", "bert-a"], "is not a folder"),
+        ("../scripts/results/paired_valid.py", [".", "c", "d", "bogus"], "unknown scheme 'bogus'"),
+        ("../scripts/results/position_table.py", [], "the following arguments are required: RUN_DIR"),
+        ("../scripts/results/position_table.py", ["NOWHERE"], "RUN_DIR NOWHERE is not a folder"),
+        ("../scripts/results/combine_length.py", ["."], "holds no length-*/study.json"),
     ],
 )
 def test_a_bad_argument_is_one_line_and_exit_2(script, argv, needle):
@@ -39,7 +46,9 @@ def test_a_bad_argument_is_one_line_and_exit_2(script, argv, needle):
     )
     err = done.stderr.strip()
     assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout, err)
-    assert err.startswith(f"{script}: error: ") and needle in err and len(err.splitlines()) == 1, err
+    assert err.startswith(f"{Path(script).name}: error: ") and needle in err and len(err.splitlines()) == 1, (
+        err
+    )
 
 
 @pytest.mark.slow
