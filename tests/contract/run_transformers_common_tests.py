@@ -112,6 +112,29 @@ class TupeModelTest(ModelTesterMixin, unittest.TestCase):
     def setUp(self):
         self.model_tester = TupeModelTester(self)
 
+    # Skipped, with the reason (docs/model.md): these tests build a model with `rope_parameters` on every scheme
+    # and run it on 1.5 x max_position_embeddings tokens with the unscaled rotation. tupe refuses `rope_parameters`
+    # by name on a scheme with no rotation (15 of 16 schemes), refuses any input longer than
+    # max_position_embeddings (as a learned table must), and rotates the whole head (no partial rotation).
+    # What the tests are about, RoPE scaling computed by transformers' ROPE_INIT_FUNCTIONS, applied, saved and
+    # honoured after reload, is tested for the rope scheme in tests/evaluation/test_rope_parameters.py.
+    _ROPE_SKIP = (
+        "tupe applies rope_parameters to the rope scheme only, refuses inputs beyond max_position_embeddings and "
+        "rotates whole heads; RoPE scaling is tested in tests/evaluation/test_rope_parameters.py"
+    )
+
+    def test_model_rope_scaling_from_config_0_linear(self):
+        self.skipTest(self._ROPE_SKIP)
+
+    def test_model_rope_scaling_from_config_1_dynamic(self):
+        self.skipTest(self._ROPE_SKIP)
+
+    def test_model_rope_scaling_from_config_2_yarn(self):
+        self.skipTest(self._ROPE_SKIP)
+
+    def test_model_rope_with_partial_rotation(self):
+        self.skipTest(self._ROPE_SKIP)
+
     def test_sdpa_can_dispatch_non_composite_models(self):
         # Replaced, not skipped (docs/model.md): transformers' version asserts that a model loaded with no
         # attn_implementation reports "sdpa", the library's default. A tupe model reports the kernel it saved
