@@ -165,6 +165,7 @@ def test_rope_learns_order_and_copy_and_nope_trained_the_same_way_stays_at_chanc
         (["--multiples", "2,4"], "--multiples must start at 1"),
         (["--schemes", "rope,bogus"], "unknown scheme 'bogus' in --schemes"),
         (["--model", "NOWHERE"], "--model NOWHERE is not a folder"),
+        (["--model", ".", "--schemes", "rope"], "--schemes goes with fresh models"),
     ],
 )
 def test_bad_options_are_one_line_errors_before_any_work(tmp_path, capsys, extra, message):

@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--out", required=True, type=V.nonempty_path, help="output folder (diagnostics.md, .json, runs/)"
     )
     p.add_argument(
-        "--schemes", default="all", help="comma-separated positional schemes, or all (default: all 16)"
+        "--schemes",
+        help="comma-separated positional schemes, or all (default: all 16; not with --model)",
     )
     p.add_argument(
         "--model",
@@ -61,7 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--lr", type=V.float_range(0.0, 1.0), default=3e-3, help="peak learning rate (default 3e-3)"
     )
     p.add_argument(
-        "--test-examples", type=V.int_range(8, 10**6), default=256, help="test sequences per task and length"
+        "--test-examples",
+        type=V.int_range(8, 10**6),
+        default=256,
+        help="test sequences per task and length (default 256)",
     )
     p.add_argument(
         "--parallel", type=V.int_range(1, 64), default=2, help="jobs at once, one thread each (default 2)"
@@ -89,6 +93,10 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[Any]:
     from .run import Job
 
     jobs = []
+    if args.model and args.schemes:
+        raise TupeError(
+            "--schemes goes with fresh models; --model fine-tunes the checkpoints under their own schemes"
+        )
     if args.model:
         for path in args.model:
             if not Path(path).is_dir():
@@ -103,7 +111,7 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[Any]:
                 for s in args.seeds
             ]
     else:
-        for scheme in _schemes(args.schemes):
+        for scheme in _schemes(args.schemes or "all"):
             jobs += [
                 Job(f"{scheme}/seed-{s}", scheme, None, s, str(out / "runs" / f"{scheme}-seed-{s}"))
                 for s in args.seeds
