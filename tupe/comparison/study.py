@@ -214,18 +214,6 @@ def _command(module: Any, argv: list[str]) -> int:
     return int(module.run(parser.parse_args(argv)) or 0)
 
 
-def _applies(m: Any, method: str) -> bool:  # noqa: ANN401
-    """Whether `--extend-positions method` is a run's own method (none: every run)."""
-    from tupe.evaluation import ROTARY_METHODS, TABLE_METHODS
-    from tupe.evaluation.lengths import rotary, table_key
-
-    if method in TABLE_METHODS:
-        return table_key(m) is not None
-    if method in ROTARY_METHODS:
-        return rotary(m)
-    return True
-
-
 def _glue(runs: dict[str, Path], out: Path, args: argparse.Namespace, log) -> None:  # noqa: ANN001
     """SST-2 for every run, `--parallel` `tupe glue` processes at a time (each resumes what it finds)."""
     import subprocess
@@ -281,7 +269,7 @@ def check_inputs(args: argparse.Namespace, stages: list[str], seeds: list[int]) 
 def run(args: argparse.Namespace) -> int:
     from tupe.comparison.compare import compare, parse_schemes, parse_seeds
     from tupe.evaluation.evaluate import Settings, load_eval_model
-    from tupe.evaluation.lengths import evaluate_lengths, plot_lengths
+    from tupe.evaluation.lengths import applies, evaluate_lengths, plot_lengths
     from tupe.evaluation.runs import evaluate_runs, resolve_text
     from tupe.modeling import POSITION_SCHEMES
     from tupe.runtime import hushed_libraries
@@ -352,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
                     m = load_eval_model(d)
                     m.name = name
                     loaded.append(m)
-            return [m for m in loaded if _applies(m, method)]
+            return [m for m in loaded if applies(m, method)]
 
         def per_method(stage: str) -> Iterator[tuple[str, Path, list[Any]]]:
             """Each --extend-positions method of `stage` still to do, with its result file and the runs it
@@ -435,13 +423,13 @@ def _stage_columns(
     points: str,
     entries: str,
     point: str,
-    label: str,
     rows: dict[str, dict[str, Any]],
-    value: Any,  # noqa: ANN401 - entry -> float
+    columns: Sequence[tuple[str, Any]],  # (label, entry -> float), each a column per method and point
 ) -> list[str]:
-    """One column per method and point (length or distance) of a stage's `OUT/<stage>-<method>.json`, filled in
-    `rows` with each scheme's per-seed values (None where a run was not evaluated there)."""
-    cols: list[str] = []
+    """One column per (label, value) of `columns`, method and point (length or distance) of a stage's
+    `OUT/<stage>-<method>.json` (each file read once), filled in `rows` with each scheme's per-seed values (None
+    where a run was not evaluated there); the columns of the first label first."""
+    cols: list[list[str]] = [[] for _ in columns]
     for ext in methods:
         path = out / f"{stage}-{ext}.json"
         if not path.exists():
@@ -450,13 +438,14 @@ def _stage_columns(
         found = {(e["model"], e[point]): e for e in result[entries]}
         if not isinstance(result["settings"], dict) or points not in result["settings"]:
             raise TupeError(f"{path}: no settings.{points}; not a complete {stage} result of the study")
-        for x in result["settings"][points]:
-            col = label.format(x, ext)
-            cols.append(col)
-            for s in schemes:
-                es = [found.get((f"{s}/seed-{k}", x)) for k in seeds]
-                rows[s][col] = [value(e) if e and e["evaluated"] else None for e in es]
-    return cols
+        for k, (label, value) in enumerate(columns):
+            for x in result["settings"][points]:
+                col = label.format(x, ext)
+                cols[k].append(col)
+                for s in schemes:
+                    es = [found.get((f"{s}/seed-{seed}", x)) for seed in seeds]
+                    rows[s][col] = [value(e) if e and e["evaluated"] else None for e in es]
+    return [col for group in cols for col in group]
 
 
 def summarize(
@@ -481,19 +470,16 @@ def summarize(
                 rows[s][f"word_order:{text}"] = [m["word_order_delta"]["value"] if m else None for m in ms]
                 rows[s][f"tokens_per_word:{text}"] = [m.get("tokens_per_word") if m else None for m in ms]
     length_cols = _stage_columns(
-        out, "lengths", methods, schemes, seeds, "lengths", "by_length", "length", "L={} ({})", rows,
-        lambda e: e["loss"]["value"],
+        out, "lengths", methods, schemes, seeds, "lengths", "by_length", "length", rows,
+        [("L={} ({})", lambda e: e["loss"]["value"])],
     )  # fmt: skip
-    # token use: the accuracy of recovering the key minus the same blocks' guess without it
+    # token use: the accuracy of recovering the key minus the same blocks' guess without it; copying: the accuracy
+    # minus the same blocks' accuracy with the key's digits deranged (probes recorded before the order-aware probe
+    # have no such entry: no value)
     passkey_cols = _stage_columns(
-        out, "passkey", methods, schemes, seeds, "distances", "by_distance", "distance", "passkey d={} ({})", rows,
-        lambda e: e["accuracy_minus_guess"]["value"],
-    )  # fmt: skip
-    # copying: the accuracy minus the same blocks' accuracy with the key's digits deranged (probes recorded before
-    # the order-aware probe have no such entry and no column)
-    passkey_cols += _stage_columns(
-        out, "passkey", methods, schemes, seeds, "distances", "by_distance", "distance", "copying d={} ({})", rows,
-        lambda e: e["copying"]["value"] if "copying" in e else None,
+        out, "passkey", methods, schemes, seeds, "distances", "by_distance", "distance", rows,
+        [("passkey d={} ({})", lambda e: e["accuracy_minus_guess"]["value"]),
+         ("copying d={} ({})", lambda e: e["copying"]["value"] if "copying" in e else None)],
     )  # fmt: skip
     majority = None
     for s in schemes:  # SST-2: the best learning rate's median over fine-tuning seeds, per pre-training seed

@@ -7,6 +7,7 @@ absolute position, and report each scheme with Student-t intervals over seeds. D
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import subprocess
@@ -183,10 +184,7 @@ def run(args: argparse.Namespace) -> int:
     results = _run_all(jobs, settings, args.parallel, args.progress)
     summary = aggregate(results)
     lengths = [k * settings.train_length for k in settings.multiples]
-    import dataclasses
-
-    import torch
-
+    from tupe.evaluation.command import versions
     from tupe.io.results import recorded_command, recorded_path
 
     words = sys.argv[2:] if sys.argv[1:2] == ["diagnose"] else sys.argv[1:]
@@ -194,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         # paths relative to --out, where the record is written
         "command": recorded_command(["tupe", "diagnose", *words], out),
         "commit": _commit(),
-        "machine": {"platform": platform.platform(terse=True), "torch": torch.__version__},
+        "machine": {"platform": platform.platform(terse=True), **versions()},
         "settings": dataclasses.asdict(settings),
         "wall_seconds": round(time.perf_counter() - start, 1),
         "job_seconds": round(sum(r["seconds"] for r in results), 1),

@@ -136,12 +136,10 @@ def correct_per_example(m: Any, batch: Batch) -> tuple[np.ndarray, np.ndarray]: 
 
 def methods_for(m: Any) -> list[str]:  # noqa: ANN401 - EvalModel
     """`none` for every model, and the extension methods that change this model's positions."""
-    from tupe.evaluation import ROTARY_METHODS, TABLE_METHODS
-    from tupe.evaluation.lengths import rotary, table_key
+    from tupe.evaluation import EXTEND_METHODS
+    from tupe.evaluation.lengths import applies
 
-    if table_key(m) is not None:
-        return ["none", *TABLE_METHODS]
-    return ["none", *ROTARY_METHODS] if rotary(m) else ["none"]
+    return [method for method in EXTEND_METHODS if applies(m, method)]
 
 
 def score_tasks(m: Any, vocab: Vocabulary, settings: Settings) -> list[dict[str, Any]]:  # noqa: ANN401

@@ -123,6 +123,16 @@ def rope_frequencies(
     return build_scheme(config).frequencies(length)
 
 
+def applies(m: EvalModel, method: str) -> bool:
+    """Whether `--extend-positions method` is one of this model's own methods: `none` for every model, a table
+    method for a learned table, a rotary method for rope."""
+    if method in TABLE_METHODS:
+        return table_key(m) is not None
+    if method in ROTARY_METHODS:
+        return rotary(m)
+    return True
+
+
 def trained_rows(m: EvalModel) -> int:
     """Rows of the table that training reached: the training length when the run recorded it, else all rows."""
     return min(m.max_length, m.train_length) if m.train_length else m.max_length
