@@ -47,7 +47,9 @@ def build_attention_candidate(
         torch.randn(batch_size, seq_len, 3, h, d, generator=g).to(device).requires_grad_()
         for _ in range(config.num_hidden_layers)
     ]
-    grads = [torch.randn(batch_size, h, seq_len, d, generator=g).to(device) for _ in leaves]
+    grads = [
+        torch.randn(batch_size, seq_len, h, d, generator=g).to(device) for _ in leaves
+    ]  # (b, n, h, d) outputs
     resolved = resolve_attention_kernel(model, device, torch.float32, training=True, grad=True)
 
     def run() -> None:

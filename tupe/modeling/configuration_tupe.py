@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from .kernels import ATTENTION_KERNELS, KERNEL_ALIASES, check_kernel_for_scheme
+from .attention_interface import AUTO, checked_request, requested_kernel, setting, setting_kernel
+from .kernels import ATTENTION_KERNELS
 from .positional import POSITION_SCHEMES, SCHEMES, PositionalScheme, scheme_class, scheme_fields
 
-# The one attention switch (saved in config.json) takes "auto" or a name of the kernel registry (kernels.py), read
-# live: `ATTENTION_KERNELS`. See docs/model.md "Attention kernels".
+# The one attention switch is transformers' `config._attn_implementation` (saved in config.json as
+# `attn_implementation`): "auto" or a kernel of the registry (kernels.py, `ATTENTION_KERNELS`) by its
+# `AttentionInterface` name, `tupe_<name>` (attention_interface.py). See docs/model.md "Attention kernels".
 __all__ = ["ATTENTION_KERNELS", "POSITION_SCHEMES", "TupeConfig"]
 
 
@@ -24,15 +26,17 @@ class TupeConfig(PretrainedConfig):
         sparse_prediction: with labels, run the masked-LM head on the masked positions only (logits then
             (num_masked, vocab)); off by default, so logits are (batch, seq, vocab) as in every transformers masked
             LM. `tupe pretrain` turns it on for its own training (same loss, much less head work).
-        attention_kernel: the saved attention kernel, "auto" or a name of the kernel registry
-            (`ATTENTION_KERNELS`), so that a reloaded model runs the kernel it was trained and benchmarked with; a
+        attn_implementation: the attention kernel, transformers' one setting (`config._attn_implementation`, saved in
+            config.json): "auto" (default) or a kernel of the registry (`ATTENTION_KERNELS`), by its
+            `AttentionInterface` name (`tupe_eager`, `tupe_sdpa`, `tupe_fold`, `tupe_fused`, `tupe_flex`) or its
+            registry name, transformers' "eager" / "sdpa" / "flex_attention" naming tupe's kernel of that kind; a
             kernel that cannot run the scheme is refused with the reason (`PositionalScheme.kernels()` lists what
-            applies). All are exact against "eager", the reference. A model built or loaded from this config
-            copies it into transformers' `config._attn_implementation`, unless `attn_implementation` names
-            another kernel (`from_pretrained(..., attn_implementation=K)`, `set_attn_implementation(K)`; "sdpa"
-            is the SDPA kernel): from then on `_attn_implementation` is the one runtime setting and names the
-            kernel that runs ("auto" picks one per device, dtype and train mode, once per model:
-            `model.resolve_attention_kernel()` says which).
+            applies). All are exact against the eager reference. A model built or loaded from this config resolves
+            "auto" to the kernel that runs (docs/model.md "Attention kernels"; attention_interface.py).
+        attention_kernel: the same setting under its older name (config.json files saved before
+            `attn_implementation` carry it, older ones `fold_positional`, which is ignored: "auto" folds where it
+            can); `attn_implementation` wins where both are given. `config.attention_kernel` reads the setting's
+            registry name ("auto" where "auto" chose it) and sets the setting.
         rope_parameters: transformers' RoPE scaling (`{"rope_type": "yarn", "factor": 4.0, ...}`; the legacy
             `rope_scaling` is mapped onto it), for the `rope` scheme only (any other refuses it by name), applied
             through transformers' `ROPE_INIT_FUNCTIONS` (tupe/modeling/rope_scaling.py; docs/model.md "RoPE
@@ -66,7 +70,7 @@ class TupeConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         classifier_dropout: float | None = None,
         sparse_prediction: bool = False,
-        attention_kernel: str = "auto",
+        attention_kernel: str | None = None,
         pad_token_id: int = 0,
         cls_token_id: int = 1,
         sep_token_id: int = 2,
@@ -78,6 +82,9 @@ class TupeConfig(PretrainedConfig):
         # Configs saved before `attention_kernel` existed carry `fold_positional` (default True): "auto" folded
         # where it could, which is still what "auto" does.
         kwargs.pop("fold_positional", None)
+        request, what = kwargs.pop("attn_implementation", None), "attn_implementation"
+        if request is None and attention_kernel is not None:
+            request, what = attention_kernel, "attention_kernel"
         if hidden_size % num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({hidden_size}) must be a multiple of num_attention_heads ({num_attention_heads})"
@@ -99,7 +106,7 @@ class TupeConfig(PretrainedConfig):
         self.sparse_prediction = sparse_prediction
         self._take_scheme_fields(scheme, kwargs)
         self._take_rope_parameters(scheme, kwargs)
-        self.attention_kernel = check_kernel_for_scheme(attention_kernel, position_scheme, scheme.terms)
+        kwargs["attn_implementation"] = setting(checked_request(request, position_scheme, what))
         self.cls_token_id = cls_token_id
         self.sep_token_id = sep_token_id
         self.mask_token_id = mask_token_id
@@ -132,35 +139,62 @@ class TupeConfig(PretrainedConfig):
             refuse_rope_parameters(self)
         self.rope_parameters = standard_rope_parameters(self)
 
-    def __setattr__(self, key: str, value) -> None:
-        # A kernel's alias names the kernel itself, however it is set: `config._attn_implementation =
-        # "flex_attention"` (or `attention_kernel = ...`) reads back "flex", as from_pretrained(attn_implementation=)
-        # and set_attn_implementation give it. Unknown names are kept, for the model to refuse by name.
-        if key in ("_attn_implementation", "attention_kernel") and isinstance(value, str):
-            value = KERNEL_ALIASES.get(value, value)
-        super().__setattr__(key, value)
+    @property
+    def _attn_implementation(self) -> str | None:
+        """The one attention setting (transformers'): "auto" until a model resolves it, then `tupe_<kernel>`."""
+        return self.__dict__.get("_attn_implementation_internal")
+
+    @_attn_implementation.setter
+    def _attn_implementation(self, value: str | dict | None) -> None:
+        """Any request (attention_interface.py) as the setting's value, checked against the scheme at once; None
+        (nothing asked) keeps the setting. Clears "auto"'s mark: a named kernel is kept as named."""
+        if isinstance(value, dict):
+            value = value.get("", None)
+        if value is None:
+            value = self._attn_implementation or AUTO
+        scheme = self.__dict__.get("position_scheme")
+        kernel = requested_kernel(value) if scheme is None else checked_request(value, scheme)
+        self._attn_implementation_internal = setting(kernel)
+        self._attn_auto = None
+
+    @property
+    def attention_kernel(self) -> str:
+        """The setting by its older name: the registry name of its kernel, or "auto" where "auto" chose it (what
+        `save_pretrained` writes). Setting it sets `_attn_implementation`."""
+        if self.__dict__.get("_attn_auto") is not None:
+            return AUTO
+        return setting_kernel(self)
+
+    @attention_kernel.setter
+    def attention_kernel(self, value: str) -> None:
+        self._attn_implementation = value
+
+    @property
+    def output_attentions(self) -> bool:
+        return self._output_attentions
+
+    @output_attentions.setter
+    def output_attentions(self, value: bool) -> None:
+        """Any kernel: a pass that asks for the probabilities runs the kernel that returns them, and says so once
+        (transformers' own setter asks for "eager")."""
+        self._output_attentions = value
+
+    def validate_output_attentions(self) -> None:
+        """Nothing to refuse: see `output_attentions`."""
+
+    def to_dict(self) -> dict:
+        """transformers' `to_dict`, with the setting as config.json keeps it: `attn_implementation`, "auto" where
+        "auto" chose the kernel (it is chosen again where the model is loaded), else the kernel's `tupe_` name."""
+        output = super().to_dict()
+        output.pop("_attn_auto", None)
+        auto = self.__dict__.get("_attn_auto") is not None
+        output["attn_implementation"] = AUTO if auto else self._attn_implementation
+        return output
 
     def convert_rope_params_to_dict(self, **kwargs):
         """transformers' RoPE standardisation, which would give every config a default `rope_parameters`: tupe
         standardises them itself, for the rope scheme only (`_take_rope_parameters`)."""
         return kwargs
-
-    def validate_attention_kernel(self) -> str:
-        """`attention_kernel` as its canonical registry name (aliases resolved), checked against the registry
-        and the scheme; the config is not changed."""
-        terms = scheme_class(self.position_scheme).terms
-        return check_kernel_for_scheme(self.attention_kernel, self.position_scheme, terms)
-
-    def requested_attention_kernel(self) -> str:
-        """The kernel that runs ("auto" or a registry name), checked against the registry and the scheme:
-        `_attn_implementation`, the one runtime setting (a model sets it when it is built or loaded, to the saved
-        `attention_kernel` unless `attn_implementation` asked for another), or `attention_kernel` for a config no
-        model holds. The config is not changed."""
-        name = getattr(self, "_attn_implementation", None)
-        if name is None:
-            return self.validate_attention_kernel()
-        terms = scheme_class(self.position_scheme).terms
-        return check_kernel_for_scheme(name, self.position_scheme, terms, "attn_implementation")
 
     @property
     def head_dim(self) -> int:

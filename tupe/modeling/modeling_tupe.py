@@ -2,9 +2,10 @@
 
 Read top to bottom: embeddings, attention (calling the registry's kernel), layer, encoder, heads. The positional
 scheme (positional.py) is evaluated once per forward pass; its content-free term is shared by every layer. The
-kernels and their registry are in kernels.py. The kernel that runs is `config._attn_implementation`, set when the
-model is built or loaded (to the saved `config.attention_kernel` unless `attn_implementation` asks for another);
-"auto" is resolved once per model and situation (device, dtype, train mode) and kept (`resolve_attention_kernel`).
+kernels and their registry are in kernels.py, registered with transformers' `AttentionInterface` as `tupe_<name>`
+(attention_interface.py). The kernel that runs is `config._attn_implementation`, the one setting, resolved when the
+model is built, loaded or `set_attn_implementation` is called (attention_interface.py says when "auto" is resolved
+again).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 try:  # transformers >= 5 initialises through these (they respect already-loaded weights)
@@ -34,20 +36,14 @@ try:  # transformers >= 5 initialises through these (they respect already-loaded
 except ImportError:  # pragma: no cover
     init = nn.init
 
+from .attention_interface import checked_request, interface_name, kernel_for_pass, refresh, settle
 from .configuration_tupe import TupeConfig
 from .kernels import (
-    AUTO,
     AttentionKernel,
     DocumentRows,
     FastDropout,
-    KernelSituation,
-    canonical_kernel_name,
-    check_kernel_for_scheme,
     document_attention,
-    get_attention_kernel,
     masked_lm_loss,
-    registry_version,
-    select_kernel,
 )
 from .positional import (
     PositionalContext,
@@ -56,7 +52,6 @@ from .positional import (
     Positions,
     apply_rotary,
     build_scheme,
-    scheme_class,
 )
 
 logger = logging.get_logger(__name__)
@@ -72,11 +67,11 @@ def resolve_attention_kernel(
     probabilities: bool = False,
     documents: bool = False,
 ) -> str:
-    """The registry name of the kernel a forward pass runs ("auto" resolved), or a ValueError saying why the
-    requested kernel cannot run it. Defaults from a model: its device, dtype and train mode; from a config: CPU,
-    float32, eval. `grad` (default: `torch.is_grad_enabled()`) tells a training step from a no-grad pass;
-    `probabilities`: `output_attentions` is asked for; `documents`: rows hold several documents (position_ids
-    restarting at 0). `dtype` is the compute dtype (the autocast dtype if any)."""
+    """The registry name of the kernel a forward pass in this situation runs under the setting
+    (`config._attn_implementation`; "auto" resolved for the situation), or a ValueError saying why the named kernel
+    cannot run it; nothing is changed or logged. Defaults from a model: its device, dtype and train mode; from a
+    config: CPU, float32, eval. `grad` (default: `torch.is_grad_enabled()`) tells a training step from a no-grad
+    pass; `probabilities`: `output_attentions` is asked for; `documents`: rows hold several documents."""
     config = model_or_config.config if isinstance(model_or_config, PreTrainedModel) else model_or_config
     if isinstance(model_or_config, PreTrainedModel):
         weight = next(model_or_config.parameters())
@@ -86,33 +81,10 @@ def resolve_attention_kernel(
     device = torch.device("cpu" if device is None else device)
     dtype = torch.float32 if dtype is None else dtype
     grad = torch.is_grad_enabled() if grad is None else grad
-    return _select_kernel(config, device, dtype, bool(training), grad, probabilities, documents).name
-
-
-def _select_kernel(
-    config: TupeConfig,
-    device: torch.device,
-    dtype: torch.dtype,
-    training: bool,
-    grad: bool,
-    probabilities: bool,
-    documents: bool = False,
-) -> AttentionKernel:
-    dropout = training and config.attention_probs_dropout_prob > 0
-    terms = scheme_class(config.position_scheme).terms
-    situation = KernelSituation(terms, device.type, dtype, training, grad, dropout, probabilities, documents)
-    requested = config.requested_attention_kernel()
-    kernel = select_kernel(requested, situation)
-    if (
-        probabilities
-        and kernel.name != requested
-        and (requested == AUTO or not get_attention_kernel(requested).probabilities)
-    ):
-        logger.warning_once(
-            f"output_attentions: attention kernel {requested!r} returns no attention probabilities; the passes "
-            f"that ask for them run {kernel.name!r}"
-        )
-    return kernel
+    kernel = kernel_for_pass(
+        config, device, dtype, bool(training), grad, probabilities, documents, update=False
+    )
+    return kernel.name
 
 
 def _tracing() -> bool:
@@ -185,7 +157,7 @@ class AttentionInputs:
     mask: (
         torch.Tensor | None
     )  # what every layer's kernel gets: `kernel.prepare(ctx, padding, dtype)`, else padding
-    kernel: AttentionKernel  # the registry entry resolved for this pass (`resolve_attention_kernel`)
+    kernel: AttentionKernel  # the registry entry this pass runs (`kernel_for_pass`: the setting's, as a rule)
     probabilities: bool = False  # output_attentions
     # documents run as rows of their own (`DocumentRows`): `ctx` is then that of positions 0..rows.length-1 (its
     # input embedding looked up per token), `padding` and `mask` are None, each group carries its own key padding
@@ -261,8 +233,7 @@ class TupeSelfAttention(nn.Module):
         q, k, v = (
             self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         )  # 3 x (b, h, n, d)
-        out, probs = self.attend(q, k, v, inputs)
-        out = out.transpose(1, 2)  # (b, n, h, d)
+        out, probs = self.attend(q, k, v, inputs)  # (b, n, h, d)
         if _tracing():
             # A real copy: the ONNX exporter swaps SDPA for a decomposition whose output strides differ from the
             # traced ones, so a reshape recorded as a view (or an elided contiguous()) would no longer be valid.
@@ -282,7 +253,8 @@ class TupeSelfAttention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The attention core on projected (b, h, n, d) queries, keys, values: the scheme's rotary / added
-        positions, then the resolved registry kernel (`tupe bench --attention-only` times this)."""
+        positions, then the pass's kernel, the function transformers' `AttentionInterface` holds under its name
+        (`tupe bench --attention-only` times this). Returns the (b, n, h, d) output and the probabilities."""
         ctx, kernel = inputs.ctx, inputs.kernel
         dropout_p = self.dropout_p if self.training else 0.0
         if inputs.rows is not None:  # each document in a row of its own: the terms of its positions 0..L-1
@@ -293,11 +265,22 @@ class TupeSelfAttention(nn.Module):
                 mask = padding if kernel.prepare is None else kernel.prepare(rows_ctx, padding, q.dtype)
                 return kernel.fn(q, k, v, rows_ctx, mask, dropout_p, False)[0]
 
-            return document_attention(q, k, v, inputs.rows, attend_rows), None
+            return document_attention(q, k, v, inputs.rows, attend_rows).transpose(1, 2), None
         q, k = _positioned(q, k, ctx)
         if ctx.layer_term is not None:  # a term of this layer's own queries, keys and projections (DeBERTa)
             ctx = ctx.for_layer(ctx.layer_term(ctx, q, k, self.project_positions))
-        return kernel.fn(q, k, v, ctx, inputs.mask, dropout_p, inputs.probabilities)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(interface_name(kernel.name), None)
+        return attention(
+            self,
+            q,
+            k,
+            v,
+            inputs.mask,
+            scaling=ctx.logit_scale,
+            dropout=dropout_p,
+            context=ctx,
+            output_attentions=inputs.probabilities,
+        )
 
 
 def _kept_graph_tensors(scheme: nn.Module) -> list[str]:
@@ -514,40 +497,42 @@ class TupePreTrainedModel(PreTrainedModel):
             return tuple(t for t in (loss, *fields.values(), hidden_states, attentions) if t is not None)
         return output_cls(loss=loss, **fields, hidden_states=hidden_states, attentions=attentions)
 
-    def _check_and_adjust_attn_implementation(
-        self,
-        attn_implementation: str | None,
-        is_init_check: bool = False,
-        allow_all_kernels: bool = False,
-        **kwargs,
+    def get_correct_attn_implementation(
+        self, requested_attention: str | None, is_init_check: bool = False
     ) -> str:
-        """transformers' door to the kernel registry, where the one runtime setting `config._attn_implementation`
-        is set: None (nothing asked, transformers' default) -> the saved `config.attention_kernel`; any other K
-        (`from_pretrained(..., attn_implementation=K)`, `set_attn_implementation(K)`) -> K's registry name
-        ("sdpa" the SDPA kernel, "flex_attention" the "flex" kernel, "auto"), for this model, not saved. A name
-        the registry does not have, or a kernel that cannot run the scheme, is refused in one line."""
-        if attn_implementation is None:
-            return self.config.validate_attention_kernel()
-        name = canonical_kernel_name(attn_implementation, "attn_implementation")
-        terms = scheme_class(self.config.position_scheme).terms
-        return check_kernel_for_scheme(name, self.config.position_scheme, terms, "attn_implementation")
+        """transformers' public hook (from `__init__`, `from_pretrained` and `set_attn_implementation`) for the value
+        of the one setting `config._attn_implementation`: the `tupe_` name of the kernel that runs, "auto" resolved
+        for the weights' device and dtype and the train mode (attention_interface.py `settle`). None (nothing asked)
+        keeps the config's setting. A name the registry does not have, or a kernel that cannot run the scheme, is
+        refused in one line."""
+        return settle(self, requested_attention)
 
-    @classmethod
-    def _can_set_attn_implementation(cls) -> bool:
-        """The kernel is read from `config._attn_implementation`, so `set_attn_implementation` works on a loaded
-        model."""
-        return True
+    def set_attn_implementation(
+        self, attn_implementation: str | dict, allow_all_kernels: bool = False
+    ) -> None:
+        """transformers' `set_attn_implementation`: any request (`attn_implementation`, attention_interface.py),
+        refused in one line before transformers looks for a Hub kernel of that name; a named kernel is kept as
+        named from then on, "auto" is resolved now for the model's weights and mode."""
+        if attn_implementation is not None and not isinstance(attn_implementation, dict):
+            checked_request(attn_implementation, self.config.position_scheme)
+            self.config._attn_auto = None
+        super().set_attn_implementation(attn_implementation, allow_all_kernels)
+
+    def train(self, mode: bool = True):
+        """`nn.Module.train`; "auto", where it chose the setting, is resolved again for the new mode."""
+        super().train(mode)
+        refresh(self)
+        return self
 
 
 class TupeModel(TupePreTrainedModel):
     """The encoder: embeddings, one positional scheme, `num_hidden_layers` blocks.
 
-    `config._attn_implementation` names the attention kernel of the registry in kernels.py that runs: set when the
-    model is built or loaded, to the saved `config.attention_kernel` unless transformers' `attn_implementation`
-    asks for another; "auto" is resolved once for each situation and kept (`_kernel`, `resolve_attention_kernel`).
-    Every kernel is exact against the eager reference (tests/modeling/test_fast_paths.py). `output_attentions`
-    runs the eager reference, the kernel that returns probabilities, and says so once. docs/model.md "Attention
-    kernels" lists them.
+    `config._attn_implementation` names the attention kernel that runs (`tupe_<name>`, a kernel of the registry in
+    kernels.py registered with transformers' `AttentionInterface`); attention_interface.py says when "auto" is
+    resolved. Every kernel is exact against the eager reference (tests/modeling/test_fast_paths.py).
+    `output_attentions` runs the eager reference, the kernel that returns probabilities, and says so once.
+    docs/model.md "Attention kernels" lists them.
     """
 
     def __init__(self, config: TupeConfig):
@@ -556,7 +541,6 @@ class TupeModel(TupePreTrainedModel):
         self.positional = build_scheme(config)
         self.layers = nn.ModuleList(TupeLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
-        self._kernels: dict[tuple, str] = {}  # names of the kernels resolved by situation (`_kernel`)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -640,37 +624,6 @@ class TupeModel(TupePreTrainedModel):
                 f"which cut at the tokenizer's model_max_length"
             )
 
-    def _kernel(
-        self,
-        device: torch.device,
-        dtype: torch.dtype,
-        grad: bool,
-        probabilities: bool,
-        documents: bool = False,
-    ) -> AttentionKernel:
-        """The registry kernel of this forward pass: resolved once per model for each situation (requested
-        kernel, device, dtype, train mode, gradients, probabilities, documents in a row), then looked up."""
-        config = self.config
-        if _tracing():  # export / compile: no state kept on the module while tracing
-            return _select_kernel(config, device, dtype, self.training, grad, probabilities, documents)
-        key = (
-            config._attn_implementation,
-            config.attention_kernel,
-            config.attention_probs_dropout_prob,
-            device,
-            dtype,
-            self.training,
-            grad,
-            probabilities,
-            documents,
-            registry_version(),
-        )
-        name = self._kernels.get(key)
-        if name is None:
-            name = _select_kernel(config, device, dtype, self.training, grad, probabilities, documents).name
-            self._kernels[key] = name
-        return get_attention_kernel(name)
-
     def _attention_inputs(
         self,
         n: int,
@@ -687,7 +640,13 @@ class TupeModel(TupePreTrainedModel):
             )
         documents = positions is not None and positions.documents is not None
         device = self.embeddings.word_embeddings.weight.device
-        kernel = self._kernel(device, dtype, torch.is_grad_enabled(), probabilities, documents)
+        grad, update = (
+            torch.is_grad_enabled(),
+            not _tracing(),
+        )  # export / compile: no state changed while tracing
+        kernel = kernel_for_pass(
+            self.config, device, dtype, self.training, grad, probabilities, documents, update=update
+        )
         rows = None
         if (
             documents
