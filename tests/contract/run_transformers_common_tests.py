@@ -137,9 +137,10 @@ class TupeModelTest(ModelTesterMixin, unittest.TestCase):
 
     def test_sdpa_can_dispatch_non_composite_models(self):
         # Replaced, not skipped (docs/model.md): transformers' version asserts that a model loaded with no
-        # attn_implementation reports "sdpa", the library's default. A tupe model reports the kernel it saved
-        # (default "auto": the fastest exact kernel for each situation), its one kernel switch. The dispatch the
-        # test is about is checked as the original checks it, with "sdpa" and "eager" asked for by name.
+        # attn_implementation reports "sdpa", the library's default. A tupe model reports the tupe kernel that runs
+        # (`tupe_<name>`, registered with AttentionInterface; the saved default "auto" resolved to one), its one
+        # kernel setting. The dispatch the test is about is checked as the original checks it, with "sdpa" and
+        # "eager" asked for by name: tupe's kernels of that kind.
         import tempfile
 
         for model_class in self.all_model_classes:
@@ -148,15 +149,17 @@ class TupeModelTest(ModelTesterMixin, unittest.TestCase):
             with tempfile.TemporaryDirectory() as tmpdirname:
                 model.save_pretrained(tmpdirname)
                 default = model_class.from_pretrained(tmpdirname)
-                self.assertEqual(default.config._attn_implementation, config.attention_kernel)
+                self.assertEqual(
+                    default.config._attn_implementation, "tupe_" + default.resolve_attention_kernel()
+                )
                 sdpa = model_class.from_pretrained(tmpdirname, attn_implementation="sdpa")
-                self.assertEqual(sdpa.config._attn_implementation, "sdpa")
+                self.assertEqual(sdpa.config._attn_implementation, "tupe_sdpa")
                 eager = model_class.from_pretrained(tmpdirname, attn_implementation="eager")
-                self.assertEqual(eager.config._attn_implementation, "eager")
+                self.assertEqual(eager.config._attn_implementation, "tupe_eager")
                 for name, submodule in eager.named_modules():
                     sub_config = getattr(submodule, "config", None)
                     if submodule.__class__.__name__.endswith("Attention") and sub_config is not None:
-                        self.assertNotEqual(sub_config._attn_implementation, "sdpa", name)
+                        self.assertNotEqual(sub_config._attn_implementation, "tupe_sdpa", name)
 """
 
 STUBS = {

@@ -112,9 +112,17 @@ def test_auto_kernel_choice_on_cpu():
     model.set_attn_implementation("fold")
     assert _kernel(model) == "fold"
     model.set_attn_implementation("auto")
+    assert model.config._attn_implementation == "tupe_sdpa"  # resolved at once: CPU, eval
+    model.train()  # "auto" resolved again for the mode, whether or not a pass records gradients
+    assert model.config._attn_implementation == "tupe_fused"
     with torch.no_grad():
-        model.train()
-        assert _kernel(model) == "sdpa"
+        assert _kernel(model) == "fused"
+    model.double()  # another dtype: the next pass resolves "auto" again and updates the setting
+    model.config.attention_probs_dropout_prob = 0.0
+    model.eval()
+    model(torch.randint(5, 50, (1, 8)))
+    assert model.config._attn_implementation == "tupe_sdpa"
+    assert model.config._attn_auto == ("cpu", torch.float64, False)
     # no dropout: a learned content-free term (or DeBERTa's per-layer one) still sends SDPA to its math kernel (its
     # mask needs a gradient), so "fused"; without a term, or with ALiBi's constant one, SDPA's flash kernel applies
     fused = ("tupe-a", "tupe-r", "t5", "deberta")
@@ -140,15 +148,16 @@ def test_auto_kernel_choice_on_gpus_from_a_config():
     # flex has no attention dropout: "auto" passes it over, an explicit request is refused
     config = tiny_config("tupe-r", attention_probs_dropout_prob=0.1)
     assert resolve_attention_kernel(config, "cuda", torch.float32, training=True, grad=True) == "sdpa"
-    config.attention_kernel = "flex"
-    with pytest.raises(ValueError, match="attention_kernel 'flex' has no attention dropout"):
+    config.attention_kernel = "flex"  # the older name of the setting
+    assert config._attn_implementation == "tupe_flex"
+    with pytest.raises(ValueError, match="attn_implementation 'tupe_flex' has no attention dropout"):
         resolve_attention_kernel(config, "cuda", torch.float32, training=True, grad=True)
 
 
 def test_fused_refuses_half_precision_instead_of_switching_kernel():
     model = TupeForMaskedLM(tiny_config("tupe-a", attention_kernel="fused"))
     assert _kernel(model) == "fused"
-    with pytest.raises(ValueError, match="'fused' runs in float32/float64 only, not bfloat16"):
+    with pytest.raises(ValueError, match="'tupe_fused' runs in float32/float64 only, not bfloat16"):
         _kernel(model, torch.bfloat16)
 
 
@@ -163,13 +172,11 @@ def test_kernel_validated_against_scheme():
     model = TupeForMaskedLM(tiny_config("rope")).eval()
     with pytest.raises(ValueError, match="low-rank"):  # through transformers: checked at once
         model.set_attn_implementation("fold")
-    model.config.attention_kernel = "fold"  # the saved value only: what runs stays, nothing is checked
-    model(torch.randint(5, 50, (1, 8)))
-    model.config._attn_implementation = (
-        "fold"  # set directly, bypassing transformers: checked at the next pass
-    )
-    with pytest.raises(ValueError, match="low-rank"):
-        model(torch.randint(5, 50, (1, 8)))
+    with pytest.raises(ValueError, match="low-rank"):  # the setting's older name: the same setting, checked
+        model.config.attention_kernel = "fold"
+    with pytest.raises(ValueError, match="low-rank"):  # set directly, bypassing transformers: checked at once
+        model.config._attn_implementation = "fold"
+    assert model.config._attn_implementation == "tupe_sdpa"  # unchanged
 
 
 def test_flex_refuses_attention_dropout_in_training():
@@ -186,28 +193,27 @@ def test_flex_refuses_attention_dropout_in_training():
 
 
 def test_kernel_saved_and_overridden_at_load(tmp_path):
-    """The kernel is read back from config.json into `config._attn_implementation`, which names what runs;
-    `from_pretrained(attn_implementation=K)` overrides it for the loaded model (as transformers'
-    attn_implementation does, it is not saved); "sdpa" is the SDPA kernel."""
-    TupeForMaskedLM(tiny_config("tupe-a", attention_kernel="fold")).save_pretrained(tmp_path)
-    assert '"attention_kernel": "fold"' in (tmp_path / "config.json").read_text()
+    """The setting is saved in config.json and read back into `config._attn_implementation`, which names what
+    runs; `from_pretrained(attn_implementation=K)` sets it for the loaded model, and the model saves what it
+    runs ("auto" stays "auto"); "sdpa" is tupe's SDPA kernel."""
+    TupeForMaskedLM(tiny_config("tupe-a", attn_implementation="fold")).save_pretrained(tmp_path)
+    assert '"attn_implementation": "tupe_fold"' in (tmp_path / "config.json").read_text()
     model = TupeForMaskedLM.from_pretrained(tmp_path)
-    assert model.config._attn_implementation == "fold" and resolve_attention_kernel(model) == "fold"
-    model = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation="sdpa")
-    assert model.config._attn_implementation == "sdpa" and resolve_attention_kernel(model) == "sdpa"
-    assert model.config.attention_kernel == "fold"  # what is saved
+    assert model.config._attn_implementation == "tupe_fold" and resolve_attention_kernel(model) == "fold"
     for name, expected in (
+        ("sdpa", "sdpa"),
         ("fused", "fused"),
         ("eager", "eager"),
         ("flex_attention", "flex"),
         ("auto", "sdpa"),
     ):
         model = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation=name).eval()
-        assert model.config._attn_implementation == (expected if name != "auto" else "auto")
+        assert model.config._attn_implementation == f"tupe_{expected}", name
         assert resolve_attention_kernel(model) == expected, name
         assert model.tupe.config is model.config  # the encoder (its own PreTrainedModel) sees the same choice
     model.save_pretrained(tmp_path / "again")
-    assert resolve_attention_kernel(TupeForMaskedLM.from_pretrained(tmp_path / "again")) == "fold"
+    assert '"attn_implementation": "auto"' in (tmp_path / "again" / "config.json").read_text()
+    assert TupeForMaskedLM.from_pretrained(tmp_path / "again").config._attn_implementation == "tupe_sdpa"
 
 
 @pytest.mark.parametrize(
@@ -220,17 +226,15 @@ def test_unknown_attn_implementation_refused_in_one_line(tmp_path, name):
     message = str(err.value)
     assert "\n" not in message and "http" not in message and "huggingface.co" not in message
     assert message.startswith(
-        f'Specified `attn_implementation="{name}"` is not supported; valid: auto, eager, sdpa, fold, fused, flex'
+        f'Specified `attn_implementation="{name}"` is not supported; valid: auto, tupe_eager, tupe_sdpa, '
+        "tupe_fold, tupe_fused, tupe_flex"
     )
     assert "flex_attention=flex" in message
     model = TupeForMaskedLM.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="is not supported"):
         model.set_attn_implementation(name)
-    model.config._attn_implementation = (
-        name  # set directly, bypassing transformers: refused at the forward pass
-    )
-    with pytest.raises(ValueError, match="is not supported"):
-        model(torch.randint(5, 50, (1, 8)))
+    with pytest.raises(ValueError, match="is not supported"):  # set directly, bypassing transformers
+        model.config._attn_implementation = name
 
 
 @pytest.mark.parametrize(
@@ -250,7 +254,7 @@ def test_every_head_resolves_its_kernel_and_aliases_read_back_alike(tmp_path, he
         model.resolve_attention_kernel() == resolve_attention_kernel(model) == "sdpa"
     )  # CPU, eval, no dropout
     model.config._attn_implementation = "eager"
-    assert model.resolve_attention_kernel() == "eager"
+    assert model.resolve_attention_kernel() == "eager" and model.config._attn_implementation == "tupe_eager"
     readings = {
         "from_pretrained": cls.from_pretrained(tmp_path, attn_implementation="flex_attention").config,
         "set_attn_implementation": model.set_attn_implementation("flex_attention") or model.config,
@@ -258,7 +262,9 @@ def test_every_head_resolves_its_kernel_and_aliases_read_back_alike(tmp_path, he
     assigned = cls.from_pretrained(tmp_path).config
     assigned._attn_implementation = "flex_attention"
     readings["config._attn_implementation"] = assigned
-    assert {how: c._attn_implementation for how, c in readings.items()} == dict.fromkeys(readings, "flex")
+    assert {how: c._attn_implementation for how, c in readings.items()} == dict.fromkeys(
+        readings, "tupe_flex"
+    )
     assigned.attention_kernel = "flex_attention"
     assert (
         assigned.attention_kernel == tiny_config("alibi", attention_kernel="flex_attention").attention_kernel
@@ -291,7 +297,7 @@ def test_set_attn_implementation_on_a_loaded_model(tmp_path):
             )
     model.set_attn_implementation("sdpa")  # the SDPA kernel, in training too
     model.train()
-    assert model.config._attn_implementation == "sdpa" and resolve_attention_kernel(model) == "sdpa"
+    assert model.config._attn_implementation == "tupe_sdpa" and resolve_attention_kernel(model) == "sdpa"
     model.set_attn_implementation("auto")
     assert resolve_attention_kernel(model) == "fused"  # "auto": CPU training with a content-free term
 

@@ -133,12 +133,13 @@ def test_the_saved_kernel_runs_and_output_attentions_says_what_it_fell_back_to()
     from transformers.utils import logging
 
     model = TupeModel(tiny_config("tupe-r", attention_kernel="fused"))
-    assert model.config._attn_implementation == "fused"  # the saved kernel is the runtime setting
-    with CaptureLogger(logging.get_logger("tupe.modeling.modeling_tupe")) as captured:
+    assert model.config._attn_implementation == "tupe_fused"  # the saved kernel is the runtime setting
+    with CaptureLogger(logging.get_logger("tupe.modeling.attention_interface")) as captured:
         out = model(torch.randint(5, 50, (2, 8)), output_attentions=True)
     assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 2, 8, 8)
-    assert "attention kernel 'fused' returns no attention probabilities" in captured.out
-    assert "run 'eager'" in captured.out
+    assert "attention kernel 'tupe_fused' returns no attention probabilities" in captured.out
+    assert "run 'tupe_eager'" in captured.out
+    assert model.config._attn_implementation == "tupe_fused"  # the setting is kept: that pass said so
 
 
 def test_unknown_scheme_lists_valid_ones():

@@ -48,10 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="backends",
         default="eager,sdpa,default",
         metavar="KERNELS",
-        help="comma-separated attention kernels, each timed for every scheme: auto or a name of the model's kernel "
-        "registry (tupe.modeling.ATTENTION_KERNELS, docs/model.md; an unknown name is refused with the list), or "
-        "the aliases default (= auto) and sdpa-fold (= fold); a kernel that cannot run a scheme is refused, not replaced "
-        "(default: %(default)s). --backends is the old name",
+        help="comma-separated values of the models' attn_implementation, each timed for every scheme: auto or a "
+        "kernel (tupe_eager, tupe_sdpa, tupe_fold, tupe_fused, tupe_flex, also without the tupe_ prefix, or as "
+        "transformers' eager, sdpa, flex_attention; the old aliases default = auto and sdpa-fold = fold; "
+        "docs/model.md; an unknown name is refused with the list); a kernel that cannot run a scheme is refused, "
+        "not replaced (default: %(default)s). --backends is the old name",
     )
     parser.add_argument(
         "--preset",
@@ -411,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tupe.modeling import POSITION_SCHEMES
-    from tupe.modeling.kernels import ATTENTION_KERNELS, KERNEL_ALIASES
+    from tupe.modeling.attention_interface import accepted_names
 
     from .runner import backend_kernel
 
@@ -428,8 +429,7 @@ def run(args: argparse.Namespace) -> int:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = V.parse_device(args.device)
     schemes = V.name_list(args.schemes, POSITION_SCHEMES, "--schemes", "scheme")
-    kernels = (*ATTENTION_KERNELS, *KERNEL_ALIASES)
-    backends = V.name_list(args.backends, kernels, "--attention-kernel", "attention kernel")
+    backends = V.name_list(args.backends, accepted_names(), "--attention-kernel", "attention kernel")
     for s in schemes:  # a kernel that cannot run a scheme: refused now, with the reason, before any timing
         for b in backends:
             backend_kernel(b, s)

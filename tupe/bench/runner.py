@@ -22,12 +22,12 @@ from .flops import HF_DEBERTA, Shape, synchronize, train_step_flops
 
 
 def backend_kernel(backend: str, scheme: str) -> str:
-    """The attention kernel a backend (a kernel name of the registry, or an alias such as `sdpa-fold`, `default`)
-    runs for a scheme; a kernel that cannot run the scheme is refused with the reason, never replaced."""
-    from tupe.modeling.kernels import check_kernel_for_scheme
-    from tupe.modeling.positional import scheme_class
+    """The registry kernel (or "auto") a backend, any value of `attn_implementation` (`tupe_fold`, `fold`,
+    `sdpa`, `auto`, ...), names for a scheme; a kernel that cannot run the scheme is refused with the reason, never
+    replaced."""
+    from tupe.modeling.attention_interface import checked_request
 
-    return check_kernel_for_scheme(backend, scheme, scheme_class(scheme).terms, "backend")
+    return checked_request(backend, scheme, "--attention-kernel")
 
 
 def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrides):
@@ -37,7 +37,7 @@ def tupe_config(scheme: str, backend: str, shape: Shape, seq_len: int, **overrid
     values = dict(
         shape_config(shape, seq_len),
         position_scheme=scheme,
-        attention_kernel=backend_kernel(backend, scheme),
+        attn_implementation=backend_kernel(backend, scheme),
         sparse_prediction=True,  # as `tupe pretrain` trains (tupe/training/model.py)
     )
     return TupeConfig(**{**values, **overrides})

@@ -286,9 +286,10 @@ def validate_config(
         scheme = cfg.get("position_scheme", "tupe-a")
         if not isinstance(scheme, str) or find_scheme(scheme) is None:
             raise TupeError(f"{path}: position_scheme {_show(scheme)} is not one of {', '.join(SCHEMES)}")
-        kernel = cfg.get("attention_kernel", "auto")
-        if not isinstance(kernel, str):
-            raise TupeError(f"{path}: attention_kernel must be a string, got {json_type_name(kernel)}")
+        for key in ("attn_implementation", "attention_kernel"):  # the kernel setting; its older name
+            kernel = cfg.get(key, "auto")
+            if not isinstance(kernel, str):
+                raise TupeError(f"{path}: {key} must be a string, got {json_type_name(kernel)}")
     for key in ("id2label", "label2id"):
         if key in cfg and cfg[key] is not None and not isinstance(cfg[key], dict):
             raise TupeError(f"{path}: {key} must be an object, got {json_type_name(cfg[key])}")

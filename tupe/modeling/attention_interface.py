@@ -69,6 +69,15 @@ def valid_names() -> str:
     )
 
 
+def accepted_names() -> tuple[str, ...]:
+    """Every name a request may give: "auto", the `tupe_` names, the registry names, transformers' and the old
+    aliases."""
+    kernels = [k for k in ATTENTION_KERNELS if k != AUTO]
+    return tuple(
+        dict.fromkeys((AUTO, *map(interface_name, kernels), *kernels, *TRANSFORMERS_NAMES, *KERNEL_ALIASES))
+    )
+
+
 def requested_kernel(value: str | None, what: str = "attn_implementation") -> str:
     """ "auto" or the registry name a request names (see the module docstring); None is "auto". Anything else is
     refused in one line, in transformers' opening words, listing what exists."""
@@ -196,7 +205,8 @@ def settle(model: torch.nn.Module, requested: str | None = None) -> str:
     and mode (`auto_kernel`), remembered as chosen by "auto" (`config._attn_auto`). Returns it; what
     `get_correct_attn_implementation` gives transformers to store."""
     config = model.config
-    if requested is None or requested == config._attn_implementation:  # the setting as it is ("auto" if it chose)
+    # the setting as it is (transformers passes it at __init__): "auto" where "auto" chose it
+    if requested is None or requested == config._attn_implementation:
         requested = AUTO if getattr(config, "_attn_auto", None) is not None else config._attn_implementation
     kernel = checked_request(requested, config.position_scheme)
     config._attn_auto = None

@@ -233,11 +233,12 @@ def pretrain_training_arguments(run: ResolvedConfig):
 
 
 def attention_kernel_name(value: str) -> str:
-    """`--attention-kernel`: a name of the kernel registry (checked when given: it imports the model package)."""
-    from tupe.modeling.kernels import canonical_kernel_name
+    """`--attention-kernel`: any value of `attn_implementation` (tupe.modeling.attention_interface), as the
+    registry name of its kernel or "auto" (checked when given: it imports the model package)."""
+    from tupe.modeling.attention_interface import requested_kernel
 
     try:
-        return canonical_kernel_name(value, "attention kernel")
+        return requested_kernel(value, "--attention-kernel")
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -364,13 +365,10 @@ def _add_model_arguments(m: Any) -> None:
         "--attention-kernel",
         type=attention_kernel_name,
         metavar="NAME",
-        help="attention kernel, saved with the model: auto (default: the fastest exact one for each step) or a "
-        "name of the model's kernel registry (tupe.modeling.ATTENTION_KERNELS, docs/model.md; an unknown name is "
-        "refused with the list), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
-    )
-    # transformers' name for the same setting, kept as a hidden alias (its values are the same kernel names)
-    m.add_argument(
-        "--attn-implementation", dest="attention_kernel", type=attention_kernel_name, help=argparse.SUPPRESS
+        help="the model's attn_implementation, saved with it: auto (default: the fastest exact kernel for the "
+        "device and mode) or a kernel, tupe_eager, tupe_sdpa, tupe_fold, tupe_fused, tupe_flex (also without the "
+        "tupe_ prefix, or as transformers' eager, sdpa, flex_attention; docs/model.md; an unknown name is refused "
+        "with the list), refused if it cannot run the scheme; hf-bert takes eager or sdpa",
     )
 
 

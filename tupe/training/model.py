@@ -89,4 +89,4 @@ def build_model(config: Any, model_kwargs: dict[str, Any]):
         attn = None if config.attention_kernel == AUTO else config.attention_kernel
         return BertForMaskedLM(BertConfig(**kwargs, attn_implementation=attn))
     # the kernel is saved with the model; one that cannot run the scheme is refused here, in one line
-    return TupeForMaskedLM(TupeConfig(**model_kwargs, attention_kernel=config.attention_kernel or AUTO))
+    return TupeForMaskedLM(TupeConfig(**model_kwargs, attn_implementation=config.attention_kernel or AUTO))

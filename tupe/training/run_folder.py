@@ -52,6 +52,7 @@ _RUN_ARTIFACT_NAMES = {
     "configuration_tupe.py",
     "positional.py",
     "kernels.py",
+    "attention_interface.py",  # the kernels under transformers' AttentionInterface, imported by modeling_tupe.py
     "conversion.py",
     "token_classification.py",  # the token-classification pipeline a model folder carries (issue 49)
     "word_spans.py",
