@@ -202,12 +202,18 @@ def test_backends_are_registry_kernels_refused_where_they_cannot_run(capsys):
 
     assert [backend_kernel(k, "tupe-a") for k in ATTENTION_KERNELS] == list(ATTENTION_KERNELS)
     assert backend_kernel("sdpa-fold", "tupe-a") == "fold" and backend_kernel("default", "tupe-r") == "auto"
+    # any value of attn_implementation: the tupe_ names and transformers' names of tupe's kernels
+    assert (
+        backend_kernel("tupe_fused", "tupe-a") == "fused"
+        and backend_kernel("flex_attention", "tupe-r") == "flex"
+    )
     assert main(["bench", "--schemes", "tupe-a,tupe-r", "--attention-kernel", "eager,sdpa-fold"]) == 2
     err = capsys.readouterr().err
     assert "'fold' needs a low-rank content-free term" in err and "position_scheme 'tupe-r'" in err
     assert main(["bench", "--backends", "flash"]) == 2  # the old flag name still works
     assert (
-        "unknown attention kernel 'flash' in --attention-kernel; choose from: auto, eager, sdpa, fold, fused, flex"
+        "unknown attention kernel 'flash' in --attention-kernel; choose from: auto, tupe_eager, tupe_sdpa, "
+        "tupe_fold, tupe_fused, tupe_flex, eager, sdpa, fold, fused, flex, flex_attention, sdpa-fold, default"
         in capsys.readouterr().err
     )
 
