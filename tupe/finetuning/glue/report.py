@@ -18,13 +18,13 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
-from tupe.training.finetuning import GridResults
+from tupe.finetuning.pipeline.results import GridResults
 
 
 def task_columns() -> list[tuple[str, str, str, str]]:
     """(column, task, dev split, metric) of every task in the table (`GlueTask.report_columns`), in table order:
     the paper's Table 1 order for GLUE, then any task added to the table."""
-    from tupe.glue.tasks import TASKS
+    from tupe.finetuning.glue.tasks import TASKS
 
     return [(col, t.name, split, metric) for t in TASKS.values() for col, split, metric in t.report_columns]
 
@@ -83,8 +83,8 @@ class Row:
 
 def protocol_differences(data: dict[str, Any]) -> list[str]:
     """How a results.json's settings differ from the paper's fine-tuning protocol (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md)."""
-    from tupe.glue.protocol import PAPER_LRS
-    from tupe.glue.tasks import get_task
+    from tupe.finetuning.glue.protocol import PAPER_LRS
+    from tupe.finetuning.glue.tasks import get_task
 
     s = data.get("settings") or {}
     if not s:
