@@ -89,7 +89,7 @@ def _earlier_results(path: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict:
     """The benchmark; a bad flag is a `TupeError` (one line, exit 2 from the command line) before any work."""
-    from tupe.glue.tasks import get_task
+    from tupe.finetuning.glue.tasks import get_task
     from tupe.scripts import ScriptParser, check_device
     from tupe.training.model import check_scheme
     from tupe.training.presets import get_preset
@@ -132,10 +132,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     import tupe
     from tupe.bench.flops import preset_shape
-    from tupe.glue.encoding import encode_split
-    from tupe.glue.tasks import get_task, load_task
+    from tupe.finetuning.glue.encoding import encode_split
+    from tupe.finetuning.glue.tasks import get_task, load_task
+    from tupe.finetuning.pipeline.batches import FlattenedBatches
     from tupe.runtime import tune_cpu_allocator
-    from tupe.training.finetuning import FlattenedBatches
     from tupe.training.presets import get_preset
 
     tune_cpu_allocator()

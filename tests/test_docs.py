@@ -32,7 +32,7 @@ def test_evaluation_examples_run():
 
 def test_architecture_recipes_for_adding_a_part_run():
     """docs/architecture.md's kernel, optimizer and task recipes run as written (each undoes its registration)."""
-    from tupe.glue.tasks import TASKS
+    from tupe.finetuning.glue.tasks import TASKS
     from tupe.modeling import ATTENTION_KERNELS
     from tupe.training.optimizers import OPTIMIZERS
 

@@ -24,7 +24,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("tupe.io",),
     ("tupe.data", "tupe.scripts"),
     ("tupe.training",),
-    ("tupe.evaluation", "tupe.analysis", "tupe.glue", "tupe.bench", "tupe.convert"),
+    ("tupe.evaluation", "tupe.analysis", "tupe.bench", "tupe.convert"),
+    ("tupe.finetuning.pipeline",),
+    ("tupe.finetuning.glue",),
     ("tupe.finetuning",),
     ("tupe.pipelines", "tupe.comparison", "tupe.diagnostics"),
     ("tupe.cli",),
@@ -154,16 +156,20 @@ def test_no_import_cycles() -> None:
 
 
 def test_the_checks_catch_what_they_are_for() -> None:
-    """The same checks on a made-up graph with one upward import, one sibling import and one cycle."""
+    """The same checks on a made-up graph with two upward imports (one between the layers of one package), one
+    sibling import and one cycle."""
     graph = {
         "tupe.training.pretrain": {"tupe.comparison.compare"},
-        "tupe.glue.finetune": {"tupe.bench.flops"},
+        "tupe.evaluation.evaluate": {"tupe.bench.flops"},
+        "tupe.finetuning.pipeline.run": {"tupe.finetuning.glue.tasks"},
         "tupe.comparison.compare": {"tupe.comparison.demo", "tupe.analysis.curves"},
         "tupe.comparison.demo": {"tupe.comparison.compare"},
     }
     assert upward_imports(graph) == [
-        "tupe.glue.finetune imports tupe.bench.flops (tupe.glue: layer 6, tupe.bench: layer 6)",
-        "tupe.training.pretrain imports tupe.comparison.compare (tupe.training: layer 5, tupe.comparison: layer 8)",
+        "tupe.evaluation.evaluate imports tupe.bench.flops (tupe.evaluation: layer 6, tupe.bench: layer 6)",
+        "tupe.finetuning.pipeline.run imports tupe.finetuning.glue.tasks (tupe.finetuning.pipeline: layer 7, "
+        "tupe.finetuning.glue: layer 8)",
+        "tupe.training.pretrain imports tupe.comparison.compare (tupe.training: layer 5, tupe.comparison: layer 10)",
     ]
     assert _cycles(graph) == [["tupe.comparison.compare", "tupe.comparison.demo"]]
     # function-level imports count; TYPE_CHECKING ones do not

@@ -19,7 +19,7 @@ from typing import Any
 
 # The public API, listed once: name -> the module that defines it (imported on first use).
 _PUBLIC = {
-    "FlattenedBatches": "tupe.training.finetuning",
+    "FlattenedBatches": "tupe.finetuning.pipeline.batches",
     "POSITION_SCHEMES": "tupe.modeling",
     "TupeConfig": "tupe.modeling",
     "TupeForMaskedLM": "tupe.modeling",

@@ -23,13 +23,16 @@ from typing import NoReturn
 
 # name -> (module, one-line help). Adding a command touches this table and its own module only.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "glue": ("tupe.glue.finetune", "fine-tune a checkpoint on a GLUE task (the paper's lr x seed grid)"),
+    "glue": (
+        "tupe.finetuning.glue.finetune",
+        "fine-tune a checkpoint on a GLUE task (the paper's lr x seed grid)",
+    ),
     "finetune": (
         "tupe.finetuning.command",
         "fine-tune a checkpoint on your own files: ner (CoNLL), qa (SQuAD), multiple-choice (SWAG), classification",
     ),
     "report": (
-        "tupe.glue.report",
+        "tupe.finetuning.glue.report",
         "GLUE and finetune results as a table like the paper's Table 1 (Markdown, CSV)",
     ),
     "pretrain": ("tupe.training.pretrain", "pre-train one positional scheme with masked LM on a corpus"),

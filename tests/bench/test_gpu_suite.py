@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tupe import POSITION_SCHEMES
-from tupe.bench import gpu_suite
+from tupe.bench import children, gpu_environment, gpu_stages, gpu_suite, gpu_summary
 from tupe.modeling.kernels import flex_kernel_options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def test_cpu_dry_run_runs_every_stage(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     stages = summary["stages"]
-    assert list(stages) == list(gpu_suite.DEFAULT_STAGES)  # packing-speed, studies: test_gpu_studies.py
+    assert list(stages) == list(gpu_stages.DEFAULT_STAGES)  # packing-speed, studies: test_gpu_studies.py
     assert summary["environment"]["torch"] == torch.__version__
 
     tests = stages["cuda-tests"]
@@ -61,7 +61,7 @@ def test_cpu_dry_run_runs_every_stage(tmp_path: Path) -> None:
     assert e2e["figures"]["timed_steps"] == 6 and e2e["figures"]["tokens_per_s"] > 0, e2e
 
     md = (out / "summary.md").read_text()
-    for name in gpu_suite.DEFAULT_STAGES:
+    for name in gpu_stages.DEFAULT_STAGES:
         assert f"## {name}" in md
     assert "Targets (base/512):" in md
     # scratch (model, checkpoints) went to --work, not into the results folder
@@ -91,14 +91,14 @@ def test_only_a_scratch_folder_the_suite_made_is_emptied(tmp_path: Path) -> None
     from tupe.scripts import claim_scratch_folder, reset_scratch_folder
 
     work = tmp_path / "work"
-    reset_scratch_folder(work, gpu_suite.WORK_MARKER)  # new: made and marked
+    reset_scratch_folder(work, gpu_stages.WORK_MARKER)  # new: made and marked
     (work / "model.safetensors").write_bytes(b"scratch of the last run")
-    assert claim_scratch_folder("--work", work, gpu_suite.WORK_MARKER) == work
-    reset_scratch_folder(work, gpu_suite.WORK_MARKER)
-    assert [p.name for p in work.iterdir()] == [gpu_suite.WORK_MARKER]
+    assert claim_scratch_folder("--work", work, gpu_stages.WORK_MARKER) == work
+    reset_scratch_folder(work, gpu_stages.WORK_MARKER)
+    assert [p.name for p in work.iterdir()] == [gpu_stages.WORK_MARKER]
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert claim_scratch_folder("--work", empty, gpu_suite.WORK_MARKER) == empty
+    assert claim_scratch_folder("--work", empty, gpu_stages.WORK_MARKER) == empty
 
 
 @pytest.mark.parametrize(
@@ -154,13 +154,13 @@ def test_targets_read_ratios_and_mfu_off_the_run() -> None:
             _row("alibi [default]", "alibi", "flex", 0.0110),  # 0.909 x flash
         ],
     }
-    lines = "\n".join(gpu_suite.targets(bench, 1000e12))
+    lines = "\n".join(gpu_summary.targets(bench, 1000e12))
     assert "every scheme >= 0.85 x bert-a [sdpa-flash]: **not met** (lowest tupe-a [default] 0.800" in lines
     assert "tupe-a >= 0.95 x bert-a [sdpa-flash]: **not met** (0.800)" in lines
     assert "bert-a [default] >= 1.0 x hf-bert (SDPA): **met** (1.200" in lines
     # 5 TFLOP in 10 ms = 500 TFLOP/s = 50% of 1000
     assert "MFU of bert-a [sdpa-flash] >= 40% of the dense bf16 peak: **met** (50.0%)" in lines
-    table, info = gpu_suite.steps_table(bench, 1000e12)
+    table, info = gpu_summary.steps_table(bench, 1000e12)
     assert info["ratios"]["alibi [default]"] == pytest.approx(0.010 / 0.011)
     assert len(table) == 2 + len(bench["steps"])
 
@@ -192,7 +192,7 @@ def test_long_table_reports_memory_growth_per_doubling() -> None:
         ]
         + [{"scheme": "oom", "seq_len": 1024, "error": "out of memory"}]
     )
-    text = "\n".join(gpu_suite.long_table({"rows": rows}))
+    text = "\n".join(gpu_summary.long_table({"rows": rows}))
     assert "| lin | fold |" in text and "| 2.00 |" in text
     assert "| quad | sdpa |" in text and "| 4.00 |" in text
     assert "| oom | - | out of memory | not run |" in text
@@ -200,7 +200,7 @@ def test_long_table_reports_memory_growth_per_doubling() -> None:
 
 def test_a_stage_past_its_time_is_interrupted(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    run = gpu_suite.run_logged(
+    run = children.run_logged(
         [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
         tmp_path / "log",
         timeout=2,
@@ -210,9 +210,9 @@ def test_a_stage_past_its_time_is_interrupted(tmp_path: Path) -> None:
 
 
 def test_dense_peak_by_gpu_name() -> None:
-    assert gpu_suite.dense_bf16_peak("NVIDIA H200")[0] == pytest.approx(989.4e12)
-    assert gpu_suite.dense_bf16_peak("NVIDIA H100 PCIe")[0] == pytest.approx(756.5e12)
-    peak, why = gpu_suite.dense_bf16_peak("Some GPU")
+    assert gpu_environment.dense_bf16_peak("NVIDIA H200")[0] == pytest.approx(989.4e12)
+    assert gpu_environment.dense_bf16_peak("NVIDIA H100 PCIe")[0] == pytest.approx(756.5e12)
+    peak, why = gpu_environment.dense_bf16_peak("Some GPU")
     assert peak is None and "Some GPU" in why
 
 

@@ -385,8 +385,8 @@ def test_glue_first_batch_check_on_the_device(device, tmp_path: Path) -> None:
     from transformers import DataCollatorWithPadding
 
     from tests.glue.fixtures import make_checkpoint, make_tokenizer
+    from tupe.finetuning.pipeline.trainer import check_finite_start
     from tupe.modeling import TupeForSequenceClassification
-    from tupe.training.finetuning import check_finite_start
 
     folder = make_checkpoint(tmp_path / "ckpt", scheme="tupe-a")
     model = TupeForSequenceClassification.from_pretrained(folder, num_labels=2).to(device)

@@ -46,7 +46,7 @@ def test_header_and_steps_honour_max_steps_and_grad_accum(ner_run, tiny_model, d
     """--max-steps 7 with --epochs 3: the header names 7 steps a run (not 3 epochs' steps), the bar's total is
     what the Trainer runs; without --max-steps, epochs x steps with --grad-accum counted as the Trainer counts."""
     from tupe.finetuning.arguments import FinetuneSettings
-    from tupe.training.finetuning import optimizer_steps
+    from tupe.finetuning.pipeline.grid import optimizer_steps
 
     _, results, header = ner_run
     assert "7 steps a run (--max-steps; an epoch is 6)" in header, header

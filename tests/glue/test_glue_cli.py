@@ -8,9 +8,9 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score
 
-import tupe.training.finetuning as ft
+import tupe.finetuning.pipeline.run as ft
 from tupe.cli import main
-from tupe.glue.finetune import read_predictions
+from tupe.finetuning.glue.finetune import read_predictions
 from tupe.io.checkpoints import pretrain_steps_of
 
 from .fixtures import make_checkpoint, write_task
@@ -332,8 +332,8 @@ def test_sigterm_says_what_was_kept(tiny_model, glue_dir, tmp_path, monkeypatch,
 def test_hub_flags_reach_each_runs_trainer_arguments(tiny_model, glue_dir, tmp_path, monkeypatch, capsys):
     """--push-to-hub / --hub-model-id are passed to the Trainer's own arguments, one Hub repository per run (the
     push itself needs the network and a login: only the plumbing is tested)."""
-    from tupe.glue.protocol import GlueSettings
-    from tupe.training.finetuning import finetune_training_arguments
+    from tupe.finetuning.glue.protocol import GlueSettings
+    from tupe.finetuning.pipeline.trainer import finetune_training_arguments
 
     settings = GlueSettings(task="RTE", lrs=[2e-5], seeds=[1])
     targs = finetune_training_arguments(

@@ -7,7 +7,7 @@ import pytest
 from scipy.stats import pearsonr, rankdata, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from tupe.glue.metrics import (
+from tupe.finetuning.glue.metrics import (
     accuracy,
     compute_metrics,
     f1,
@@ -83,8 +83,8 @@ def test_compute_metrics_and_argmax():
 def test_default_grid_and_epochs_depend_on_the_models_width() -> None:
     """The paper's grid for BERT-Base-like widths; the sweep's grid and 3 epochs for the CPU presets' widths;
     anything given explicitly is kept."""
-    from tupe.glue.protocol import PAPER_LRS, SMALL_MODEL_EPOCHS, SMALL_MODEL_LRS, GlueSettings
-    from tupe.glue.tasks import get_task
+    from tupe.finetuning.glue.protocol import PAPER_LRS, SMALL_MODEL_EPOCHS, SMALL_MODEL_LRS, GlueSettings
+    from tupe.finetuning.glue.tasks import get_task
 
     task = get_task("MRPC")
     base = GlueSettings(task="MRPC").resolved(task, 512, hidden_size=768)

@@ -8,9 +8,9 @@ import pytest
 
 from tupe.cli import main
 from tupe.errors import TupeError
-from tupe.glue.finetune import summarize
-from tupe.glue.report import PAPER_COLUMNS, PAPER_ROWS, average, make_report, paper_rows
-from tupe.glue.tasks import get_task
+from tupe.finetuning.glue.finetune import summarize
+from tupe.finetuning.glue.report import PAPER_COLUMNS, PAPER_ROWS, average, make_report, paper_rows
+from tupe.finetuning.glue.tasks import get_task
 
 
 def _run(lr, seed, acc, f1=0.5):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tupe.errors import TupeError
-from tupe.glue.tasks import TASKS, get_task, load_task, read_split_file, read_tsv
+from tupe.finetuning.glue.tasks import TASKS, get_task, load_task, read_split_file, read_tsv
 
 from .fixtures import ALL_TASKS, write_task
 
@@ -208,7 +208,7 @@ def test_json_records(tmp_path):
 
 
 def test_train_and_dev_files_instead_of_a_folder(glue_dir):
-    from tupe.glue.encoding import load_data
+    from tupe.finetuning.glue.encoding import load_data
 
     mnli = get_task("MNLI")
     one = load_data(
@@ -275,7 +275,7 @@ def test_train_and_dev_parquet_files(tmp_path, glue_dir, monkeypatch):
     """`--train-file`/`--dev-file` take single parquet files of the `datasets` GLUE too (e.g. copied out of the
     Hub cache's `mrpc/train-00000-of-00001.parquet`)."""
     datasets = pytest.importorskip("datasets")
-    from tupe.glue.encoding import load_data
+    from tupe.finetuning.glue.encoding import load_data
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")  # its Arrow copies
 
@@ -311,8 +311,8 @@ def test_train_and_dev_parquet_files(tmp_path, glue_dir, monkeypatch):
 def test_a_csv_task_is_one_table_entry(tmp_path, monkeypatch):
     """A user's task is one `GlueTask` entry: read from quoted CSV files, its label set checked, its own
     regression range, and a `tupe report` column of its own."""
-    from tupe.glue import tasks as T
-    from tupe.glue.report import task_columns
+    from tupe.finetuning.glue import tasks as T
+    from tupe.finetuning.glue.report import task_columns
 
     monkeypatch.setattr(T, "TASKS", dict(T.TASKS))
     task = T.register_task(
@@ -353,7 +353,7 @@ def test_a_csv_task_is_one_table_entry(tmp_path, monkeypatch):
 
 
 def test_a_task_entry_is_checked():
-    from tupe.glue.tasks import GlueTask
+    from tupe.finetuning.glue.tasks import GlueTask
 
     with pytest.raises(ValueError, match="either tsv_labels or regression_range"):
         GlueTask(name="X", text_columns=("a",))
@@ -370,7 +370,7 @@ def test_a_task_entry_is_checked():
 
 
 def test_macro_f1_is_the_mean_of_the_classes_f1() -> None:
-    from tupe.glue.metrics import compute_metrics
+    from tupe.finetuning.glue.metrics import compute_metrics
 
     labels, predictions = [0, 1, 2, 2, 1, 0], [0, 2, 2, 2, 1, 1]
     # class 0: P 1, R 1/2 -> 2/3; class 1: P 1/2, R 1/2 -> 1/2; class 2: P 2/3, R 1 -> 4/5

@@ -393,7 +393,7 @@ def glue_tsv(draw: st.DrawFn) -> bytes:
 
 
 def test_fuzz_glue_rows(glue_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tupe.training.finetuning as finetune
+    import tupe.finetuning.pipeline.run as finetune
 
     def reached(*a: object, **k: object) -> None:
         raise _Reached

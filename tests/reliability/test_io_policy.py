@@ -146,7 +146,7 @@ def test_parquet_is_checked_from_its_footer_before_datasets_reads_it(tmp_path: P
     import pyarrow.parquet as pq
 
     from tupe.finetuning.classification import _columns
-    from tupe.glue.tasks import get_task, read_split_file
+    from tupe.finetuning.glue.tasks import get_task, read_split_file
     from tupe.io import reading
 
     good = tmp_path / "train.parquet"

@@ -83,7 +83,7 @@ def test_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(
 
 def test_glue_refuses_a_second_writer(tmp_path) -> None:  # noqa: ANN001
     from tupe.errors import TupeError
-    from tupe.glue.finetune import run_grid
+    from tupe.finetuning.glue.finetune import run_grid
     from tupe.io.files import folder_lock
 
     with folder_lock(tmp_path / "g", "tupe glue"):
@@ -226,7 +226,7 @@ def test_disk_full_while_caching_names_the_cache(
 
 
 def test_cr_only_glue_tsv_is_read_as_rows(tmp_path) -> None:  # noqa: ANN001
-    from tupe.glue.tasks import get_task, read_tsv
+    from tupe.finetuning.glue.tasks import get_task, read_tsv
 
     rows = ["sentence\tlabel"] + [f"word number {i}\t{i % 2}" for i in range(50)]
     path = tmp_path / "train.tsv"

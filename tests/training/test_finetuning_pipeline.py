@@ -1,4 +1,4 @@
-"""The one fine-tuning pipeline (tupe/training/finetuning.py): its summary over seeds against independent
+"""The one fine-tuning pipeline (tupe/finetuning/pipeline/): its summary over seeds against independent
 computations, its results record against the files written before it, and both commands on its one run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tupe.errors import TupeError
-from tupe.training.finetuning import GridResults, summarize_grid
+from tupe.finetuning.pipeline.results import GridResults, summarize_grid
 
 V1 = Path(__file__).resolve().parents[1] / "data" / "grid_v1"
 
@@ -74,7 +74,7 @@ def test_a_record_without_what_every_results_file_has_is_refused_by_name() -> No
 @pytest.mark.slow
 def test_glue_and_finetune_classification_share_one_run(tmp_path, monkeypatch) -> None:
     """Both commands reach the same `train_run` with their family: GLUE's median, tupe finetune's mean."""
-    import tupe.training.finetuning as ft
+    import tupe.finetuning.pipeline.run as ft
     from tupe.cli import main
 
     from ..glue.fixtures import make_checkpoint, write_task

@@ -100,7 +100,7 @@ def test_a_finetune_classification_grid_finished_before_one_pipeline_is_resumed(
 
 
 def test_tupe_report_reads_the_results_written_before_one_pipeline() -> None:
-    from tupe.glue.report import make_report
+    from tupe.finetuning.glue.report import make_report
 
     md, csv_text = make_report([str(V1 / "glue-rte"), str(V1 / "finetune-classification")])
     # the table those files gave when they were written, word for word (tests/data/grid_v1/report.md)

@@ -62,7 +62,7 @@ def test_glue_reads_the_shared_flags_into_its_settings() -> None:
     import torch
 
     from tupe.errors import TupeError
-    from tupe.glue.finetune import settings_from_args
+    from tupe.finetuning.glue.finetune import settings_from_args
 
     a = _parse("glue", "--model", "m", "--task", "RTE", "--out", "o", "--max-grad-norm", "0.5", "--adam-epsilon",
                "1e-8", "--adam-beta1", "0.8", "--adam-beta2", "0.98", "--lr-scheduler", "cosine", "--max-length",

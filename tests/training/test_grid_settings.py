@@ -1,4 +1,4 @@
-"""The recipe `tupe glue` and `tupe finetune` share (tupe/training/finetuning.py `GridSettings`): the
+"""The recipe `tupe glue` and `tupe finetune` share (tupe/finetuning/pipeline/settings.py `GridSettings`): the
 fingerprints of finished runs stay as they were written, and the shared flags reach the Trainer."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ FINETUNE_QA = (
 
 
 def _glue(*argv: str):  # noqa: ANN202
-    from tupe.glue.finetune import settings_from_args
-    from tupe.glue.tasks import get_task
+    from tupe.finetuning.glue.finetune import settings_from_args
+    from tupe.finetuning.glue.tasks import get_task
 
     args = build_parser("glue").parse_args(["glue", "--model", "m", "--task", "RTE", "--out", "o", *argv])
     return settings_from_args(args).resolved(get_task("RTE"), 512, hidden_size=128)
@@ -62,8 +62,8 @@ def test_fingerprints_of_finished_runs_are_unchanged() -> None:
 
 
 def test_a_finished_run_of_the_old_layout_is_reused(tmp_path: Path) -> None:
+    from tupe.finetuning.pipeline.grid import plan_grid
     from tupe.io.outputs import OutputFolder
-    from tupe.training.finetuning import plan_grid
 
     settings = _finetune()
     run = tmp_path / "runs" / "lr2e-05_seed1"
@@ -86,7 +86,7 @@ def test_warmup_steps_reach_the_trainers_scheduler(build, tmp_path: Path) -> Non
     import torch
     from transformers import Trainer
 
-    from tupe.training.finetuning import finetune_training_arguments
+    from tupe.finetuning.pipeline.trainer import finetune_training_arguments
 
     def warmup_factors(settings) -> list[float]:  # noqa: ANN001
         targs = finetune_training_arguments(settings, 1e-3, 1, tmp_path / "w", 64)
@@ -101,7 +101,7 @@ def test_warmup_steps_reach_the_trainers_scheduler(build, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("build", [_glue, _finetune])
 def test_gradient_checkpointing_and_torch_compile_reach_the_training_arguments(build, tmp_path: Path) -> None:  # noqa: ANN001
-    from tupe.training.finetuning import finetune_training_arguments
+    from tupe.finetuning.pipeline.trainer import finetune_training_arguments
 
     on = finetune_training_arguments(
         build("--gradient-checkpointing", "--torch-compile"), 1e-3, 1, tmp_path / "w", 64
@@ -114,7 +114,7 @@ def test_gradient_checkpointing_and_torch_compile_reach_the_training_arguments(b
 def test_a_warmup_in_steps_is_named_as_a_protocol_difference() -> None:
     from dataclasses import asdict
 
-    from tupe.glue.report import protocol_differences
+    from tupe.finetuning.glue.report import protocol_differences
 
     settings = asdict(_glue("--warmup-steps", "7", "--epochs", "3"))
     differences = protocol_differences({"task": "RTE", "settings": settings})

@@ -1,4 +1,4 @@
-"""Padding-free fine-tuning (tupe/training/finetuning.py `FlattenedBatches`): a batch's examples in one row with
+"""Padding-free fine-tuning (tupe/finetuning/pipeline/batches.py `FlattenedBatches`): a batch's examples in one row with
 `position_ids` restarting at 0. The oracle is the padded path: the same predictions, labels and losses from
 padded batches (to float rounding), through `Trainer.predict` and through whole `tupe finetune` / `tupe glue` runs
 of every task family; the batches are transformers' `DataCollatorWithFlattening`'s; and transformers' Trainer with
@@ -15,7 +15,12 @@ import pytest
 import torch
 
 from tupe.cli import main
-from tupe.training.finetuning import FlattenedBatches, data_collator, padding_free_refusal, unflattened
+from tupe.finetuning.pipeline.batches import (
+    FlattenedBatches,
+    data_collator,
+    padding_free_refusal,
+    unflattened,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "finetune"
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=60,
@@ -99,7 +104,7 @@ def _predict(model, features, collator, batch_size: int = 4):
     import datasets
     from transformers import TrainingArguments
 
-    from tupe.training.finetuning import _trainer_class
+    from tupe.finetuning.pipeline.trainer import _trainer_class
 
     args = TrainingArguments(
         output_dir="unused", per_device_eval_batch_size=batch_size, report_to=[], use_cpu=True,

@@ -24,8 +24,9 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
@@ -408,7 +409,9 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def run(args: argparse.Namespace) -> int:
+def _checked(args: argparse.Namespace) -> tuple[Any, list[str], list[str], list[tuple[str, Shape]]]:
+    """The flags checked (and the process set up) before the minutes of timing: (device, schemes, kernels, shapes);
+    `args.json`, `args.device`, `args.seq_len` and `args.batch_size` resolved in place."""
     import torch
 
     from tupe.modeling import POSITION_SCHEMES
@@ -446,6 +449,85 @@ def run(args: argparse.Namespace) -> int:
             V.model_bytes(sh.vocab_size, sh.hidden_size, sh.num_hidden_layers, sh.intermediate_size)
             + 3 * 4 * args.batch_size * sh.num_attention_heads * args.seq_len**2,
         )
+    return device, schemes, backends, shapes
+
+
+def _attention_only(
+    args: argparse.Namespace,
+    shape: Shape,
+    schemes: list[str],
+    backends: list[str],
+    device: Any,
+    log: Callable[[str], None],
+) -> list[dict]:
+    """--attention-only: the attention core of every scheme x kernel timed, printed and returned."""
+    from .attention import build_attention_candidate, time_attention
+
+    cands = [
+        build_attention_candidate(s, b, shape, args.batch_size, args.seq_len, device)
+        for s in schemes
+        for b in backends
+    ]
+    rows = time_attention(cands, device, args.rounds, args.warmup, log if args.progress else None)
+    print(
+        f"attention core, {shape.num_hidden_layers} layers, batch {args.batch_size} x {args.seq_len}, "
+        f"forward + backward, median of {args.rounds}:"
+    )
+    print(
+        f"{'model':28s} {'kernel':7s} {'ms':>9s} {'min':>9s} {'max':>9s} {'vs eager':>9s} "
+        f"{'cpu ms':>9s} {'vs eager':>9s}"
+    )
+    for r in rows:
+        vs = "-" if r["vs_eager"] is None else f"{r['vs_eager']:.3f}"
+        cvs = "-" if r["cpu_vs_eager"] is None else f"{r['cpu_vs_eager']:.3f}"
+        print(
+            f"{r['label']:28s} {r['kernel']:7s} {r['ms_median']:9.1f} {r['ms_min']:9.1f} "
+            f"{r['ms_max']:9.1f} {vs:>9s} {r['cpu_ms_median']:9.1f} {cvs:>9s}"
+        )
+    return rows
+
+
+def _training_steps(
+    args: argparse.Namespace,
+    shapes: list[tuple[str, Shape]],
+    schemes: list[str],
+    backends: list[str],
+    device: Any,
+    log: Callable[[str], None],
+    result: dict,
+) -> None:
+    """The training step of every shape, scheme and kernel (and --end-to-end), into `result`."""
+    import torch
+
+    from tupe.modeling import POSITION_SCHEMES
+
+    groups = []
+    for name, shp in shapes:
+        groups.append(_time_shape(name, shp, args, schemes, backends, device, log))
+        print()
+    first = groups[0]
+    # the first shape's figures at the top level too (the layout of single-shape runs)
+    for key in ("matmul_peak_flops", "matmul_peak_flops_per_cpu_second", "matmul_peak_by_size"):
+        result[key] = first[key]
+    result["steps"], result["ratios"], result["ratios_cpu_time"] = (
+        first["steps"],
+        first["ratios"],
+        first["ratios_cpu_time"],
+    )
+    if args.end_to_end:
+        from .endtoend import compare_end_to_end
+
+        e2e_schemes = V.name_list(args.e2e_schemes, POSITION_SCHEMES, "--e2e-schemes", "scheme")
+        result["end_to_end"] = compare_end_to_end(
+            groups, args, e2e_schemes, threads=torch.get_num_threads(), log=log
+        )
+    for g in groups:
+        g.pop("_candidates", None)
+    result["shapes"] = groups
+
+
+def run(args: argparse.Namespace) -> int:
+    device, schemes, backends, shapes = _checked(args)
     shape = shapes[0][1]
     log = (lambda m: None) if args.quiet else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     result: dict = {
@@ -457,56 +539,10 @@ def run(args: argparse.Namespace) -> int:
         "autocast": args.autocast,
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
     if args.attention_only:
-        from .attention import build_attention_candidate, time_attention
-
-        cands = [
-            build_attention_candidate(s, b, shape, args.batch_size, args.seq_len, device)
-            for s in schemes
-            for b in backends
-        ]
-        rows = time_attention(cands, device, args.rounds, args.warmup, log if args.progress else None)
-        result["attention"] = rows
-        print(
-            f"attention core, {shape.num_hidden_layers} layers, batch {args.batch_size} x {args.seq_len}, "
-            f"forward + backward, median of {args.rounds}:"
-        )
-        print(
-            f"{'model':28s} {'kernel':7s} {'ms':>9s} {'min':>9s} {'max':>9s} {'vs eager':>9s} "
-            f"{'cpu ms':>9s} {'vs eager':>9s}"
-        )
-        for r in rows:
-            vs = "-" if r["vs_eager"] is None else f"{r['vs_eager']:.3f}"
-            cvs = "-" if r["cpu_vs_eager"] is None else f"{r['cpu_vs_eager']:.3f}"
-            print(
-                f"{r['label']:28s} {r['kernel']:7s} {r['ms_median']:9.1f} {r['ms_min']:9.1f} "
-                f"{r['ms_max']:9.1f} {vs:>9s} {r['cpu_ms_median']:9.1f} {cvs:>9s}"
-            )
+        result["attention"] = _attention_only(args, shape, schemes, backends, device, log)
     else:
-        groups = []
-        for name, shp in shapes:
-            groups.append(_time_shape(name, shp, args, schemes, backends, device, log))
-            print()
-        first = groups[0]
-        # the first shape's figures at the top level too (the layout of single-shape runs)
-        for key in ("matmul_peak_flops", "matmul_peak_flops_per_cpu_second", "matmul_peak_by_size"):
-            result[key] = first[key]
-        result["steps"], result["ratios"], result["ratios_cpu_time"] = (
-            first["steps"],
-            first["ratios"],
-            first["ratios_cpu_time"],
-        )
-        if args.end_to_end:
-            from .endtoend import compare_end_to_end
-
-            e2e_schemes = V.name_list(args.e2e_schemes, POSITION_SCHEMES, "--e2e-schemes", "scheme")
-            result["end_to_end"] = compare_end_to_end(
-                groups, args, e2e_schemes, threads=torch.get_num_threads(), log=log
-            )
-        for g in groups:
-            g.pop("_candidates", None)
-        result["shapes"] = groups
+        _training_steps(args, shapes, schemes, backends, device, log, result)
     result["machine"]["loadavg_end"] = _loadavg()
     result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json:

@@ -354,23 +354,9 @@ def stage_studies(args: argparse.Namespace, out: Path, timeout: float) -> dict:
     return result
 
 
-def stage_packing_speed(args: argparse.Namespace, out: Path, timeout: float) -> dict:
-    """Issue 36, item 5 on a GPU: a documents step against a stream step, and padding-free `tupe glue` against
-    padded, at base/512 in bf16 (tiny shapes on the CPU with `--smoke`)."""
-    from .children import child_env, python_command, run_logged
-
-    deadline = time.monotonic() + timeout
-    work = Path(args.studies_work) / "packing-speed"
-    work.mkdir(parents=True, exist_ok=True)
-    env = child_env()
-    result: dict = {}
-
-    def script(cmd: list[str], written: Path, timeout: float) -> dict:
-        """Run a benchmark script (its output to packing_speed.log): its exit record, and the JSON it wrote."""
-        record = {**run_logged(cmd, out / "packing_speed.log", timeout, env), "cmd": " ".join(cmd[1:])}
-        if written.exists():
-            record["result"] = json.loads(written.read_text())
-        return record
+def _packing_step_command(args: argparse.Namespace, out: Path, work: Path) -> list[str]:
+    """benchmarks/packing_step.py's command line: base/512 in bf16, or tiny on a slice of the built-in corpus."""
+    from .children import python_command
 
     step = [*python_command(), "benchmarks/packing_step.py", "--device", args.device, "--json",
             str(out / "packing_step.json")]  # fmt: skip
@@ -385,51 +371,51 @@ def stage_packing_speed(args: argparse.Namespace, out: Path, timeout: float) -> 
                  "--batch-size", "2", "--max-seq-len", "32", "--vocab-size", "300", "--hidden-size", "32",
                  "--valid-every", "20"]  # fmt: skip
     else:
-        step += [
-            "--preset",
-            "base",
-            "--autocast",
-            "bfloat16",
-            "--rounds",
-            "10",
-            "--warmup",
-            "3",
-            "--threads",
-            "4",
-        ]
+        step += ["--preset", "base", "--autocast", "bfloat16", "--rounds", "10", "--warmup", "3", "--threads",
+                 "4"]  # fmt: skip
+    return step
+
+
+def _glue_padding_free_command(args: argparse.Namespace, out: Path, tasks: list[str]) -> list[str]:
+    """benchmarks/glue_padding_free.py's command line on `tasks`: base in bf16, or the mini preset's tiny steps."""
+    from .children import python_command
+
+    glue = [*python_command(), "benchmarks/glue_padding_free.py", "--data-dir", str(args.glue_data), "--tasks",
+            ",".join(tasks), "--device", args.device, "--json", str(out / "glue_padding_free.json")]  # fmt: skip
+    if args.smoke:
+        glue += ["--preset", "mini", "--steps", "1", "--warmup", "0", "--max-seq-len", "32", "--batch-size",
+                 "4"]  # fmt: skip
+    else:
+        glue += ["--preset", "base", "--autocast", "bfloat16", "--steps", "20", "--warmup", "3", "--threads",
+                 "4"]  # fmt: skip
+    return glue
+
+
+def stage_packing_speed(args: argparse.Namespace, out: Path, timeout: float) -> dict:
+    """Issue 36, item 5 on a GPU: a documents step against a stream step, and padding-free `tupe glue` against
+    padded, at base/512 in bf16 (tiny shapes on the CPU with `--smoke`)."""
+    from .children import child_env, run_logged
+
+    deadline = time.monotonic() + timeout
+    work = Path(args.studies_work) / "packing-speed"
+    work.mkdir(parents=True, exist_ok=True)
+    env = child_env()
+    result: dict = {}
+
+    def script(cmd: list[str], written: Path, timeout: float) -> dict:
+        """Run a benchmark script (its output to packing_speed.log): its exit record, and the JSON it wrote."""
+        record = {**run_logged(cmd, out / "packing_speed.log", timeout, env), "cmd": " ".join(cmd[1:])}
+        if written.exists():
+            record["result"] = json.loads(written.read_text())
+        return record
+
+    step = _packing_step_command(args, out, work)
     result["packing_step"] = script(step, out / "packing_step.json", deadline - time.monotonic())
     tasks = [t for t in ("CoLA", "SST-2") if args.glue_data and (Path(args.glue_data) / t).is_dir()]
     if not tasks:
         result["glue"] = {"skipped": "no --glue-data with CoLA/ and SST-2/"}
         return result
-    glue = [*python_command(), "benchmarks/glue_padding_free.py", "--data-dir", str(args.glue_data), "--tasks",
-            ",".join(tasks), "--device", args.device, "--json", str(out / "glue_padding_free.json")]  # fmt: skip
-    if args.smoke:
-        glue += [
-            "--preset",
-            "mini",
-            "--steps",
-            "1",
-            "--warmup",
-            "0",
-            "--max-seq-len",
-            "32",
-            "--batch-size",
-            "4",
-        ]
-    else:
-        glue += [
-            "--preset",
-            "base",
-            "--autocast",
-            "bfloat16",
-            "--steps",
-            "20",
-            "--warmup",
-            "3",
-            "--threads",
-            "4",
-        ]
+    glue = _glue_padding_free_command(args, out, tasks)
     left = deadline - time.monotonic()
     if left < 20:
         result["glue"] = {"skipped": "out of time"}

@@ -387,7 +387,7 @@ def run(args: argparse.Namespace) -> int:
                 )
                 _write(path, passkey_probe(models, resolve_text(args.probe_text), settings, log=log))
         if "glue" in stages and args.glue_data:
-            from tupe.glue import report
+            from tupe.finetuning.glue import report
 
             chosen = {n: d for n, d in runs.items() if int(n.rsplit("-", 1)[1]) in glue_seeds}
             _glue(chosen, out / "glue", args, log)

@@ -9,7 +9,12 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
-from tupe.training.finetuning import GridSettings, add_grid_arguments, add_run_arguments, grid_settings
+from tupe.finetuning.pipeline.settings import (
+    GridSettings,
+    add_grid_arguments,
+    add_run_arguments,
+    grid_settings,
+)
 
 FAMILIES = ("ner", "qa", "multiple-choice", "classification")
 DEFAULT_SEEDS = (1, 2, 3)
@@ -19,7 +24,7 @@ DEFAULT_EPOCHS = 3.0  # transformers' run_ner / run_qa / run_swag
 @dataclass
 class FinetuneSettings(GridSettings):
     """Everything that determines a `tupe finetune` run's score, apart from the learning rate and the seed: the
-    shared recipe (tupe/training/finetuning.py `GridSettings`) and the task families' own settings."""
+    shared recipe (tupe/finetuning/pipeline/settings.py `GridSettings`) and the task families' own settings."""
 
     seeds: list[int] = field(default_factory=lambda: list(DEFAULT_SEEDS))
     epochs: float = DEFAULT_EPOCHS
@@ -40,7 +45,7 @@ class FinetuneSettings(GridSettings):
     def resolved(self, max_positions: int, hidden_size: int | None) -> FinetuneSettings:
         """Defaults filled in for this model (GLUE's grid; 384 tokens for qa, like run_qa); a `--max-seq-len`
         beyond its positions is an error."""
-        from tupe.glue.protocol import PAPER_LRS, SMALL_MODEL_LRS, is_small_model
+        from tupe.finetuning.glue.protocol import PAPER_LRS, SMALL_MODEL_LRS, is_small_model
 
         lrs = SMALL_MODEL_LRS if is_small_model(hidden_size) else PAPER_LRS
         out = self.with_defaults(lrs, 384 if self.task == "qa" else 512, max_positions)

@@ -1,6 +1,6 @@
 """Sentence (or sentence-pair) classification of users' own files: GLUE's readers and `[CLS] A [SEP] B [SEP]`
-encoding (tupe/glue) on a task made from the files themselves, run by the pipeline `tupe glue` runs on
-(tupe/training/finetuning.py) and summarised, like every `tupe finetune` family, by the mean over seeds. The text
+encoding (tupe/finetuning/glue/) on a task made from the files themselves, run by the pipeline `tupe glue` runs on
+(tupe/finetuning/pipeline/) and summarised, like every `tupe finetune` family, by the mean over seeds. The text
 is the `text` column (or `sentence`, `text_a`, `sentence1`, `premise`, `question`), a second text `text_b` (or
 `sentence2`, `hypothesis`) makes pairs, and the label set is the training file's `label` values. Files: .csv, .tsv (quoting off), .json/.jsonl, .parquet, or a saved `datasets` split.
 """
@@ -14,9 +14,9 @@ import numpy as np
 
 from tupe.errors import TupeError
 from tupe.finetuning.family import Family, read_data_file
+from tupe.finetuning.glue.encoding import encode_split, to_dataset
+from tupe.finetuning.glue.tasks import ANY_LABEL, GlueTask, Split, read_split_file
 from tupe.finetuning.metrics import accuracy
-from tupe.glue.encoding import encode_split, to_dataset
-from tupe.glue.tasks import ANY_LABEL, GlueTask, Split, read_split_file
 
 FIRST = ("text", "sentence", "text_a", "sentence1", "premise", "question")
 SECOND = ("text_b", "sentence2", "hypothesis")
@@ -38,7 +38,7 @@ def _columns(path: Path) -> list[str]:
         from tupe.finetuning.family import json_records
 
         return list(json_records(path, text)[0][1])
-    from tupe.glue.tasks import csv_rows, tsv_rows
+    from tupe.finetuning.glue.tasks import csv_rows, tsv_rows
 
     rows = csv_rows(path, text) if suffix == ".csv" else tsv_rows(text)
     return [h.strip() for h in rows[0][1]]

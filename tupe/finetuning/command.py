@@ -3,7 +3,7 @@
 
 This module is the command: its flags, reading and checking the files (everything the files or flags get wrong is
 refused in one line before anything is written), the folder and its lock. The runs, the grid, its resume and
-results.json are the pipeline `tupe glue` shares (tupe/training/finetuning.py `run_finetuning`), with a task
+results.json are the pipeline `tupe glue` shares (tupe/finetuning/pipeline/run.py `run_finetuning`), with a task
 family (ner.py, qa.py, choice.py, classification.py) bringing its reader, encoding, head and metric.
 `OUT/results.json` holds the best learning rate's mean over seeds of every metric (x 100) at the top level, each
 seed's below, and every run; `OUT/predictions.jsonl` the validation predictions of the best run.
@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     V.apply_threads(args.threads)
     quiet = args.quiet
+    from tupe.finetuning.pipeline.folder import stop_on_sigterm
     from tupe.runtime import console_log, hushed_libraries
-    from tupe.training.finetuning import stop_on_sigterm
     from tupe.training.reporting import parse_report_to
 
     log = console_log(quiet)
@@ -103,8 +103,9 @@ def finetune(
     family.check(train, dev, train_path, dev_path)
     family.use(train, dev, (train_path, dev_path))
 
+    from tupe.finetuning.pipeline.folder import grid_folder
+    from tupe.finetuning.pipeline.run import GridOptions, open_checkpoint, run_finetuning
     from tupe.io.outputs import OutputFolder
-    from tupe.training.finetuning import GridOptions, grid_folder, open_checkpoint, run_finetuning
 
     options = GridOptions(
         scheme=scheme,

@@ -1,4 +1,4 @@
-"""What a task family of `tupe finetune` provides to the shared pipeline (tupe/training/finetuning.py
+"""What a task family of `tupe finetune` provides to the shared pipeline (tupe/finetuning/pipeline/family.py
 `TaskFamily`): its reader, its encoding for the model, its head, its metrics and its predictions, on one training
 and one validation file. One subclass per family (ner.py, qa.py, choice.py, classification.py)."""
 
@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tupe.errors import TupeError
-from tupe.training.finetuning import GridResults, TaskFamily, run_name
+from tupe.finetuning.pipeline.family import TaskFamily
+from tupe.finetuning.pipeline.grid import run_name
+from tupe.finetuning.pipeline.results import GridResults
 
 
 class Family(TaskFamily):
@@ -327,7 +329,7 @@ def json_records(path: Path, text: str) -> list[tuple[str, dict]]:
 
 def csv_records(path: Path, text: str) -> list[tuple[str, dict]]:
     """(path:line, record) of a CSV file with a header."""
-    from tupe.glue.tasks import csv_rows
+    from tupe.finetuning.glue.tasks import csv_rows
 
     rows = csv_rows(path, text)
     header = [h.strip() for h in rows[0][1]]

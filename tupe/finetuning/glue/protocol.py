@@ -1,7 +1,7 @@
 """The paper's GLUE protocol as data: the grid, the settings of one run, and how a grid's scores are summarised.
 
 Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds; a learning rate's score is the median of its seeds' dev
-scores (tupe/training/finetuning.py `summarize_grid`, aggregate "median"), and the best learning rate is reported
+scores (tupe/finetuning/pipeline/results.py `summarize_grid`, aggregate "median"), and the best learning rate is reported
 (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md). A model narrower than 512 gets `SMALL_MODEL_LRS`
 and 3 epochs by default instead (docs/glue.md, "Small models"). `tupe report` reads this module too.
 """
@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tupe.errors import TupeError
-from tupe.glue.tasks import GlueTask
-from tupe.training.finetuning import GridSettings, run_name, summarize_grid  # noqa: F401  (run_name: re-exported)
+from tupe.finetuning.glue.tasks import GlueTask
+from tupe.finetuning.pipeline.grid import run_name  # noqa: F401  (re-exported)
+from tupe.finetuning.pipeline.results import summarize_grid
+from tupe.finetuning.pipeline.settings import GridSettings
 
 PAPER_LRS = (2e-5, 3e-5, 4e-5, 5e-5)
 PAPER_SEEDS = (1, 2, 3, 4, 5)
@@ -34,7 +36,7 @@ def is_small_model(hidden_size: int | None) -> bool:
 @dataclass
 class GlueSettings(GridSettings):
     """Everything that determines a GLUE run's score, apart from the learning rate and the seed (the shared
-    recipe's fields: tupe/training/finetuning.py `GridSettings`)."""
+    recipe's fields: tupe/finetuning/pipeline/settings.py `GridSettings`)."""
 
     seeds: list[int] = field(default_factory=lambda: list(PAPER_SEEDS))
     epochs: float | None = None  # None: the paper's (10, or 5 for MNLI/QQP/QNLI); SMALL_MODEL_EPOCHS if small

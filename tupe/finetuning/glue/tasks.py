@@ -36,7 +36,9 @@ class GlueTask:
     label_column: str = "label"
     tsv_labels: tuple[str, ...] = ()  # label strings in the files, in id order; () for a regression task
     regression_range: tuple[float, float] | None = None  # (low, high) of a regression task's scores
-    metrics: tuple[str, ...] = ("accuracy",)  # metric names computed on every dev split (tupe.glue.metrics)
+    metrics: tuple[str, ...] = (
+        "accuracy",
+    )  # metric names computed on every dev split (tupe.finetuning.glue.metrics)
     main_metric: str = ""  # used to pick the best learning rate; default: the first of `metrics`
     epochs: int = 3  # the default epoch count (the paper's for GLUE)
     train_file: str = "train.tsv"  # file names in the task folder; .tsv/.csv/.json/.jsonl/.parquet by suffix
@@ -79,7 +81,7 @@ class GlueTask:
 
     def _check_metrics(self) -> None:
         """A metric the task's labels cannot have is refused when the entry is made, not after a grid's training."""
-        from tupe.glue.metrics import CLASS_METRICS, METRIC_NAMES
+        from tupe.finetuning.glue.metrics import CLASS_METRICS, METRIC_NAMES
 
         for metric in self.metrics:
             if metric not in METRIC_NAMES:

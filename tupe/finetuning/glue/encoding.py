@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tupe.errors import TupeError
-from tupe.glue.tasks import GlueTask, Split, TaskData, load_task, read_split_file
+from tupe.finetuning.glue.tasks import GlueTask, Split, TaskData, load_task, read_split_file
 
 # ------------------------------------------------------------------------------------------------------ encoding
 

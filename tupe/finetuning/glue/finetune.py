@@ -4,8 +4,8 @@ Grid: learning rates {2e-5, 3e-5, 4e-5, 5e-5} x 5 seeds, batch 32, 10 epochs (5 
 warm-up over 6% of the steps then linear decay, Adam (0.9, 0.999), eps 1e-6, weight decay 0.01, clip 1.0. A
 learning rate's score is the median of its seeds' dev scores, and the best learning rate is reported. This module
 is the command (its flags, the task's files, the paper's defaults); the run, the grid, its resume and results.json
-are the pipeline `tupe finetune` shares (tupe/training/finetuning.py `run_finetuning`, with GLUE's task family,
-tupe/glue/family.py), on the `transformers` Trainer like pre-training.
+are the pipeline `tupe finetune` shares (tupe/finetuning/pipeline/run.py `run_finetuning`, with GLUE's task family,
+tupe/finetuning/glue/family.py), on the `transformers` Trainer like pre-training.
 
 Each finished run writes `runs/lr<LR>_seed<S>/result.json` (atomically, last) and its dev predictions; an
 interrupted grid started again with the same command skips the runs that finished. `results.json` is rewritten
@@ -22,9 +22,9 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
-from tupe.glue.encoding import load_data, subsample
-from tupe.glue.family import GlueFamily, read_predictions  # noqa: F401  (read_predictions: re-exported)
-from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules import them from here)
+from tupe.finetuning.glue.encoding import load_data, subsample
+from tupe.finetuning.glue.family import GlueFamily, read_predictions  # noqa: F401  (read_predictions: re-exported)
+from tupe.finetuning.glue.protocol import (  # noqa: F401  (re-exported: other modules import them from here)
     PAPER_LRS,
     PAPER_SEEDS,
     SMALL_MODEL_EPOCHS,
@@ -36,20 +36,13 @@ from tupe.glue.protocol import (  # noqa: F401  (re-exported: other modules impo
     run_name,
     summarize,
 )
-from tupe.glue.tasks import TASKS, get_task
+from tupe.finetuning.glue.tasks import TASKS, get_task
+from tupe.finetuning.pipeline.folder import grid_folder, stop_on_sigterm
+from tupe.finetuning.pipeline.run import GridOptions, open_checkpoint, run_finetuning
+from tupe.finetuning.pipeline.settings import add_grid_arguments, add_run_arguments, grid_settings
 from tupe.io.outputs import OutputFolder
 from tupe.io.reading import CONFIG_LIMIT, RESULTS_LIMIT, read_json, read_text
 from tupe.runtime import console_log, hushed_libraries
-from tupe.training.finetuning import (
-    GridOptions,
-    add_grid_arguments,
-    add_run_arguments,
-    grid_folder,
-    grid_settings,
-    open_checkpoint,
-    run_finetuning,
-    stop_on_sigterm,
-)
 from tupe.training.reporting import add_hub_arguments, parse_report_to
 
 

@@ -18,13 +18,13 @@ from typing import Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
-from tupe.training.finetuning import GridResults
+from tupe.finetuning.pipeline.results import GridResults
 
 
 def task_columns() -> list[tuple[str, str, str, str]]:
     """(column, task, dev split, metric) of every task in the table (`GlueTask.report_columns`), in table order:
     the paper's Table 1 order for GLUE, then any task added to the table."""
-    from tupe.glue.tasks import TASKS
+    from tupe.finetuning.glue.tasks import TASKS
 
     return [(col, t.name, split, metric) for t in TASKS.values() for col, split, metric in t.report_columns]
 
@@ -83,8 +83,8 @@ class Row:
 
 def protocol_differences(data: dict[str, Any]) -> list[str]:
     """How a results.json's settings differ from the paper's fine-tuning protocol (Ke et al., ICLR 2021, Sec. 4.1 and Table 2; see docs/glue.md)."""
-    from tupe.glue.protocol import PAPER_LRS
-    from tupe.glue.tasks import get_task
+    from tupe.finetuning.glue.protocol import PAPER_LRS
+    from tupe.finetuning.glue.tasks import get_task
 
     s = data.get("settings") or {}
     if not s:
@@ -311,9 +311,8 @@ def average(row: Row, columns: list[str]) -> tuple[float | None, bool]:
     return sum(values) / len(values), False
 
 
-def render(rows: list[Row]) -> tuple[str, str]:
-    """(Markdown, CSV) for the rows; MNLI-m and -mm share one Markdown column like the paper."""
-    columns = table_columns(rows)
+def _markdown_columns(columns: list[str]) -> list[str]:
+    """The Markdown table's task columns: MNLI-m and -mm share one column like the paper's."""
     md_cols: list[str] = []
     for c in columns:
         if c in ("MNLI-m", "MNLI-mm") and {"MNLI-m", "MNLI-mm"} <= set(columns):
@@ -321,18 +320,22 @@ def render(rows: list[Row]) -> tuple[str, str]:
                 md_cols.append("MNLI-m/mm")
         else:
             md_cols.append(c)  # MNLI-m alone when only the matched dev set was scored
+    return md_cols
 
-    def cell(row: Row, c: str) -> str:
-        if c == "MNLI-m/mm":
-            return "/".join(cell(row, x) for x in ("MNLI-m", "MNLI-mm"))
-        if c not in row.cells:
-            return "-"
-        marks = ("†" if c in row.incomplete else "") + ("‡" if c + "#subset" in row.incomplete else "")
-        return f"{row.cells[c]:.2f}" + marks
 
+def _cell(row: Row, c: str) -> str:
+    """One Markdown cell: the score with its marks (an unfinished grid, a subset), or "-"."""
+    if c == "MNLI-m/mm":
+        return "/".join(_cell(row, x) for x in ("MNLI-m", "MNLI-mm"))
+    if c not in row.cells:
+        return "-"
+    marks = ("†" if c in row.incomplete else "") + ("‡" if c + "#subset" in row.incomplete else "")
+    return f"{row.cells[c]:.2f}" + marks
+
+
+def _markdown_table(rows: list[Row], md_cols: list[str], avg_cols: list[str]) -> list[str]:
     header = ["model", "steps", *md_cols, "Avg"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    avg_cols = average_columns(rows, columns)
     for r in rows:
         avg, missing = average(r, avg_cols)
         avg_s = "-" if avg is None else f"{avg:.2f}"
@@ -343,12 +346,17 @@ def render(rows: list[Row]) -> tuple[str, str]:
                 [
                     name,
                     "-" if r.source == "baseline" else format_steps(r.steps),
-                    *(cell(r, c) for c in md_cols),
+                    *(_cell(r, c) for c in md_cols),
                     avg_s,
                 ]
             )
             + " |"
         )
+    return lines
+
+
+def _notes(rows: list[Row], columns: list[str], avg_cols: list[str]) -> list[str]:
+    """The lines under the table: what the cells are, how Avg is taken, and each mark the table uses."""
     extra = [c for c in columns if c in _EXTRA_COLUMNS]
     glue = len(extra) < len(columns)
     notes = [
@@ -392,16 +400,10 @@ def render(rows: list[Row]) -> tuple[str, str]:
         notes.append("† the lr x seed grid of this cell is not finished.")
     if any(r.off_protocol for r in rows):
         notes.append("Some cells come from settings other than the paper's protocol: see the list below.")
-    details = []
-    for r in rows:
-        for task, text in r.details.items():
-            details.append(f"- {r.name} {format_steps(r.steps)}, {task}: {text}")
-    baseline = next((r for r in rows if r.source == "baseline"), None)
-    versus = majority_verdicts(rows, baseline) if baseline is not None else []
-    if versus:
-        versus = ["", "Against the majority class (every seed of the best learning rate):", *versus]
-    md = "\n".join(lines + notes + ([""] + details if details else []) + versus) + "\n"
+    return notes
 
+
+def _csv_table(rows: list[Row], columns: list[str], avg_cols: list[str]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["model", "scheme", "steps", *columns, "Avg", "source", "model_path"])
@@ -418,7 +420,25 @@ def render(rows: list[Row]) -> tuple[str, str]:
                 r.model_path,
             ]
         )
-    return md, buf.getvalue()
+    return buf.getvalue()
+
+
+def render(rows: list[Row]) -> tuple[str, str]:
+    """(Markdown, CSV) for the rows; MNLI-m and -mm share one Markdown column like the paper."""
+    columns = table_columns(rows)
+    avg_cols = average_columns(rows, columns)
+    lines = _markdown_table(rows, _markdown_columns(columns), avg_cols)
+    notes = _notes(rows, columns, avg_cols)
+    details = []
+    for r in rows:
+        for task, text in r.details.items():
+            details.append(f"- {r.name} {format_steps(r.steps)}, {task}: {text}")
+    baseline = next((r for r in rows if r.source == "baseline"), None)
+    versus = majority_verdicts(rows, baseline) if baseline is not None else []
+    if versus:
+        versus = ["", "Against the majority class (every seed of the best learning rate):", *versus]
+    md = "\n".join(lines + notes + ([""] + details if details else []) + versus) + "\n"
+    return md, _csv_table(rows, columns, avg_cols)
 
 
 def majority_verdicts(rows: list[Row], baseline: Row) -> list[str]:

@@ -1,4 +1,4 @@
-"""GLUE as a task family of the shared fine-tuning pipeline (tupe/training/finetuning.py): a registered task's
+"""GLUE as a task family of the shared fine-tuning pipeline (tupe/finetuning/pipeline/): a registered task's
 train and dev splits, its `[CLS] A [SEP] B [SEP]` encoding and sequence-classification head, its metrics on every
 dev split, its prediction files, and the paper's summary (the median over seeds; Ke et al., ICLR 2021, Table 2)."""
 
@@ -9,16 +9,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tupe.glue.encoding import data_fingerprint, encode_split, to_dataset
-from tupe.glue.metrics import compute_metrics, predictions_from_logits
-from tupe.glue.protocol import GlueSettings, main_score
-from tupe.glue.tasks import GlueTask, Split, TaskData
+from tupe.finetuning.glue.encoding import data_fingerprint, encode_split, to_dataset
+from tupe.finetuning.glue.metrics import compute_metrics, predictions_from_logits
+from tupe.finetuning.glue.protocol import GlueSettings, main_score
+from tupe.finetuning.glue.tasks import GlueTask, Split, TaskData
+from tupe.finetuning.pipeline.family import TaskFamily
+from tupe.finetuning.pipeline.results import GridResults
 from tupe.io.files import atomic_write_text
-from tupe.training.finetuning import GridResults, TaskFamily
 
 
 class GlueFamily(TaskFamily):
-    """One GLUE(-style) task (`tupe/glue/tasks.py` `TASKS`) on the files read for it."""
+    """One GLUE(-style) task (`tupe/finetuning/glue/tasks.py` `TASKS`) on the files read for it."""
 
     aggregate: ClassVar[str] = "median"  # the paper's protocol
     outputs: ClassVar[tuple[str, ...]] = ("README.md",)  # the model card of the grid
