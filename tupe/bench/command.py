@@ -411,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from tupe.modeling import POSITION_SCHEMES
-    from tupe.modeling.kernels import ATTENTION_KERNELS, KERNEL_ALIASES
+    from tupe.modeling.kernel_registry import ATTENTION_KERNELS, KERNEL_ALIASES
 
     from .runner import backend_kernel
 

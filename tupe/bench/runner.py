@@ -24,7 +24,7 @@ from .flops import HF_DEBERTA, Shape, synchronize, train_step_flops
 def backend_kernel(backend: str, scheme: str) -> str:
     """The attention kernel a backend (a kernel name of the registry, or an alias such as `sdpa-fold`, `default`)
     runs for a scheme; a kernel that cannot run the scheme is refused with the reason, never replaced."""
-    from tupe.modeling.kernels import check_kernel_for_scheme
+    from tupe.modeling.kernel_registry import check_kernel_for_scheme
     from tupe.modeling.positional import scheme_class
 
     return check_kernel_for_scheme(backend, scheme, scheme_class(scheme).terms, "backend")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from .kernels import ATTENTION_KERNELS, KERNEL_ALIASES, check_kernel_for_scheme
+from .kernel_registry import ATTENTION_KERNELS, KERNEL_ALIASES, check_kernel_for_scheme
 from .positional import POSITION_SCHEMES, SCHEMES, PositionalScheme, scheme_class, scheme_fields
 
-# The one attention switch (saved in config.json) takes "auto" or a name of the kernel registry (kernels.py), read
-# live: `ATTENTION_KERNELS`. See docs/model.md "Attention kernels".
+# The one attention switch (saved in config.json) takes "auto" or a name of the kernel registry
+# (kernel_registry.py), read live: `ATTENTION_KERNELS`. See docs/model.md "Attention kernels".
 __all__ = ["ATTENTION_KERNELS", "POSITION_SCHEMES", "TupeConfig"]
 
 

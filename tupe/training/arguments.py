@@ -234,7 +234,7 @@ def pretrain_training_arguments(run: ResolvedConfig):
 
 def attention_kernel_name(value: str) -> str:
     """`--attention-kernel`: a name of the kernel registry (checked when given: it imports the model package)."""
-    from tupe.modeling.kernels import canonical_kernel_name
+    from tupe.modeling.kernel_registry import canonical_kernel_name
 
     try:
         return canonical_kernel_name(value, "attention kernel")
