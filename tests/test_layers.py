@@ -203,6 +203,41 @@ def test_no_module_imports_another_modules_private_names() -> None:
     assert found == set()
 
 
+# ---- inside the model package ----------------------------------------------------------------------------------
+
+# The model core's modules, bottom up (docs/architecture.md, the model row): a module imports only modules of lower
+# rows of this table (and modules outside it); modules of one row are siblings.
+MODEL_MODULES: list[tuple[str, ...]] = [
+    ("documents", "ops"),  # positions and documents; dropout and the masked-LM loss
+    ("context",),  # the positional context a scheme hands the kernels
+    ("kernels",),  # the attention kernels
+    ("kernel_registry",),  # the registry and its built-in entries
+    ("positional",),  # the schemes
+    ("configuration_tupe",),
+    ("modeling_tupe",),
+]
+
+
+def model_module_upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    row = {f"tupe.modeling.{m}": i for i, members in enumerate(MODEL_MODULES) for m in members}
+    return [
+        f"{source} imports {target}"
+        for source in sorted(row)
+        for target in sorted(graph.get(source, ()))
+        if target in row and row[target] >= row[source]
+    ]
+
+
+def test_the_model_core_modules_import_only_down() -> None:
+    graph = import_graph()
+    assert {f"tupe.modeling.{m}" for members in MODEL_MODULES for m in members} <= set(graph)
+    assert model_module_upward_imports(graph) == []
+    made_up = {"tupe.modeling.kernels": {"tupe.modeling.kernel_registry", "tupe.modeling.ops"}}
+    assert model_module_upward_imports(made_up) == [
+        "tupe.modeling.kernels imports tupe.modeling.kernel_registry"
+    ]
+
+
 # ---- a positional scheme is one class -----------------------------------------------------------------------------
 
 POSITIONAL = PACKAGE / "modeling" / "positional.py"

@@ -43,7 +43,8 @@ import torch
 
 from tupe import POSITION_SCHEMES, TupeForMaskedLM
 from tupe.modeling import resolve_attention_kernel
-from tupe.modeling.kernels import KernelSituation, get_attention_kernel, kernels_for_terms, masked_lm_loss
+from tupe.modeling.kernel_registry import KernelSituation, get_attention_kernel, kernels_for_terms
+from tupe.modeling.ops import masked_lm_loss
 from tupe.modeling.positional import scheme_class
 
 from ..helpers import tiny_config

@@ -1,17 +1,18 @@
-"""Gradient checkpointing: every model class and scheme, reentrant or not, gives the gradients of plain training.
+"""Gradient checkpointing: every model class and scheme gives the gradients of plain training.
 
-The content-free term is computed once per forward pass and shared by every layer; the layers must receive it
-as a checkpoint input, or the recomputation saves a different number of tensors (non-reentrant) or backward
-runs twice through the shared graph and leaves the positional parameters without a gradient (reentrant). So
-every tensor a layer reads is a field of the `PositionalContext` (`tensors()`), and what a scheme computes later
-is one of its methods called with the context: a scheme from outside the package that defers its work that way
-trains exactly; one that hides a tensor in a closure, or keeps one on itself, is refused by name.
+The content-free term is computed once per forward pass and shared by every layer. Checkpointing is non-reentrant
+only (a request for `use_reentrant=True` runs non-reentrant, with one warning): the recomputation of a layer reads
+the same shared tensors, and their gradient flows back through every layer's use of them, wherever the scheme
+keeps them (the context's fields, a closure, an attribute of the scheme), as schemes registered from outside the
+package show below.
 """
 
 import pytest
 import torch
 from torch import nn
 from transformers import Trainer, TrainingArguments
+from transformers.testing_utils import CaptureLogger
+from transformers.utils import logging
 
 import tupe
 from tupe import (
@@ -22,12 +23,8 @@ from tupe import (
     TupeForTokenClassification,
     TupeModel,
 )
-from tupe.modeling.kernels import (
-    AttentionKernel,
-    eager_attention,
-    register_attention_kernel,
-    unregister_attention_kernel,
-)
+from tupe.modeling import AttentionKernel, register_attention_kernel, unregister_attention_kernel
+from tupe.modeling.kernels import eager_attention
 from tupe.modeling.positional import (
     PositionalContext,
     PositionalScheme,
@@ -189,18 +186,6 @@ class ClosureToy(DeferredToy):
         return ctx
 
 
-class LazyClosureToy(DeferredToy):
-    """The content-free term as a closure built on first read (the former `bias_fn`)."""
-
-    name = "toy-lazy-closure"
-
-    def forward(self, n, positions):
-        ctx = super().forward(n, positions)
-        slopes = ctx.parts["slopes"]
-        ctx.bias_fn = lambda: -slopes * ctx.parts["distance"]
-        return ctx
-
-
 class KeepingToy(DeferredToy):
     """The per-layer term reads a tensor its forward computed and kept on the scheme, not in the context."""
 
@@ -216,7 +201,7 @@ class KeepingToy(DeferredToy):
 
 @pytest.fixture
 def toy_schemes():
-    toys = (DeferredToy, ClosureToy, LazyClosureToy, KeepingToy)
+    toys = (DeferredToy, ClosureToy, KeepingToy)
     for toy in toys:
         register_scheme(toy)
     # a kernel that never builds the deferred term before the layers (`reads_content_free=False`) yet reads it: each
@@ -247,23 +232,39 @@ def test_a_scheme_that_defers_its_work_to_methods_checkpoints_exactly(toy_scheme
         torch.testing.assert_close(got[name], grad, atol=1e-12, rtol=1e-10, msg=name)
 
 
-@pytest.mark.parametrize("use_reentrant", [None, False, True])
-def test_a_scheme_computing_in_a_closure_is_refused(toy_schemes, use_reentrant):
-    """Closures are refused whether or not the model checkpoints: the context names the way to do it."""
-    with pytest.raises(TypeError, match=r"PositionalContext.layer_term must be a method of the scheme"):
-        _gradients(TupeForMaskedLM, "toy-closure", use_reentrant)
-    with pytest.raises(AttributeError, match=r"PositionalContext has no field 'bias_fn'.*`parts`"):
-        _gradients(TupeForMaskedLM, "toy-lazy-closure", use_reentrant)
+@pytest.mark.parametrize("scheme", ["toy-closure", "toy-keeping"])
+def test_a_scheme_computing_in_a_closure_or_keeping_a_tensor_checkpoints_exactly(toy_schemes, scheme):
+    """A term computed in a closure over the forward pass's tensors, or read from a tensor the scheme kept on
+    itself: the checkpointed layers read the same tensors, and the gradient reaches the scheme's parameters."""
+    expected = _gradients(TupeForMaskedLM, scheme, None)
+    got = _gradients(TupeForMaskedLM, scheme, False)
+    assert expected["tupe.positional.gates"].abs().sum() > 0
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-12, rtol=1e-10, msg=name)
 
 
-@pytest.mark.parametrize("use_reentrant", [False, True])
-def test_a_scheme_keeping_a_computed_tensor_is_refused_when_checkpointing(toy_schemes, use_reentrant):
-    plain = _gradients(TupeForMaskedLM, "toy-keeping", None)  # without checkpointing it trains
-    assert plain["tupe.positional.gates"].abs().sum() > 0
-    with pytest.raises(
-        TypeError, match=r"'toy-keeping' keeps tensors computed in its forward pass on itself \(kept_gates\)"
-    ):
-        _gradients(TupeForMaskedLM, "toy-keeping", use_reentrant)
+def test_a_reentrant_request_runs_non_reentrant_and_says_so():
+    model = TupeForMaskedLM(tiny_config("tupe-r")).train()
+    with CaptureLogger(logging.get_logger("tupe.modeling.modeling_tupe")) as captured:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    assert "use_reentrant=True runs as use_reentrant=False" in captured.out
+    assert all(
+        layer._gradient_checkpointing_func.keywords == {"use_reentrant": False} for layer in model.tupe.layers
+    )
+
+
+def test_a_reentrant_checkpoint_set_around_the_model_api_is_refused():
+    """A reentrant checkpoint function put on the layers without `gradient_checkpointing_enable` (transformers'
+    own setter, as an older transformers would call it) is refused in one line, not run with lost gradients."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    model = TupeForMaskedLM(tiny_config("tupe-r")).train()
+    model._set_gradient_checkpointing(True, partial(checkpoint, use_reentrant=True))
+    ids = torch.randint(5, 50, (2, 9))
+    with pytest.raises(ValueError, match=r"tupe models checkpoint non-reentrantly only"):
+        model(input_ids=ids, labels=ids)
 
 
 @pytest.mark.parametrize("use_reentrant", [None, False, True])

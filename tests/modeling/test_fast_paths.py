@@ -19,13 +19,8 @@ from tupe.modeling import (
     resolve_attention_kernel,
     unregister_attention_kernel,
 )
-from tupe.modeling.kernels import (
-    FOLD_PAD_LOGIT,
-    FastDropout,
-    biased_attention,
-    fold_queries_keys,
-    keep_scale_mask,
-)
+from tupe.modeling.kernels import FOLD_PAD_LOGIT, biased_attention, fold_queries_keys
+from tupe.modeling.ops import FastDropout, keep_scale_mask
 from tupe.modeling.positional import SCHEMES
 
 from ..helpers import tiny_config
@@ -551,7 +546,7 @@ def test_content_free_term_computed_once_per_forward():
 
 def test_masked_lm_loss_equals_linear_plus_cross_entropy():
     """The fused head: loss, logits and the gradients of hidden, weight and bias, through either output."""
-    from tupe.modeling.kernels import masked_lm_loss
+    from tupe.modeling.ops import masked_lm_loss
 
     torch.manual_seed(0)
     m, d, vocab = 9, 6, 17

@@ -318,3 +318,15 @@ def test_a_folder_left_with_only_foreign_files_by_overwrite_starts_fresh(tmp_pat
 
     with pytest.raises(TupeError, match="is not a tupe run folder"):
         check_out_dir(out, {}, resume=False, overwrite=True)
+
+
+def test_every_file_a_saved_model_writes_is_a_known_name(tmp_path) -> None:  # noqa: ANN001
+    """The known names (folders without a record) cover the model folder's remote-code copies of tupe's modules."""
+    from tupe import TupeForMaskedLM
+    from tupe.training.run_folder import is_run_artifact
+
+    from ..helpers import tiny_config
+
+    TupeForMaskedLM(tiny_config("tupe-a")).save_pretrained(tmp_path)
+    assert "kernel_registry.py" in _names(tmp_path)
+    assert sorted(name for name in _names(tmp_path) if not is_run_artifact(name)) == []

@@ -1,5 +1,5 @@
 from .configuration_tupe import POSITION_SCHEMES, TupeConfig
-from .kernels import (
+from .kernel_registry import (
     ATTENTION_KERNELS,
     AttentionKernel,
     register_attention_kernel,

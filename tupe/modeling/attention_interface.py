@@ -34,7 +34,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from .kernels import (
+from .kernel_registry import (
     ATTENTION_KERNELS,
     AUTO,
     KERNEL_ALIASES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from .attention_interface import AUTO, checked_request, requested_kernel, setting, setting_kernel
-from .kernels import ATTENTION_KERNELS
+from .kernel_registry import ATTENTION_KERNELS
 from .positional import POSITION_SCHEMES, SCHEMES, PositionalScheme, scheme_class, scheme_fields
 
 # The one attention switch is transformers' `config._attn_implementation` (saved in config.json as

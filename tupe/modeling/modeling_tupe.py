@@ -11,8 +11,7 @@ again).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,18 +37,13 @@ except ImportError:  # pragma: no cover
 
 from .attention_interface import checked_request, interface_name, kernel_for_pass, refresh, settle
 from .configuration_tupe import TupeConfig
-from .kernels import (
-    AttentionKernel,
-    DocumentRows,
-    FastDropout,
-    document_attention,
-    masked_lm_loss,
-)
+from .context import PositionalContext
+from .documents import DocumentRows, Positions, document_attention
+from .kernel_registry import AttentionKernel
+from .ops import FastDropout, masked_lm_loss
 from .positional import (
-    PositionalContext,
     PositionalModule,
     PositionalScheme,
-    Positions,
     apply_rotary,
     build_scheme,
 )
@@ -163,20 +157,6 @@ class AttentionInputs:
     # input embedding looked up per token), `padding` and `mask` are None, each group carries its own key padding
     rows: DocumentRows | None = None
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every tensor the layers read: the padding, the mask (a kernel's own mask object, e.g. flex's block
-        mask, holds no gradient and stays as it is) and the context's `tensors()`, in the order `with_tensors`
-        takes them back."""
-        own = tuple(t for t in (self.padding, self.mask) if isinstance(t, torch.Tensor))
-        return own + self.ctx.tensors()
-
-    def with_tensors(self, tensors: Sequence[torch.Tensor]) -> AttentionInputs:
-        """A copy holding `tensors` (from `tensors()`, or a checkpoint's copies of them) in place of its own."""
-        it = iter(tensors)
-        padding = next(it) if isinstance(self.padding, torch.Tensor) else self.padding
-        mask = next(it) if isinstance(self.mask, torch.Tensor) else self.mask
-        return replace(self, padding=padding, mask=mask, ctx=self.ctx.with_tensors(tuple(it)))
-
 
 class TupeEmbeddings(nn.Module):
     """Word embeddings, plus absolute positions for the schemes that add them to the input."""
@@ -255,7 +235,8 @@ class TupeSelfAttention(nn.Module):
         """The attention core on projected (b, h, n, d) queries, keys, values: the scheme's rotary / added
         positions, then the pass's kernel, the function transformers' `AttentionInterface` holds under its name
         (`tupe bench --attention-only` times this). Returns the (b, n, h, d) output and the probabilities."""
-        ctx, kernel = inputs.ctx, inputs.kernel
+        # this layer's own shallow copy: a term a kernel builds lazily here stays with this layer (and its checkpoint)
+        ctx, kernel = inputs.ctx.copy(), inputs.kernel
         dropout_p = self.dropout_p if self.training else 0.0
         if inputs.rows is not None:  # each document in a row of its own: the terms of its positions 0..L-1
 
@@ -283,24 +264,17 @@ class TupeSelfAttention(nn.Module):
         )
 
 
-def _kept_graph_tensors(scheme: nn.Module) -> list[str]:
-    """The attributes of `scheme` and its submodules that hold a tensor recording gradients which is not a
-    parameter: something a forward pass computed and kept for later. A layer reading it would hide it from
-    gradient checkpointing, which passes each layer the context's tensors only (`PositionalContext.tensors`)."""
-
-    def records(value: object) -> bool:
-        if isinstance(value, (tuple, list)):
-            return any(records(v) for v in value)
-        if isinstance(value, dict):
-            return any(records(v) for v in value.values())
-        return isinstance(value, torch.Tensor) and value.requires_grad and not isinstance(value, nn.Parameter)
-
-    return [
-        f"{prefix}.{name}".lstrip(".")
-        for prefix, module in scheme.named_modules()
-        for name, value in vars(module).items()
-        if name not in ("_parameters", "_buffers", "_modules") and records(value)
-    ]
+def _check_non_reentrant(layers: nn.ModuleList) -> None:
+    """Refuse a reentrant checkpoint function set on the layers other than through `activation_checkpointing_enable`
+    (which runs every request non-reentrant): a reentrant backward would not reach the positional terms every
+    layer shares. A function other than a `functools.partial` of `checkpoint` is not inspected."""
+    layer = next((layer for layer in layers if layer.gradient_checkpointing), None)
+    keywords = getattr(getattr(layer, "_gradient_checkpointing_func", None), "keywords", None)
+    if keywords is not None and keywords.get("use_reentrant", True) is not False:
+        raise ValueError(
+            "tupe models checkpoint non-reentrantly only: enable gradient checkpointing with "
+            'model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})'
+        )
 
 
 class TupeLayer(GradientCheckpointingLayer):
@@ -317,12 +291,10 @@ class TupeLayer(GradientCheckpointingLayer):
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = FastDropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs, *shared: torch.Tensor):
-        """`shared`: with gradient checkpointing, the tensors of `inputs` (`AttentionInputs.tensors`) passed
-        explicitly, so that the checkpoint sees them as inputs: the recomputation and a reentrant backward then run
-        this layer alone, and the gradient of the positional terms shared by all layers flows back through them."""
-        if shared:
-            inputs = inputs.with_tensors(shared)
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs):
+        """With gradient checkpointing (non-reentrant only, `TupePreTrainedModel.activation_checkpointing_enable`)
+        the recomputation reads the same `inputs`, and the gradient of the terms every layer shares flows back to
+        them through each layer's use."""
         attn, probs = self.attention(x, inputs)
         x = self.attention_norm(x + self.dropout(self.attention_output(attn)))
         x = self.output_norm(x + self.dropout(self.output(self.act(self.intermediate(x)))))
@@ -406,6 +378,22 @@ class TupePreTrainedModel(PreTrainedModel):
             auto: f"modeling_tupe.{name}" for auto, name in AUTO_CLASSES.items()
         }
         return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def activation_checkpointing_enable(
+        self, activation_checkpointing_kwargs: dict | None = None, *args, **kwargs
+    ):
+        """transformers' gradient checkpointing (`gradient_checkpointing_enable` and the Trainer's
+        `gradient_checkpointing` reach it too), always non-reentrant: `use_reentrant=True` (or left to torch's
+        default) runs as `use_reentrant=False`, which gives the same gradients; a request for `use_reentrant=True`
+        is answered by one warning line."""
+        settings = dict(activation_checkpointing_kwargs or {})
+        if settings.get("use_reentrant", False):
+            logger.warning(
+                "gradient checkpointing: use_reentrant=True runs as use_reentrant=False, the only mode tupe models "
+                "checkpoint in (the gradients of plain training)"
+            )
+        settings["use_reentrant"] = False
+        return super().activation_checkpointing_enable(settings, *args, **kwargs)
 
     def resolve_attention_kernel(
         self, dtype: torch.dtype | None = None, *, probabilities: bool = False
@@ -743,20 +731,10 @@ class TupeModel(TupePreTrainedModel):
         x = self.embeddings(input_ids, inputs.ctx, inputs_embeds)
         all_hidden = (x,) if output_hidden_states else None
         all_attn = () if output_attentions else None
-        # Gradient checkpointing: the per-forward tensors go to every layer as explicit arguments (see TupeLayer)
-        checkpointing = self.training and torch.is_grad_enabled() and self.layers[0].gradient_checkpointing
-        shared = ()
-        if checkpointing:
-            kept = _kept_graph_tensors(self.positional)
-            if kept:
-                raise TypeError(
-                    f"position_scheme {self.config.position_scheme!r} keeps tensors computed in its forward pass "
-                    f"on itself ({', '.join(kept)}), which gradient checkpointing cannot pass to the layers: "
-                    f"return them in the PositionalContext (its `parts`) and read them from the context"
-                )
-            shared = inputs.tensors()
+        if self.training and torch.is_grad_enabled():
+            _check_non_reentrant(self.layers)
         for layer in self.layers:
-            x, probs = layer(x, inputs, *shared)
+            x, probs = layer(x, inputs)
             if output_hidden_states:
                 all_hidden += (x,)
             if output_attentions:
@@ -864,7 +842,7 @@ class TupeForMaskedLM(TupePreTrainedModel):
             if transformed.dtype in (torch.float32, torch.float64) and not torch.is_autocast_enabled(
                 transformed.device.type
             ):
-                # one pass for the projection, its bias and the loss (kernels.masked_lm_loss); exact
+                # one pass for the projection, its bias and the loss (ops.masked_lm_loss); exact
                 loss, logits = masked_lm_loss(
                     transformed, self.lm_head.decoder.weight, self.lm_head.bias, targets
                 )

@@ -30,7 +30,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from .kernels import CONTEXT_TERMS, PositionalContext, Positions, dropout, kernels_for_terms
+from .context import PositionalContext
+from .documents import Positions
+from .kernel_registry import CONTEXT_TERMS, kernels_for_terms
+from .ops import dropout
 
 try:  # transformers >= 5 initialises through these (they leave already-loaded weights alone)
     from transformers import initialization as init
@@ -280,8 +283,7 @@ class PositionalScheme(PositionalModule):
     `__init__`, `init_positional_weights`, and `forward`, which always receives the positions (None: 0..n-1 in
     every row). What a scheme computes after its forward pass (a content-free term built only when a kernel reads
     it, a term of each layer's queries and keys) is one of its methods, named by the context
-    (`content_free_method`, `layer_term`) and reading the context's tensors (its fields, `parts`), never a
-    closure: gradient checkpointing passes each layer the context's tensors, and those only.
+    (`content_free_method`, `layer_term`) and reading the context's tensors (its fields, `parts`).
 
     What bench, analysis, evaluation and reports say about it is one record apart, `report` (`SchemeReport`).
     The rest of the package asks these rather than comparing names: adding a scheme means adding a subclass and
@@ -290,7 +292,7 @@ class PositionalScheme(PositionalModule):
 
     name: ClassVar[str]
     report: ClassVar[SchemeReport]  # names, FLOPs, comparators: what the model never reads
-    # What its contexts carry that concerns an attention kernel (`kernels.CONTEXT_TERMS`): "content_free" a
+    # What its contexts carry that concerns an attention kernel (`kernel_registry.CONTEXT_TERMS`): "content_free" a
     # (h, n, n) term, "fold" its low-rank form, "constant" nothing learned in it, "rotary", "layer" a per-layer
     # content x position term. The one declaration: the booleans below are read from it, and so is `kernels()`.
     terms: ClassVar[frozenset[str]] = frozenset()
@@ -300,7 +302,7 @@ class PositionalScheme(PositionalModule):
     # 0..n-1 only (`forward` then always receives None), and the model refuses position_ids and documents by name
     takes_positions: ClassVar[bool] = True
     # A document at positions 0..m-1 gets the terms of positions 0..m-1 of any longer input (the leading m x m
-    # block of its content-free term): packed documents then run as rows of their own (`kernels.DocumentRows`,
+    # block of its content-free term): packed documents then run as rows of their own (`documents.DocumentRows`,
     # one shared term). Not fire (its normaliser is the length), nor deberta (its layer term is built per length).
     document_rows: ClassVar[bool] = False
     # `TupeConfig` fields this scheme reads (a config holds its own scheme's fields only)

@@ -33,7 +33,7 @@ def check_scheme(scheme: str, attention_kernel: str | None = None, packing: str 
             "BertForMaskedLM) cannot do: its attention crosses documents; use --packing stream for hf-bert"
         )
     if attention_kernel is not None and scheme != HF_BERT:
-        from tupe.modeling.kernels import check_kernel_for_scheme
+        from tupe.modeling.kernel_registry import check_kernel_for_scheme
         from tupe.modeling.positional import scheme_class
 
         try:
@@ -79,7 +79,7 @@ def build_model(config: Any, model_kwargs: dict[str, Any]):
     """A freshly initialised masked-LM model for the run (`config`: its `ResolvedConfig`, whose scheme, kernel and
     packing `check_scheme` has checked) from its `model_config` values."""
     from tupe.modeling import TupeConfig, TupeForMaskedLM
-    from tupe.modeling.kernels import AUTO
+    from tupe.modeling.kernel_registry import AUTO
 
     if config.scheme == HF_BERT:
         from transformers import BertConfig, BertForMaskedLM

@@ -53,6 +53,10 @@ _RUN_ARTIFACT_NAMES = {
     "positional.py",
     "kernels.py",
     "attention_interface.py",  # the kernels under transformers' AttentionInterface, imported by modeling_tupe.py
+    "kernel_registry.py",  # kernels.py split by job (issue 48): the registry, the context, documents, ops
+    "context.py",
+    "documents.py",
+    "ops.py",
     "conversion.py",
     "token_classification.py",  # the token-classification pipeline a model folder carries (issue 49)
     "word_spans.py",
