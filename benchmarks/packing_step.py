@@ -23,6 +23,7 @@ benchmarks/gpu/run.sh) each step is timed between two `torch.cuda.synchronize()`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -37,11 +38,13 @@ def _batches(data: Any, run: Any, n: int) -> list[dict]:
     from tupe.data.mlm import TRAIN_SPLIT, BlockDataset, EpochShuffleSampler, MaskedLMCollator
 
     ds = BlockDataset(
-        data.packed, data.train_idx, TRAIN_SPLIT, epochs=1 + n * run.batch_size // len(data.train_idx)
+        data.packed, data.train_idx, TRAIN_SPLIT, epochs=1 + n * run.optim.batch_size // len(data.train_idx)
     )
-    order = iter(EpochShuffleSampler(len(data.train_idx), ds.epochs, run.seed))
-    collate = MaskedLMCollator(len(data.tokenizer), seed=run.seed, mlm_probability=run.mlm_probability)
-    return [collate([ds[next(order)] for _ in range(run.batch_size)]) for _ in range(n)]
+    order = iter(EpochShuffleSampler(len(data.train_idx), ds.epochs, run.optim.seed))
+    collate = MaskedLMCollator(
+        len(data.tokenizer), seed=run.optim.seed, mlm_probability=run.data.mlm_probability
+    )
+    return [collate([ds[next(order)] for _ in range(run.optim.batch_size)]) for _ in range(n)]
 
 
 def _honours_positions(model: Any, batch: dict) -> bool:
@@ -100,9 +103,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from tupe.data.prepare import prepare_data
+    from tupe.data.config import PACKINGS
     from tupe.runtime import keep_large_blocks, tune_cpu_allocator
-    from tupe.training.model import build_model, model_config
     from tupe.training.optimizers import OptimizerSettings, build_optimizer
     from tupe.training.pretrain import PretrainConfig
 
@@ -127,32 +129,26 @@ def main(argv: list[str] | None = None) -> dict:
     run = PretrainConfig(out="-", scheme=args.scheme, preset=args.preset, corpus=args.corpus, **over).resolve(
         1
     )
+    optim = run.optim
     n = args.warmup + args.rounds
     data, batches = {}, {}
-    for packing in ("stream", "documents"):
-        data[packing] = prepare_data(
-            run.corpus,
-            run.max_length,
-            run.valid_every,
-            vocab_size=run.vocab_size,
-            cache_dir=run.cache_dir,
-            log=lambda m: print(m, file=sys.stderr),
-            progress=False,
-            packing=packing,
+    for packing in PACKINGS:
+        data[packing] = dataclasses.replace(run.data, packing=packing).build(
+            log=lambda m: print(m, file=sys.stderr), progress=False
         )
         batches[packing] = [
             {k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()}
             for b in _batches(data[packing], run, n)
         ]
-    kwargs = model_config(run, data["stream"].tokenizer)
+    kwargs = run.model.values(data["stream"].tokenizer)
     models, optimizers = {}, {}
-    for packing in ("stream", "documents"):
-        torch.manual_seed(run.seed)
-        models[packing] = build_model(run, kwargs).to(device).train()
+    for packing in PACKINGS:
+        torch.manual_seed(run.optim.seed)
+        models[packing] = run.model.build(kwargs).to(device).train()
         settings = OptimizerSettings(
-            run.learning_rate, run.weight_decay, (run.adam_beta1, run.adam_beta2), run.adam_epsilon
+            optim.learning_rate, optim.weight_decay, (optim.adam_beta1, optim.adam_beta2), optim.adam_epsilon
         )
-        optimizers[packing] = build_optimizer(run.optimizer, models[packing], settings)
+        optimizers[packing] = build_optimizer(optim.optimizer, models[packing], settings)
     honoured = _honours_positions(models["documents"], batches["documents"][0])
 
     def step(packing: str, batch: dict) -> float:
@@ -169,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
                 **extra,
             )
         out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), run.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if device.type == "cuda":
@@ -191,15 +187,16 @@ def main(argv: list[str] | None = None) -> dict:
     )
     stats = data["documents"].packed.stats["all"]
     result = {
-        "scheme": run.scheme,
-        "preset": run.preset,
-        "shape": f"{run.num_hidden_layers} x {run.hidden_size}, batch {run.batch_size} x {run.max_length}",
+        "scheme": run.model.scheme,
+        "preset": run.run.preset,
+        "shape": f"{run.model.num_hidden_layers} x {run.model.hidden_size}, batch {optim.batch_size} x "
+        f"{run.data.max_length}",
         "threads": args.threads,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "autocast": args.autocast,
         "rounds": args.rounds,
         "median_step_s": {k: round(v, 5) for k, v in median.items()},
-        "tokens_per_s": {k: round(run.batch_size * run.max_length / v) for k, v in median.items()},
+        "tokens_per_s": {k: round(optim.batch_size * run.data.max_length / v) for k, v in median.items()},
         "spread_s": {k: [round(min(v), 5), round(max(v), 5)] for k, v in times.items()},
         "ratio_documents_to_stream": round(ratio, 4),
         "target": TARGET,

@@ -12,6 +12,7 @@ import argparse
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +97,6 @@ def convert_fairseq_checkpoint(
 
     Written into a staging folder next to `out_dir` and renamed at the end, so a refusal leaves nothing behind and
     an existing folder is never touched."""
-    from tupe.io.files import is_write_failure, write_error
-    from tupe.io.model_card import model_card
     from tupe.modeling.fairseq import (
         build_dictionary,
         build_tokenizer,
@@ -124,6 +123,18 @@ def convert_fairseq_checkpoint(
         m.config.fairseq_checkpoint = Path(ckpt).name
         if isinstance(steps, int):
             m.config.pretrain_steps = steps
+    _log_conversion(config, dictionary, heads, state, lowercase, log)
+    folder = _ConvertedFolder(out, config, ckpt, state, dictionary, tokenizer, lowercase, steps)
+    _write_staged(out, lambda staging: folder.write_all(staging, model, heads))
+    log(f"convert: wrote {out} (model.safetensors, config.json, tokenizer, README.md)")
+    return out
+
+
+def _log_conversion(
+    config: Any, dictionary: Any, heads: dict, state: dict, lowercase: bool, log: Any
+) -> None:
+    """What was converted, in one line, and the notes a user must see (no activation dropout here; an uncased
+    dictionary without --lowercase)."""
     log(
         f"convert: {config.position_scheme}, {config.num_hidden_layers} layers x {config.hidden_size} hidden, "
         f"{config.num_attention_heads} heads, {config.max_position_embeddings} positions, vocabulary "
@@ -142,12 +153,35 @@ def convert_fairseq_checkpoint(
             "pass --lowercase to lower-case input text before Moses"
         )
 
-    def write(folder: Path, m: Any, kind: str) -> None:
+
+@dataclass(frozen=True)
+class _ConvertedFolder:
+    """What every folder of a conversion holds: the model, the tokenizer, a model card naming the source."""
+
+    out: Path
+    config: Any  # the masked LM's: every card describes it
+    ckpt: str
+    state: dict
+    dictionary: Any
+    tokenizer: Any
+    lowercase: bool
+    steps: Any
+
+    def write_all(self, staging: Path, model: Any, heads: dict) -> None:
+        self.write(staging, model, "fill-mask")
+        for name, head in heads.items():
+            (staging / "heads" / name).mkdir(parents=True)
+            self.write(staging / "heads" / name, head, "text-classification")
+
+    def write(self, folder: Path, m: Any, kind: str) -> None:
+        from tupe.io.model_card import model_card
+
+        config = self.config
         m.save_pretrained(str(folder))
-        tokenizer.save_pretrained(str(folder))
+        self.tokenizer.save_pretrained(str(folder))
         recipe = {
-            "source": f"fairseq checkpoint {Path(ckpt).name} (guolinke/TUPE)",
-            "pre-training updates": steps,
+            "source": f"fairseq checkpoint {Path(self.ckpt).name} (guolinke/TUPE)",
+            "pre-training updates": self.steps,
             "layers x hidden x heads": f"{config.num_hidden_layers} x {config.hidden_size} x {config.num_attention_heads}",
             "max positions": config.max_position_embeddings,
             "vocabulary": f"{config.vocab_size} (fairseq dictionary)",
@@ -158,15 +192,20 @@ def convert_fairseq_checkpoint(
             recipe=recipe,
             metrics={},
             data="The authors' pre-training data (the paper: English Wikipedia + BookCorpus, 16 GB).",
-            model_path=str(out),
-            notes=_card_notes(ckpt, state, dictionary, lowercase),
-            mask_token=tokenizer.mask_token,
+            model_path=str(self.out),
+            notes=_card_notes(self.ckpt, self.state, self.dictionary, self.lowercase),
+            mask_token=self.tokenizer.mask_token,
         )
         (folder / "README.md").write_text(card, encoding="utf-8")
 
+
+def _write_staged(out: Path, write: Any) -> None:
+    """`write(staging)` into a fresh folder next to `out`, renamed to `out` when complete; a failure removes it
+    and names --out (read-only, disk full), not the hidden staging folder."""
     from transformers.utils import logging as hf_logging
 
-    # a failed write (read-only, disk full) names --out, not the hidden staging folder next to it
+    from tupe.io.files import is_write_failure, write_error
+
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -175,10 +214,7 @@ def convert_fairseq_checkpoint(
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a "writing shards" bar per small file is noise
     try:
-        write(staging, model, "fill-mask")
-        for name, head in heads.items():
-            (staging / "heads" / name).mkdir(parents=True)
-            write(staging / "heads" / name, head, "text-classification")
+        write(staging)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(staging, out)
@@ -190,5 +226,3 @@ def convert_fairseq_checkpoint(
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    log(f"convert: wrote {out} (model.safetensors, config.json, tokenizer, README.md)")
-    return out

@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from tupe.data.config import PACKINGS
 from tupe.io.results import recorded_path
 
-PACKINGS = ("stream", "documents")
 SST2_SEEDS = "1,2,3"  # the fine-tuning seeds of the study's glue stage
 SST2_SAMPLES = 8000  # the study's SST-2 subset (RESULTS A.7)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from pathlib import Path
@@ -282,12 +283,23 @@ def test_stream_cache_key_unchanged(small_tokenizer, short_docs_corpus: Path) ->
     )
 
 
-def test_packings_named_alike_everywhere() -> None:
-    from tupe.training.flags import PACKINGS
+def test_packings_defined_once_and_checked_where_the_data_config_is_made() -> None:
+    """One `PACKINGS` (tupe.data.config): the parsers and the GPU studies hold that tuple
+    itself, and `DataConfig` (which `prepare_data` makes) refuses another value in one line."""
+    from tupe.bench import gpu_studies
+    from tupe.data.config import DEFAULT_PACKING, PACKINGS, DataConfig
+    from tupe.data.prepare import prepare_data
+    from tupe.training import arguments, flags
 
-    assert PACKINGS == documents.PACKINGS and documents.DEFAULT_PACKING == PACKINGS[0] == "stream"
+    assert PACKINGS == ("stream", "documents") and DEFAULT_PACKING == "stream"
+    assert flags.PACKINGS is PACKINGS and gpu_studies.PACKINGS is PACKINGS
+    parser = argparse.ArgumentParser()
+    arguments.add_packing_argument(parser)
+    assert tuple(parser._actions[-1].choices) == PACKINGS
+    with pytest.raises(TupeError, match="^unknown --packing 'rows'; choose one of: stream, documents$"):
+        DataConfig(32, 20, packing="rows")
     with pytest.raises(TupeError, match="unknown --packing 'rows'"):
-        documents.check_packing("rows")
+        prepare_data(None, 32, 20, packing="rows")  # before any work: no corpus is read
 
 
 def test_token_counts_are_those_of_the_blocks(stream_and_blocks) -> None:  # noqa: ANN001

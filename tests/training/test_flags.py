@@ -99,7 +99,8 @@ def test_epochs_and_steps_or_both_warmups_are_refused() -> None:
     with pytest.raises(TupeError, match="--warmup-ratio and --warmup-steps say the same thing: give one"):
         PretrainConfig(out="o", warmup_ratio=0.1, warmup_steps=10).resolve()
     run = PretrainConfig(out="o", epochs=2, warmup_ratio=0.25, batch_size=8).resolve().for_data(40)
-    assert (run.max_steps, run.warmup_steps) == (10, 2)  # 2 x 40 blocks / 8 per step; 0.25 x 10 rounded
+    # 2 x 40 blocks / 8 per step; 0.25 x 10 rounded
+    assert (run.optim.max_steps, run.optim.warmup_steps) == (10, 2)
 
 
 def test_pretrain_in_epochs_with_a_cosine_schedule_and_gradient_checkpointing(
@@ -142,7 +143,7 @@ def test_compare_reads_epochs_as_the_steps_pretrain_would_train(tiny_run, tmp_pa
     base = _epochs_as_steps(tiny_run(tmp_path / "c", max_steps=None, epochs=0.3), lines.append)
     blocks = int(lines[0].split("(")[1].split()[0])
     assert (base.epochs, base.max_steps) == (None, math.ceil(0.3 * blocks / 8)) and blocks > 0
-    assert base.resolve().max_steps == base.max_steps
+    assert base.resolve().optim.max_steps == base.max_steps
 
 
 @pytest.mark.slow

@@ -110,7 +110,7 @@ def test_adding_an_optimizer_is_one_table_entry(monkeypatch) -> None:  # noqa: A
     monkeypatch.setitem(OPTIMIZERS, "sgd", lambda groups, s: torch.optim.SGD(groups, lr=s.lr, momentum=0.9))
     args = build_parser("pretrain").parse_args(["pretrain", "--out", "unused", "--optimizer", "sgd"])
     run = config_from_args(args).resolve()
-    assert run.optimizer == "sgd"
+    assert run.optim.optimizer == "sgd"
     identity = run_identity(run, {}, "corpus", "tokenizer")
     assert identity["optim"]["optimizer"] == "sgd"
     assert (

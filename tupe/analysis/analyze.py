@@ -11,9 +11,9 @@ import argparse
 import json
 import os
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tupe import validators as V
 from tupe.errors import TupeError
@@ -103,15 +103,10 @@ def analyze(
     """Run the analysis and write its files; returns the JSON-able result (also in `out_dir/analysis.json`)."""
     import torch
 
-    from tupe.io.checkpoints import load_tokenizer
-    from tupe.io.files import atomic_write_files
     from tupe.modeling.positional import scheme_class
 
-    from .decomposition import TERMS, decompose
-    from .figures import decomposition_figure, offset_profile_figure, pattern_grid_figure
-    from .loading import load_encoder, read_text_sample, text_blocks
-    from .patterns import DEFAULT_THRESHOLDS, head_patterns, offset_profile
-    from .report import render_html
+    from .loading import load_encoder
+    from .patterns import DEFAULT_THRESHOLDS
 
     thresholds = DEFAULT_THRESHOLDS if thresholds is None else thresholds
     if max_length < 4 or num_blocks < 1 or batch_size < 1:
@@ -147,50 +142,107 @@ def analyze(
 
     figures: dict[str, bytes] = {}
     if text is not None:
-        tok = load_tokenizer(tokenizer or model_dir, explicit=tokenizer is not None)
-        raw = read_text_sample(text, max_chars=max(200_000, num_blocks * n * 12))
-        blocks = text_blocks(raw, tok, n, num_blocks, source=str(text))
-        if int(blocks.max()) >= config.vocab_size:
-            raise TupeError(
-                f"tokenizer gives id {int(blocks.max())} but the model's vocab_size is "
-                f"{config.vocab_size}: the tokenizer does not belong to this model"
-            )
-        result["text"] = str(text)
-        result["num_blocks"] = int(blocks.shape[0])
-        if does_split:
-            dec = decompose(encoder, blocks, batch_size=batch_size)
-            result["decomposition"] = {
-                "convention": "LayerNorm split with per-token statistics of w+p; LayerNorm bias, query/key "
-                "biases"
-                + (" and relative bias" if scheme_class(scheme).report.relative_bias else "")
-                + " on the position side",
-                "max_abs_error": dec.max_abs_error,
-                "stats": dec.stats,
-            }
-            if json_maps:
-                result["decomposition"]["mean_maps"] = {
-                    name: _round(dec.mean[name]) for name in (*TERMS, "total")
-                }
-            figures["decomposition"] = decomposition_figure(dec, title)
-
+        sample = _Sample(text, tokenizer, model_dir, n, num_blocks, batch_size)
+        _analyze_text(encoder, sample, does_split, json_maps, title, result, figures)
     if positional is not None:
-        pats = head_patterns(positional, thresholds)
-        probs = torch.softmax(positional.double(), dim=-1).float()
-        offsets, profile = offset_profile(positional, max_offset)
-        result["patterns"] = {
-            "thresholds": asdict(thresholds),
-            "heads": [p.as_dict() for p in pats],
-            "label_counts": dict(Counter(p.label for p in pats)),
-            "offsets": offsets,
-            "offset_profile": _round(profile),
-        }
-        if json_maps:
-            result["patterns"]["positional_logits"] = _round(positional.detach().float(), 4)
-        figures["patterns"] = pattern_grid_figure(probs, pats, title)
-        figures["patterns_zoom"] = pattern_grid_figure(probs, pats, title, zoom=zoom)
-        figures["offset_profile"] = offset_profile_figure(offsets, profile, pats, title)
+        _analyze_patterns(positional, thresholds, max_offset, zoom, json_maps, title, result, figures)
+    _write_analysis(Path(out_dir), result, figures)
+    result["files"] = sorted([f"{name}.png" for name in figures] + ["analysis.json", "analysis.html"])
+    return result
 
-    out = Path(out_dir)
+
+@dataclass(frozen=True)
+class _Sample:
+    """The text blocks `analyze` reads: from `text`, under `tokenizer` (default: the model's), `num_blocks` of
+    `n` tokens, run `batch_size` at a time."""
+
+    text: str | Path
+    tokenizer: str | Path | None
+    model_dir: str | Path
+    n: int
+    num_blocks: int
+    batch_size: int
+
+
+def _analyze_text(
+    encoder: Any, sample: _Sample, does_split: bool, json_maps: bool, title: str, result: dict, figures: dict
+) -> None:
+    """The text's blocks and, for a scheme whose input positions split, the word/position decomposition of the
+    first layer's logits (paper Fig. 2), into `result` and `figures`."""
+    from tupe.io.checkpoints import load_tokenizer
+    from tupe.modeling.positional import scheme_class
+
+    from .decomposition import TERMS, decompose
+    from .figures import decomposition_figure
+    from .loading import read_text_sample, text_blocks
+
+    config, text, n = encoder.config, sample.text, sample.n
+    tok = load_tokenizer(sample.tokenizer or sample.model_dir, explicit=sample.tokenizer is not None)
+    raw = read_text_sample(text, max_chars=max(200_000, sample.num_blocks * n * 12))
+    blocks = text_blocks(raw, tok, n, sample.num_blocks, source=str(text))
+    if int(blocks.max()) >= config.vocab_size:
+        raise TupeError(
+            f"tokenizer gives id {int(blocks.max())} but the model's vocab_size is "
+            f"{config.vocab_size}: the tokenizer does not belong to this model"
+        )
+    result["text"] = str(text)
+    result["num_blocks"] = int(blocks.shape[0])
+    if not does_split:
+        return
+    dec = decompose(encoder, blocks, batch_size=sample.batch_size)
+    result["decomposition"] = {
+        "convention": "LayerNorm split with per-token statistics of w+p; LayerNorm bias, query/key "
+        "biases"
+        + (" and relative bias" if scheme_class(config.position_scheme).report.relative_bias else "")
+        + " on the position side",
+        "max_abs_error": dec.max_abs_error,
+        "stats": dec.stats,
+    }
+    if json_maps:
+        result["decomposition"]["mean_maps"] = {name: _round(dec.mean[name]) for name in (*TERMS, "total")}
+    figures["decomposition"] = decomposition_figure(dec, title)
+
+
+def _analyze_patterns(
+    positional: Any,
+    thresholds: PatternThresholds,
+    max_offset: int,
+    zoom: int,
+    json_maps: bool,
+    title: str,
+    result: dict,
+    figures: dict,
+) -> None:
+    """The content-free attention of every head (paper Fig. 6): labels, offset profile, figures."""
+    import torch
+
+    from .figures import offset_profile_figure, pattern_grid_figure
+    from .patterns import head_patterns, offset_profile
+
+    pats = head_patterns(positional, thresholds)
+    probs = torch.softmax(positional.double(), dim=-1).float()
+    offsets, profile = offset_profile(positional, max_offset)
+    result["patterns"] = {
+        "thresholds": asdict(thresholds),
+        "heads": [p.as_dict() for p in pats],
+        "label_counts": dict(Counter(p.label for p in pats)),
+        "offsets": offsets,
+        "offset_profile": _round(profile),
+    }
+    if json_maps:
+        result["patterns"]["positional_logits"] = _round(positional.detach().float(), 4)
+    figures["patterns"] = pattern_grid_figure(probs, pats, title)
+    figures["patterns_zoom"] = pattern_grid_figure(probs, pats, title, zoom=zoom)
+    figures["offset_profile"] = offset_profile_figure(offsets, profile, pats, title)
+
+
+def _write_analysis(out: Path, result: dict, figures: dict[str, bytes]) -> None:
+    """The figures, analysis.json and analysis.html, claimed first and written all or nothing: a kill or a full
+    disk leaves the previous analysis (or none), never a mix."""
+    from tupe.io.files import atomic_write_files
+
+    from .report import render_html
+
     had_record = os.path.lexists(out / RECORD_NAME)
     OutputFolder(out, "tupe analyze").claim(
         *(f"{name}.png" for name in figures), "analysis.json", "analysis.html"
@@ -199,15 +251,13 @@ def analyze(
     files["analysis.json"] = json.dumps(result, indent=1).encode()
     files["analysis.html"] = render_html(result, figures).encode()
     new = [n for n in files if not os.path.lexists(out / n)]
-    try:  # all or nothing: a kill or a full disk leaves the previous analysis (or none), never a mix
+    try:
         atomic_write_files(out, files)
     except TupeError:
         update_record(out, drop=new)  # the files that were claimed but never written are no longer tupe's
         if not had_record and not (read_record(out) or {}):
             (out / RECORD_NAME).unlink(missing_ok=True)  # a record of nothing, made by this call
         raise
-    result["files"] = sorted([f"{name}.png" for name in figures] + ["analysis.json", "analysis.html"])
-    return result
 
 
 ANALYSIS_FILES = (

@@ -26,20 +26,7 @@ def block_token_counts(
 ) -> np.ndarray:
     """Occurrences of every token id in the given blocks (the [CLS] that starts each block not counted; document
     blocks: the [CLS] of each piece not counted)."""
-    if isinstance(packed, DocumentBlocks):
-        return packed.token_counts(block_indices, vocab_size)
-    c = packed.content_len
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    blocks = np.asarray(block_indices, dtype=np.int64)
-    if blocks.size == len(packed) and np.array_equal(blocks, np.arange(len(packed))):
-        return np.bincount(np.asarray(packed.stream), minlength=vocab_size)[:vocab_size].astype(np.int64)
-    # runs of consecutive blocks are one slice of the stream
-    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
-    for run in np.split(blocks, breaks):
-        if run.size:
-            part = np.asarray(packed.stream[int(run[0]) * c : (int(run[-1]) + 1) * c])
-            counts += np.bincount(part, minlength=vocab_size)[:vocab_size]
-    return counts
+    return packed.token_counts(block_indices, vocab_size)
 
 
 def unigram_log_probs(

@@ -171,7 +171,41 @@ def plot_curves(
         raise TupeError("no run folder given")
     labels = labels or [run_label(d) for d in run_dirs]
     fig, ax = plt.subplots(figsize=(8.5, 4.8), dpi=130)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn, trained = _draw_runs(
+        ax, run_dirs, labels, show_train, plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    )
+    if drawn == 0:
+        plt.close(fig)
+        raise TupeError("none of the runs has a validation record yet (eval_loss in metrics.jsonl)")
+    if baseline is not None:
+        ax.axhline(
+            baseline, color="0.4", linestyle="--", linewidth=1.0, label=f"unigram baseline ({baseline:.2f})"
+        )
+    if trained:  # one entry for every dotted line: the colour already names the run
+        ax.plot([], [], linestyle=":", color="0.3", label="training loss (dotted, same colour)")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation masked-LM loss (nats / masked token)")
+    ax.set_title(title or "Pre-training validation loss")
+    ax.grid(True, alpha=0.3)
+    # beside the axes, not on them: with many runs an inside legend covers the curves it names
+    ax.legend(title="scheme", frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    import io
+
+    from tupe.io.files import atomic_write_bytes
+
+    out_png = Path(out_png)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(out_png, buf.getvalue())  # never half a figure; a full disk is one line naming it
+    return out_png
+
+
+def _draw_runs(
+    ax: Any, run_dirs: list[str | Path], labels: list[str], show_train: bool, colors: list[str]
+) -> tuple[int, bool]:
+    """Each run's validation curve (and, with `show_train`, its training loss dotted) on `ax`, runs of one label
+    in one colour with one legend entry; returns (validation curves drawn, whether a training curve was)."""
     styles = ["-", "--", "-.", (0, (1, 1))]  # beyond the colour cycle, the line style tells groups apart
     drawn = 0
     trained = False
@@ -210,31 +244,7 @@ def plot_curves(
                 color=color,
             )
             trained = True
-    if drawn == 0:
-        plt.close(fig)
-        raise TupeError("none of the runs has a validation record yet (eval_loss in metrics.jsonl)")
-    if baseline is not None:
-        ax.axhline(
-            baseline, color="0.4", linestyle="--", linewidth=1.0, label=f"unigram baseline ({baseline:.2f})"
-        )
-    if trained:  # one entry for every dotted line: the colour already names the run
-        ax.plot([], [], linestyle=":", color="0.3", label="training loss (dotted, same colour)")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("validation masked-LM loss (nats / masked token)")
-    ax.set_title(title or "Pre-training validation loss")
-    ax.grid(True, alpha=0.3)
-    # beside the axes, not on them: with many runs an inside legend covers the curves it names
-    ax.legend(title="scheme", frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    import io
-
-    from tupe.io.files import atomic_write_bytes
-
-    out_png = Path(out_png)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(out_png, buf.getvalue())  # never half a figure; a full disk is one line naming it
-    return out_png
+    return drawn, trained
 
 
 def compare_baseline(path: str | Path) -> float | None:

@@ -52,8 +52,9 @@ import threading
 import time
 from pathlib import Path
 
+from tupe.data.config import PACKINGS
+
 PACKING_SCHEMES = ("bert-a", "tupe-a", "tupe-r", "rope", "alibi", "deberta")  # issue 36, item 6
-PACKINGS = ("stream", "documents")
 PACKING_SEEDS = "0,1,2"
 # the short-document arm: the built-in books with every paragraph a document (`paragraph_corpus`), where
 # `documents` gives each paragraph its own [CLS]; TUPE's [CLS] reset with and without its tie-cls ablation

@@ -157,7 +157,7 @@ def _train_parallel(
     active: dict[str, tuple[Any, Path, int, Path]] = {}
     log_dir.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []
-    total = sum(int(c.resolve().max_steps) for _, c in jobs)
+    total = sum(int(c.resolve().optim.max_steps) for _, c in jobs)
     bar = tqdm(total=total, desc="pre-training", unit="step", disable=not progress, dynamic_ncols=True)
     done_steps: dict[str, int] = {}
     # A SIGTERM (a scheduler, `kill`) must stop the runs too: without this the parent dies and its runs go on
@@ -174,7 +174,7 @@ def _train_parallel(
                 proc = ctx.Process(target=_child, args=(cfg, str(log_path)), name=name)
                 proc.start()
                 log(f"started {name} (pid {proc.pid}, log {log_path})")
-                active[name] = (proc, run_dir, int(cfg.resolve().max_steps), log_path)
+                active[name] = (proc, run_dir, int(cfg.resolve().optim.max_steps), log_path)
             time.sleep(1.0)
             for name, (proc, run_dir, steps, log_path) in list(active.items()):
                 done_steps[name] = min(steps, _last_step(run_dir))
@@ -280,7 +280,7 @@ def _epochs_as_steps(base: PretrainConfig, log) -> PretrainConfig:  # noqa: ANN0
     blocks, so one count, made from the prepared data before any run starts (the comparison's identity, `--resume`
     and the progress bar need it)."""
     prepared = pretrain(dataclasses.replace(base, prepare_only=True, resume=False))
-    steps = base.resolve().for_data(prepared["train_blocks"]).max_steps
+    steps = base.resolve().for_data(prepared["train_blocks"]).optim.max_steps
     log(f"--epochs {base.epochs:g}: {steps} steps per run ({prepared['train_blocks']} training blocks)")
     return dataclasses.replace(base, epochs=None, max_steps=steps)
 
@@ -297,7 +297,7 @@ def _compare(
     prepared = False
     if base.epochs is not None:
         base, prepared = _epochs_as_steps(base, log), True
-    max_steps = int(base.resolve().max_steps)
+    max_steps = int(base.resolve().optim.max_steps)
     dirs = run_dirs(out, schemes, seeds)
     # what this comparison writes at the top of --out; a user's file there stops it before any work
     outputs = OutputFolder(out, "tupe compare", legacy=_is_legacy_compare_output)

@@ -267,13 +267,9 @@ def check_inputs(args: argparse.Namespace, stages: list[str], seeds: list[int]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from tupe.comparison.compare import compare, parse_schemes, parse_seeds
-    from tupe.evaluation.evaluate import Settings, load_eval_model
-    from tupe.evaluation.lengths import applies, evaluate_lengths, plot_lengths
-    from tupe.evaluation.runs import evaluate_runs, resolve_text
+    from tupe.comparison.compare import parse_schemes, parse_seeds
     from tupe.modeling import POSITION_SCHEMES
     from tupe.runtime import hushed_libraries
-    from tupe.training.pretrain import PretrainConfig
 
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -290,102 +286,22 @@ def run(args: argparse.Namespace) -> int:
 
     with hushed_libraries(args.progress):
         if "train" in stages:
-            base = PretrainConfig(
-                out=str(out / "runs"),
-                scheme=schemes[0],
-                preset="mini",
-                max_steps=args.max_steps,
-                cache_dir=args.cache_dir,
-                resume=True,
-                progress=args.progress,
-                threads=1,
-                attention_kernel=args.attention_kernel,
-                packing=args.packing,
-                corpus=args.corpus,
-            )
-            compare(base, schemes, seeds=seeds, parallel=args.parallel, log=log)
+            _train(args, out, schemes, seeds, log)
         # each stage needs the runs it reads (the glue stage those of --glue-pretrain-seeds; the summary none), so
         # SST-2 of the seed-0 runs can start while the other seeds still train
         glue_seeds = parse_seeds(args.glue_pretrain_seeds) if args.glue_pretrain_seeds else seeds
-        needed = set(runs) if {"ood", "lengths", "passkey"} & set(stages) else set()
-        if "glue" in stages and args.glue_data:
-            needed |= {n for n in runs if int(n.rsplit("-", 1)[1]) in glue_seeds}
-        missing = [name for name, d in runs.items() if name in needed and not (d / "config.json").is_file()]
-        if missing:
-            raise TupeError(f"runs not finished: {', '.join(missing)} (run the train stage, with --resume)")
+        _check_finished(args, stages, runs, glue_seeds)
         texts = {"built-in": (["built-in"], "text")}
         for paths in args.ood_text or []:
             texts[Path(paths[0]).stem] = (list(paths), args.ood_text_column)
         if "ood" in stages:
-            for name, (paths, column) in texts.items():
-                path = out / f"ood-{name}.json"
-                if not _done(path, args.resume, log):
-                    log(f"out-of-domain evaluation on {' '.join(paths)}")
-                    result = evaluate_runs(
-                        runs,
-                        paths,
-                        text_column=column,
-                        cache_dir=args.cache_dir,
-                        progress=args.progress,
-                        log=log,
-                        max_blocks=args.max_blocks,
-                    )
-                    _write(path, result)
+            _ood(args, out, runs, texts, log)
         methods = args.extend_methods.split(",")
-        loaded: list[Any] = []
-
-        def models_for(method: str) -> list[Any]:
-            if not loaded:
-                for name, d in runs.items():
-                    m = load_eval_model(d)
-                    m.name = name
-                    loaded.append(m)
-            return [m for m in loaded if applies(m, method)]
-
-        def per_method(stage: str) -> Iterator[tuple[str, Path, list[Any]]]:
-            """Each --extend-positions method of `stage` still to do, with its result file and the runs it
-            applies to."""
-            for ext in methods:
-                path = out / f"{stage}-{ext}.json"
-                if _done(path, args.resume, log):
-                    continue
-                models = models_for(ext)
-                if not models:
-                    log(f"{stage}, {ext}: no run it applies to")
-                    continue
-                yield ext, path, models
-
+        stage_models = _StageModels(runs, methods, out, args.resume, log)
         if "lengths" in stages:
-            for ext, path, models in per_method("lengths"):
-                base_len = min(m.train_length or m.max_length for m in models)
-                lengths = [base_len * f for f in args.length_factors]
-                log(f"lengths {lengths}, --extend-positions {ext}: {len(models)} run(s)")
-                settings = Settings(
-                    pppl_tokens=0,
-                    max_blocks=args.max_blocks,
-                    masked_tokens=args.masked_tokens,
-                    cache_dir=args.cache_dir,
-                    progress=args.progress,
-                )
-                corpus = resolve_text(args.length_text)
-                result = evaluate_lengths(models, corpus, lengths, settings, ext, log=log)
-                result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
-                _write(path, result)
+            _lengths(args, stage_models, log)
         if "passkey" in stages:
-            from tupe.evaluation.passkey import PasskeySettings, passkey_probe
-
-            for ext, path, models in per_method("passkey"):
-                log(
-                    f"passkey at distances {args.probe_distances}, --extend-positions {ext}: {len(models)} run(s)"
-                )
-                settings = PasskeySettings(
-                    distances=args.probe_distances,
-                    blocks=args.probe_blocks,
-                    extend=ext,
-                    cache_dir=args.cache_dir,
-                    progress=args.progress,
-                )
-                _write(path, passkey_probe(models, resolve_text(args.probe_text), settings, log=log))
+            _passkey(args, stage_models, log)
         if "glue" in stages and args.glue_data:
             from tupe.finetuning.glue import report
 
@@ -397,6 +313,134 @@ def run(args: argparse.Namespace) -> int:
             log(f"wrote {out / 'study.md'}")
             print(summary["markdown"])
     return 0
+
+
+def _train(args: argparse.Namespace, out: Path, schemes: list[str], seeds: list[int], log: Any) -> None:
+    """The train stage: every scheme x seed at the mini recipe, `tupe compare` with --resume."""
+    from tupe.comparison.compare import compare
+    from tupe.training.pretrain import PretrainConfig
+
+    base = PretrainConfig(
+        out=str(out / "runs"),
+        scheme=schemes[0],
+        preset="mini",
+        max_steps=args.max_steps,
+        cache_dir=args.cache_dir,
+        resume=True,
+        progress=args.progress,
+        threads=1,
+        attention_kernel=args.attention_kernel,
+        packing=args.packing,
+        corpus=args.corpus,
+    )
+    compare(base, schemes, seeds=seeds, parallel=args.parallel, log=log)
+
+
+def _check_finished(
+    args: argparse.Namespace, stages: list[str], runs: dict[str, Path], glue_seeds: list[int]
+) -> None:
+    """The runs the requested stages read have a final model, else one line naming the unfinished ones."""
+    needed = set(runs) if {"ood", "lengths", "passkey"} & set(stages) else set()
+    if "glue" in stages and args.glue_data:
+        needed |= {n for n in runs if int(n.rsplit("-", 1)[1]) in glue_seeds}
+    missing = [name for name, d in runs.items() if name in needed and not (d / "config.json").is_file()]
+    if missing:
+        raise TupeError(f"runs not finished: {', '.join(missing)} (run the train stage, with --resume)")
+
+
+def _ood(
+    args: argparse.Namespace, out: Path, runs: dict[str, Path], texts: dict[str, tuple], log: Any
+) -> None:
+    """The out-of-domain stage: every run on every text (`ood-NAME.json`), skipping the texts done."""
+    from tupe.evaluation.runs import evaluate_runs
+
+    for name, (paths, column) in texts.items():
+        path = out / f"ood-{name}.json"
+        if not _done(path, args.resume, log):
+            log(f"out-of-domain evaluation on {' '.join(paths)}")
+            result = evaluate_runs(
+                runs,
+                paths,
+                text_column=column,
+                cache_dir=args.cache_dir,
+                progress=args.progress,
+                log=log,
+                max_blocks=args.max_blocks,
+            )
+            _write(path, result)
+
+
+class _StageModels:
+    """The runs' models, loaded once when a stage first needs them, and each --extend-positions method of a stage
+    still to do with the runs it applies to."""
+
+    def __init__(self, runs: dict[str, Path], methods: list[str], out: Path, resume: bool, log: Any) -> None:
+        self.runs, self.methods, self.out, self.resume, self.log = runs, methods, out, resume, log
+        self.loaded: list[Any] = []
+
+    def models_for(self, method: str) -> list[Any]:
+        from tupe.evaluation.evaluate import load_eval_model
+        from tupe.evaluation.lengths import applies
+
+        if not self.loaded:
+            for name, d in self.runs.items():
+                m = load_eval_model(d)
+                m.name = name
+                self.loaded.append(m)
+        return [m for m in self.loaded if applies(m, method)]
+
+    def per_method(self, stage: str) -> Iterator[tuple[str, Path, list[Any]]]:
+        """Each --extend-positions method of `stage` still to do, with its result file and the runs it applies
+        to."""
+        for ext in self.methods:
+            path = self.out / f"{stage}-{ext}.json"
+            if _done(path, self.resume, self.log):
+                continue
+            models = self.models_for(ext)
+            if not models:
+                self.log(f"{stage}, {ext}: no run it applies to")
+                continue
+            yield ext, path, models
+
+
+def _lengths(args: argparse.Namespace, stage_models: _StageModels, log: Any) -> None:
+    """The lengths stage: loss at each --length-factors multiple of the trained length, per method."""
+    from tupe.evaluation.evaluate import Settings
+    from tupe.evaluation.lengths import evaluate_lengths, plot_lengths
+    from tupe.evaluation.runs import resolve_text
+
+    for ext, path, models in stage_models.per_method("lengths"):
+        base_len = min(m.train_length or m.max_length for m in models)
+        lengths = [base_len * f for f in args.length_factors]
+        log(f"lengths {lengths}, --extend-positions {ext}: {len(models)} run(s)")
+        settings = Settings(
+            pppl_tokens=0,
+            max_blocks=args.max_blocks,
+            masked_tokens=args.masked_tokens,
+            cache_dir=args.cache_dir,
+            progress=args.progress,
+        )
+        corpus = resolve_text(args.length_text)
+        result = evaluate_lengths(models, corpus, lengths, settings, ext, log=log)
+        result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
+        _write(path, result)
+
+
+def _passkey(args: argparse.Namespace, stage_models: _StageModels, log: Any) -> None:
+    """The passkey stage: the probe at --probe-distances, per method."""
+    from tupe.evaluation.passkey import PasskeySettings, passkey_probe
+    from tupe.evaluation.runs import resolve_text
+
+    for ext, path, models in stage_models.per_method("passkey"):
+        log(f"passkey at distances {args.probe_distances}, --extend-positions {ext}: {len(models)} run(s)")
+        settings = PasskeySettings(
+            distances=args.probe_distances,
+            blocks=args.probe_blocks,
+            extend=ext,
+            cache_dir=args.cache_dir,
+            progress=args.progress,
+        )
+        _write(path, passkey_probe(models, resolve_text(args.probe_text), settings, log=log))
 
 
 def _mean_std(values: list[float | None], unit: str = "seed") -> str:

@@ -339,6 +339,43 @@ def _warn_once(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+def _line_cut(data: bytes) -> int | None:
+    """Where to cut `data` (a chunk and what was pending) after its last line end; None: no line end yet and less
+    than a chunk, keep reading. Universal line ends: \\n, \\r\\n and a lone \\r (old Mac files); a \\r at the
+    very end is held back in case the next chunk starts with its \\n."""
+    cut = max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
+    if cut == 0:
+        if len(data) < _READ_CHUNK:
+            return None
+        # a line longer than the chunk: cut it (at a space if there is one, else before a UTF-8 lead byte), so
+        # memory stays bounded; `split_long_line` bounds the pieces further
+        cut = data.rfind(b" ", len(data) // 2) + 1
+        if cut == 0:
+            cut = len(data) - 1
+            while cut > len(data) - 4 and 0x80 <= data[cut] < 0xC0:
+                cut -= 1
+    return cut
+
+
+def _decode_lines(path: Path, body: bytes, offset: int, skip_bad_text: bool) -> tuple[str, int, int]:
+    """(text, lines dropped, offset of the first dropped) of `body`, which starts at byte `offset` of the file: not
+    UTF-8 (or a NUL byte) is one line naming the offset, or with `skip_bad_text` those lines are dropped."""
+    nul = body.find(b"\x00")  # valid UTF-8, but never in text: a binary file, or UTF-16 without BOM
+    try:
+        text = body.decode("utf-8") if nul < 0 else body[:nul].decode("utf-8")
+        if nul >= 0:
+            raise UnicodeDecodeError("utf-8", body, nul, nul + 1, "NUL byte")
+    except UnicodeDecodeError as err:
+        if not skip_bad_text:
+            raise TupeError(
+                f"corpus file {path} is not UTF-8 text: invalid byte 0x{body[err.start]:02x} at byte offset "
+                f"{offset + err.start}{' (decompressed)' if path.suffix == '.gz' else ''}; fix or remove "
+                "it, or pass --skip-bad-text to drop lines that are not UTF-8"
+            ) from None
+        return _decode_skipping(body, offset)
+    return text, 0, -1
+
+
 def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[str]]:
     """Yield lists of lines of one file (decoded, CRLF removed), reading bounded chunks.
 
@@ -369,39 +406,18 @@ def iter_file_lines(path: Path, skip_bad_text: bool = False) -> Iterator[list[st
             if not data:
                 break
             if chunk:
-                # universal line ends: \n, \r\n and a lone \r (old Mac files); a \r at the very end is held back
-                # in case the next chunk starts with its \n
-                cut = max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
-                if cut == 0:
-                    if len(data) < _READ_CHUNK:  # no line end yet: keep reading
-                        pending = data
-                        continue
-                    # a line longer than the chunk: cut it (at a space if there is one, else before a UTF-8
-                    # lead byte), so memory stays bounded; `split_long_line` bounds the pieces further
-                    cut = data.rfind(b" ", len(data) // 2) + 1
-                    if cut == 0:
-                        cut = len(data) - 1
-                        while cut > len(data) - 4 and 0x80 <= data[cut] < 0xC0:
-                            cut -= 1
+                cut = _line_cut(data)
+                if cut is None:  # no line end yet: keep reading
+                    pending = data
+                    continue
                 body, pending = data[:cut], data[cut:]
             else:
                 body, pending = data, b""
             if offset == 0 and body.startswith(b"\xef\xbb\xbf"):
                 body = body[3:]
                 offset = 3
-            nul = body.find(b"\x00")  # valid UTF-8, but never in text: a binary file, or UTF-16 without BOM
-            try:
-                text = body.decode("utf-8") if nul < 0 else body[:nul].decode("utf-8")
-                if nul >= 0:
-                    raise UnicodeDecodeError("utf-8", body, nul, nul + 1, "NUL byte")
-            except UnicodeDecodeError as err:
-                if not skip_bad_text:
-                    raise TupeError(
-                        f"corpus file {path} is not UTF-8 text: invalid byte 0x{body[err.start]:02x} at byte offset "
-                        f"{offset + err.start}{' (decompressed)' if path.suffix == '.gz' else ''}; fix or remove "
-                        "it, or pass --skip-bad-text to drop lines that are not UTF-8"
-                    ) from None
-                text, n_bad, first = _decode_skipping(body, offset)
+            text, n_bad, first = _decode_lines(path, body, offset, skip_bad_text)
+            if n_bad:
                 dropped += n_bad
                 first_bad = first if first_bad < 0 else first_bad
             offset += len(body)

@@ -52,19 +52,10 @@ from tupe.data.tokenizer import CLS_ID, SEP_ID
 from tupe.errors import TupeError
 from tupe.io.files import sha256_file
 
-PACKINGS = ("stream", "documents")  # `--packing`: stream is RoBERTa's FULL-SENTENCES (tupe.data.packing)
-DEFAULT_PACKING = "stream"
 DOCUMENTS_VERSION = "documents-v1"
 MIN_PIECE = 2  # [CLS] + one token
 _LAYOUT_FILES = ("piece_start.npy", "piece_len.npy", "block_ptr.npy")
 _SCAN = 1 << 24  # stream tokens read at a time when finding the [SEP]s
-
-
-def check_packing(value: str) -> str:
-    """`--packing`: one of `PACKINGS`, else a one-line error naming the value."""
-    if value not in PACKINGS:
-        raise TupeError(f"unknown --packing {value!r}; choose one of: {', '.join(PACKINGS)}")
-    return value
 
 
 def _sep_positions(stream: np.ndarray, sep_id: int) -> np.ndarray:

@@ -47,8 +47,9 @@ class BlockDataset(torch.utils.data.Dataset):
     def __getitem__(self, k: int) -> dict:
         i = int(self.indices[k % len(self.indices)])
         item = {"input_ids": self.packed.block(i), "mask_key": (self.split, int(k))}
-        if isinstance(self.packed, DocumentBlocks):
-            item["position_ids"] = self.packed.positions(i)
+        positions = self.packed.positions(i)  # document blocks only
+        if positions is not None:
+            item["position_ids"] = positions
         return item
 
 

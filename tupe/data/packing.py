@@ -112,6 +112,26 @@ class PackedCorpus:
         out[1:] = body
         return out
 
+    def positions(self, i: int) -> None:
+        """Stream blocks carry no position ids (the model counts 0, 1, ... from each block's [CLS]); document
+        blocks (`DocumentBlocks.positions`) do."""
+        return None
+
+    def token_counts(self, block_indices: np.ndarray, vocab_size: int) -> np.ndarray:
+        """Occurrences of every token id in the given blocks (the [CLS] that starts each block not counted)."""
+        c = self.content_len
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        blocks = np.asarray(block_indices, dtype=np.int64)
+        if blocks.size == len(self) and np.array_equal(blocks, np.arange(len(self))):
+            return np.bincount(np.asarray(self.stream), minlength=vocab_size)[:vocab_size].astype(np.int64)
+        # runs of consecutive blocks are one slice of the stream
+        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+        for run in np.split(blocks, breaks):
+            if run.size:
+                part = np.asarray(self.stream[int(run[0]) * c : (int(run[-1]) + 1) * c])
+                counts += np.bincount(part, minlength=vocab_size)[:vocab_size]
+        return counts
+
     def split(self, valid_every: int = 200) -> tuple[np.ndarray, np.ndarray]:
         """Deterministic (train block indices, valid block indices); 1 in `valid_every` blocks is validation."""
         n = len(self)

@@ -333,7 +333,7 @@ def plot_path(args: argparse.Namespace) -> Path | None:
 def _run(args: argparse.Namespace) -> int:
     from tupe.runtime import hushed_libraries
 
-    from .evaluate import Settings, evaluate, format_report, load_eval_model
+    from .evaluate import evaluate, format_report, load_eval_model
     from .runs import resolve_text
 
     def log(msg: str) -> None:
@@ -349,64 +349,18 @@ def _run(args: argparse.Namespace) -> int:
             log(
                 f"model: {path}: {models[-1].description}, {models[-1].num_parameters / 1e6:.2f} M parameters"
             )
-    probe = None
-    if getattr(args, "probe", None) == "passkey":  # its inputs are checked before the loss evaluation runs
-        from .passkey import PasskeySettings, passkey_probe, prepare_passkey
-
-        probe_corpus = (
-            resolve_text(list(args.probe_text), args.text_column, skip_bad_text=args.skip_bad_text)
-            if args.probe_text
-            else corpus
-        )
-        probe_settings = PasskeySettings(
-            template=args.probe_template,
-            key_digits=args.probe_key_digits,
-            distances=args.probe_distances,
-            blocks=args.probe_blocks,
-            seed=args.seed,
-            bootstrap=args.bootstrap,
-            batch_size=args.batch_size,
-            extend=args.extend_positions,
-            cache_dir=args.cache_dir,
-            progress=args.progress and not args.quiet,
-        )
-        probe = (probe_settings, probe_corpus, prepare_passkey(models, probe_corpus, probe_settings, log))
-    lengths = getattr(args, "lengths", None)
-    pppl = args.pppl_tokens if args.pppl_tokens is not None else (0 if lengths else 2000)
-    settings = Settings(
-        seed=args.seed,
-        mlm_probability=args.mlm_probability,
-        max_blocks=args.max_blocks,
-        masked_tokens=getattr(args, "masked_tokens", None),
-        max_length=args.max_length,
-        batch_size=args.batch_size,
-        pppl_tokens=pppl,
-        bootstrap=args.bootstrap,
-        cache_dir=args.cache_dir,
-        progress=args.progress and not args.quiet,
-    )
-    if lengths:
-        from .lengths import evaluate_lengths, plot_lengths
-        from .report import format_lengths_report
-
-        result = evaluate_lengths(models, corpus, lengths, settings, args.extend_positions, log=log)
-        png = plot_path(args)
-        if png is not None:
-            from tupe.io.outputs import claim_file
-
-            claim_file(png, "tupe evaluate", "--plot")
-            result["plot"] = str(plot_lengths(result, png))
-        result = {"command": command_line(args), "versions": versions(), **result}
-        print(format_lengths_report(result))
-        if png is not None:
-            log(f"wrote {png}")
-        else:
-            log("no plot written: give --plot FILE.png (or --json) for loss against length")
+    probe = _prepare_probe(
+        args, models, corpus, log
+    )  # its inputs are checked before the loss evaluation runs
+    settings = _settings(args)
+    if getattr(args, "lengths", None):
+        result = _run_lengths(args, models, corpus, settings, log)
     else:
         result = evaluate(models, corpus, settings, log=log)
         result = {"command": command_line(args), "versions": versions(), **result}
         print(format_report(result))
     if probe is not None:
+        from .passkey import passkey_probe
         from .report import format_passkey_report
 
         probe_settings, probe_corpus, prepared = probe
@@ -418,6 +372,77 @@ def _run(args: argparse.Namespace) -> int:
         write_json(claim_file(args.json, "tupe evaluate", "--json"), result)
         log(f"wrote {args.json}")
     return 0
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    """The evaluation's `Settings` from the flags (no pseudo-perplexity by default with --lengths)."""
+    from .evaluate import Settings
+
+    pppl = (
+        args.pppl_tokens if args.pppl_tokens is not None else (0 if getattr(args, "lengths", None) else 2000)
+    )
+    return Settings(
+        seed=args.seed,
+        mlm_probability=args.mlm_probability,
+        max_blocks=args.max_blocks,
+        masked_tokens=getattr(args, "masked_tokens", None),
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        pppl_tokens=pppl,
+        bootstrap=args.bootstrap,
+        cache_dir=args.cache_dir,
+        progress=args.progress and not args.quiet,
+    )
+
+
+def _prepare_probe(args: argparse.Namespace, models: list, corpus: Any, log: Any) -> tuple | None:
+    """`--probe passkey`: its settings, text and prepared inputs (checked now); None without it."""
+    if getattr(args, "probe", None) != "passkey":
+        return None
+    from .passkey import PasskeySettings, prepare_passkey
+    from .runs import resolve_text
+
+    probe_corpus = (
+        resolve_text(list(args.probe_text), args.text_column, skip_bad_text=args.skip_bad_text)
+        if args.probe_text
+        else corpus
+    )
+    probe_settings = PasskeySettings(
+        template=args.probe_template,
+        key_digits=args.probe_key_digits,
+        distances=args.probe_distances,
+        blocks=args.probe_blocks,
+        seed=args.seed,
+        bootstrap=args.bootstrap,
+        batch_size=args.batch_size,
+        extend=args.extend_positions,
+        cache_dir=args.cache_dir,
+        progress=args.progress and not args.quiet,
+    )
+    return probe_settings, probe_corpus, prepare_passkey(models, probe_corpus, probe_settings, log)
+
+
+def _run_lengths(
+    args: argparse.Namespace, models: list, corpus: Any, settings: Any, log: Any
+) -> dict[str, Any]:
+    """`--lengths`: the evaluation at each length, its plot, and the report printed."""
+    from .lengths import evaluate_lengths, plot_lengths
+    from .report import format_lengths_report
+
+    result = evaluate_lengths(models, corpus, args.lengths, settings, args.extend_positions, log=log)
+    png = plot_path(args)
+    if png is not None:
+        from tupe.io.outputs import claim_file
+
+        claim_file(png, "tupe evaluate", "--plot")
+        result["plot"] = str(plot_lengths(result, png))
+    result = {"command": command_line(args), "versions": versions(), **result}
+    print(format_lengths_report(result))
+    if png is not None:
+        log(f"wrote {png}")
+    else:
+        log("no plot written: give --plot FILE.png (or --json) for loss against length")
+    return result
 
 
 def write_json(path: Path, result: dict[str, Any]) -> None:

@@ -83,58 +83,12 @@ def load_eval_model(
     """Load a `tupe pretrain` checkpoint (TupeForMaskedLM) or a `transformers` BERT folder (BertForMaskedLM, run
     with transformers' own code), each with its tokenizer; a one-line `TupeError` naming the folder and what is
     missing otherwise. `device` None: the GPU when there is one (evaluation is float32 either way)."""
-    from transformers import BertForMaskedLM
-    from transformers.utils import logging as hf_logging
-
-    import tupe.modeling  # noqa: F401  (registers the tupe model type with the Auto classes)
-    from tupe.io.checkpoints import (
-        check_model_weights,
-        inspect_checkpoint,
-        list_checkpoints,
-        load_tokenizer,
-        read_config,
-    )
-    from tupe.modeling import TupeForMaskedLM
+    from tupe.io.checkpoints import load_tokenizer
 
     path = Path(path).expanduser()
     what = f"{path}: not a masked-LM checkpoint"
-    if not path.exists():
-        raise TupeError(f"--model {path}: no such folder")
-    if not path.is_dir():
-        raise TupeError(f"{what}: a file, not a folder written by `tupe pretrain` or save_pretrained")
-    if not (path / "config.json").is_file():
-        ckpts = list_checkpoints(path)
-        hint = f"; pass a checkpoint folder such as {ckpts[0]}" if ckpts else ""
-        raise TupeError(
-            f"{what}: no config.json (expected a folder written by `tupe pretrain` or save_pretrained){hint}"
-        )
-    model_type = read_config(path).get("model_type")
-    if model_type == "tupe":
-        _info, config = inspect_checkpoint(path)  # safetensors checked, weights fit the config
-        cls, kind = TupeForMaskedLM, "tupe"
-    elif model_type == "bert":
-        check_model_weights(path)  # safetensors only, each file checked
-        cls, kind = BertForMaskedLM, "bert"
-    else:
-        raise TupeError(
-            f"{what}: config.json has model_type {model_type!r}; tupe evaluate reads tupe checkpoints "
-            "and transformers BERT folders (model_type 'bert')"
-        )
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # the missing/unused weights are checked below, in one line
-    hf_logging.disable_progress_bar()  # a bar per small checkpoint is noise
-    try:
-        model, info = cls.from_pretrained(str(path), output_loading_info=True)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-    missing = sorted(k for k in info.get("missing_keys", ()) if k not in _TIED)
-    if missing:
-        head = [k for k in missing if k.startswith(("lm_head.", "cls."))]
-        why = "no masked-LM head (a fine-tuned classifier or a bare encoder?)" if head else "weights missing"
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise TupeError(f"{what}: {why}: the weights lack {shown}")
+    cls, kind = _checked_model_class(path, what)
+    model = _load_masked_lm(cls, path, what)
     model.eval()
     model.to(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     config = model.config
@@ -161,6 +115,60 @@ def load_eval_model(
         max_length=int(config.max_position_embeddings),
         num_parameters=sum(p.numel() for p in model.parameters()),
     )
+
+
+def _checked_model_class(path: Path, what: str) -> tuple[type, str]:
+    """(model class, kind) of the folder `path`, whose files are checked: a tupe checkpoint or a transformers
+    BERT folder, else a one-line error."""
+    from transformers import BertForMaskedLM
+
+    import tupe.modeling  # noqa: F401  (registers the tupe model type with the Auto classes)
+    from tupe.io.checkpoints import check_model_weights, inspect_checkpoint, list_checkpoints, read_config
+    from tupe.modeling import TupeForMaskedLM
+
+    if not path.exists():
+        raise TupeError(f"--model {path}: no such folder")
+    if not path.is_dir():
+        raise TupeError(f"{what}: a file, not a folder written by `tupe pretrain` or save_pretrained")
+    if not (path / "config.json").is_file():
+        ckpts = list_checkpoints(path)
+        hint = f"; pass a checkpoint folder such as {ckpts[0]}" if ckpts else ""
+        raise TupeError(
+            f"{what}: no config.json (expected a folder written by `tupe pretrain` or save_pretrained){hint}"
+        )
+    model_type = read_config(path).get("model_type")
+    if model_type == "tupe":
+        inspect_checkpoint(path)  # safetensors checked, weights fit the config
+        return TupeForMaskedLM, "tupe"
+    if model_type == "bert":
+        check_model_weights(path)  # safetensors only, each file checked
+        return BertForMaskedLM, "bert"
+    raise TupeError(
+        f"{what}: config.json has model_type {model_type!r}; tupe evaluate reads tupe checkpoints "
+        "and transformers BERT folders (model_type 'bert')"
+    )
+
+
+def _load_masked_lm(cls: type, path: Path, what: str) -> Any:
+    """`cls.from_pretrained(path)`, quietly; weights missing (other than the tied decoder) are one line."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # the missing/unused weights are checked below, in one line
+    hf_logging.disable_progress_bar()  # a bar per small checkpoint is noise
+    try:
+        model, info = cls.from_pretrained(str(path), output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing = sorted(k for k in info.get("missing_keys", ()) if k not in _TIED)
+    if missing:
+        head = [k for k in missing if k.startswith(("lm_head.", "cls."))]
+        why = "no masked-LM head (a fine-tuned classifier or a bare encoder?)" if head else "weights missing"
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise TupeError(f"{what}: {why}: the weights lack {shown}")
+    return model
 
 
 def training_length(path: Path) -> int | None:
@@ -492,6 +500,32 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate every model on the corpus; returns the JSON-ready results (see docs/evaluation.md)."""
     settings = settings or Settings()
+    _check_settings(settings)
+    t0 = time.perf_counter()
+    source = corpus.describe()
+    words = count_words(corpus)
+    results_models: dict[str, dict[str, Any]] = {}
+    results_groups = []
+    for gi, g in enumerate(_group_models(models), start=1):
+        group_models, group = _evaluate_group(f"tokenizer-{gi}", g, corpus, settings, source, words, log)
+        results_models.update(group_models)
+        results_groups.append(group)
+    return {
+        "text": {
+            "description": source,
+            "files": [str(p) for p in corpus.files],
+            "bytes": corpus.total_bytes,
+            "words": words,
+        },
+        "settings": _settings_record(settings),
+        "tokenizer_groups": results_groups,
+        "models": [results_models[m.name] | {"name": m.name} for m in models],
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+def _check_settings(settings: Settings) -> None:
+    """Bad settings refused before any work, each in one line naming the option."""
     if not 0.0 < settings.mlm_probability < 1.0:
         raise TupeError(f"--mlm-probability must be in (0, 1), got {settings.mlm_probability}")
     if settings.max_blocks is not None and settings.max_blocks <= 0:
@@ -505,206 +539,272 @@ def evaluate(
         raise TupeError(f"--batch-size must be positive, got {settings.batch_size}")
     if settings.pppl_tokens < 0 or settings.bootstrap < 0:
         raise TupeError("--pppl-tokens and --bootstrap must be 0 or more")
-    t0 = time.perf_counter()
-    source = corpus.describe()
-    words = count_words(corpus)
-    groups = _group_models(models)
-    results_models: dict[str, dict[str, Any]] = {}
-    results_groups = []
-    for gi, g in enumerate(groups, start=1):
-        tok = g.models[0].tokenizer
-        limit = min(m.max_length for m in g.models)
-        length = min(min(m.train_length or m.max_length, m.max_length) for m in g.models)  # trained rows only
-        if settings.max_length is not None:
-            if settings.max_length < 2 or settings.max_length > limit:
-                raise TupeError(
-                    f"--max-seq-len {settings.max_length} must be between 2 and the models' max length {limit}"
-                )
-            length = settings.max_length
-        g.blocks = make_blocks(
-            corpus,
-            tok,
-            length,
-            settings.max_blocks,
-            settings.cache_dir,
-            progress=settings.progress,
-            log=log,
-            source=f"{settings.text_flag} ({source}) under the tokenizer of {g.models[0].name}",
-        )
-        g.masker = Masker(tok, settings.seed, settings.mlm_probability)
-        if settings.masked_tokens is not None:
-            g.blocks.indices = budget_blocks(g.blocks, g.masker, settings.masked_tokens)
-        blocks, masker = g.blocks, g.masker
-        n = len(blocks)
-        # before any forward pass: a pass of this batch at this length beyond memory is one line naming them
-        bs = min(max(1, int(settings.batch_size)), n)
-        for m in g.models:
-            where = settings.length_note or f"length {length}"
-            what = (
-                f"{where} and --batch-size {settings.batch_size}"
-                if settings.length_note
-                else (f"--batch-size {settings.batch_size} at {where}")
-            )
-            check_eval_memory(m, length, bs, what)
-        # the text's own unigram distribution (over the evaluated blocks' non-special tokens) and the targets
-        counts = np.zeros(len(tok), dtype=np.int64)
-        masked = np.zeros(n)
-        targets: list[np.ndarray] = []
-        for k in range(n):
-            ids = blocks.ids(k)
-            counts += np.bincount(ids[~masker.is_special[ids]], minlength=len(tok))
-            _, labels = masker.mask(ids, int(blocks.indices[k]))
-            targets.append(labels[labels != -100])
-            masked[k] = len(targets[-1])
-        if masked.sum() == 0:
-            raise TupeError(
-                f"no token of the {n} block(s) was selected for masking; give more text or a larger --mlm-probability"
-            )
-        n_unigram = int(counts.sum())
-        neg_log_p = np.full(len(tok), np.inf)
-        neg_log_p[counts > 0] = -np.log(counts[counts > 0] / n_unigram)
-        uni_nll = np.array([neg_log_p[t].sum() for t in targets])
-        ppl_ks, ppl_pos = sample_pppl_positions(blocks, masker, settings.pppl_tokens, settings.seed)
-        ppl_count = np.bincount(ppl_ks, minlength=n).astype(np.float64)
-        uni_ppl = np.zeros(n)
-        for k, pos in zip(ppl_ks, ppl_pos):
-            uni_ppl[k] += neg_log_p[blocks.ids(int(k))[pos]]
-        log(
-            f"text: {n:,} of {blocks.full_blocks:,} full blocks of {length} tokens, {int(masked.sum()):,} masked "
-            f"targets, pseudo-perplexity on {len(ppl_ks):,} tokens; models: {', '.join(m.name for m in g.models)}"
-        )
-        per_model = {}
-        for m in g.models:
-            log(f"evaluating {m.name} ({m.description})")
-            if m.train_length and length > m.train_length:
-                log(
-                    f"note: {m.name} was trained on blocks of {m.train_length}: positions {m.train_length}+ are new"
-                )
-            per_model[m.name] = _model_pass(m, g, settings, ppl_ks, ppl_pos)
 
-        stats: dict[str, list[tuple[float, Ratio]]] = {
-            "unigram/loss": [(1.0, Ratio(uni_nll, masked))],
-            "unigram/pseudo_loss": [(1.0, Ratio(uni_ppl, ppl_count))],
-        }
-        for m in g.models:
-            r = per_model[m.name]
-            stats[f"{m.name}/loss"] = [(1.0, Ratio(r["nll"], masked))]
-            stats[f"{m.name}/shuffled_loss"] = [(1.0, Ratio(r["shuffled_nll"], masked))]
-            stats[f"{m.name}/word_order"] = [
-                (1.0, Ratio(r["shuffled_nll"], masked)),
-                (-1.0, Ratio(r["nll"], masked)),
-            ]
-            stats[f"{m.name}/pseudo_loss"] = [(1.0, Ratio(r["pppl_nll"], ppl_count))]
-            stats[f"{m.name}/minus_unigram"] = [
-                (1.0, Ratio(r["nll"], masked)),
-                (-1.0, Ratio(uni_nll, masked)),
-            ]
-        pairs = [(a, b) for i, a in enumerate(g.models) for b in g.models[i + 1 :]]
-        for a, b in pairs:
-            ra, rb = per_model[a.name], per_model[b.name]
-            stats[f"{a.name}/minus/{b.name}/loss"] = [
-                (1.0, Ratio(ra["nll"], masked)),
-                (-1.0, Ratio(rb["nll"], masked)),
-            ]
-            stats[f"{a.name}/minus/{b.name}/pseudo_loss"] = [
-                (1.0, Ratio(ra["pppl_nll"], ppl_count)),
-                (-1.0, Ratio(rb["pppl_nll"], ppl_count)),
-            ]
-        ci = bootstrap(stats, n, settings.bootstrap, settings.seed)
-        has_pppl = len(ppl_ks) > 0
-        gid = f"tokenizer-{gi}"
-        text_tokens = blocks.packed.num_tokens - int(
-            blocks.packed.meta.get("num_documents") or 0
-        )  # no [SEP]s
-        tokens_per_word = text_tokens / words if words else None
-        for m in g.models:
-            results_models[m.name] = {
-                "path": str(m.path),
-                "kind": m.kind,
-                "description": m.description,
-                "num_parameters": m.num_parameters,
-                "max_length": m.max_length,
-                "train_length": m.train_length,
-                "tokenizer_group": gid,
-                "tokens_per_word": tokens_per_word,
-                "loss": _ci(ci[f"{m.name}/loss"]),
-                "perplexity": _ci(ci[f"{m.name}/loss"], _exp),
-                "pseudo_loss": _ci(ci[f"{m.name}/pseudo_loss"]) if has_pppl else None,
-                "pseudo_perplexity": _ci(ci[f"{m.name}/pseudo_loss"], _exp) if has_pppl else None,
-                "shuffled_loss": _ci(ci[f"{m.name}/shuffled_loss"]),
-                "word_order_delta": _ci(ci[f"{m.name}/word_order"]),
-                "minus_unigram": _ci(ci[f"{m.name}/minus_unigram"]),
-                # sums over each evaluated block (in `per_block.index` order) of -log p of its masked targets:
-                # loss = sum(nll) / sum(masked_tokens); with the same blocks and masks, pairs across calls
-                "per_block": {
-                    "nll": per_model[m.name]["nll"].tolist(),
-                    "shuffled_nll": per_model[m.name]["shuffled_nll"].tolist(),
-                    "pppl_nll": per_model[m.name]["pppl_nll"].tolist() if has_pppl else None,
-                },
-            }
-        results_groups.append(
-            {
-                "id": gid,
-                "models": [m.name for m in g.models],
-                "tokenizer_vocab": len(tok),
-                "block_length": length,
-                "tokens": blocks.packed.num_tokens,
-                "documents": blocks.packed.meta.get("num_documents"),
-                "words": words,
-                "tokens_per_word": tokens_per_word,
-                "full_blocks": blocks.full_blocks,
-                "blocks": n,
-                "tokens_in_blocks": n * length,
-                "tokens_after_last_full_block": blocks.packed.num_tokens - blocks.full_blocks * (length - 1),
-                "masked_tokens": int(masked.sum()),
-                "per_block": {  # the evaluated blocks, in the order of every per_block list of this group
-                    "index": blocks.indices.tolist(),  # among the text's full blocks of this length
-                    "masked_tokens": masked.astype(np.int64).tolist(),
-                    "pppl_tokens": ppl_count.astype(np.int64).tolist() if has_pppl else None,
-                    "unigram_nll": uni_nll.tolist(),
-                },
-                "pppl_tokens": len(ppl_ks),
-                "unigram_tokens": n_unigram,
-                "unigram": {
-                    "loss": _ci(ci["unigram/loss"]),
-                    "perplexity": _ci(ci["unigram/loss"], _exp),
-                    "pseudo_loss": _ci(ci["unigram/pseudo_loss"]) if has_pppl else None,
-                    "pseudo_perplexity": _ci(ci["unigram/pseudo_loss"], _exp) if has_pppl else None,
-                },
-                "differences": [
-                    {
-                        "a": a.name,
-                        "b": b.name,
-                        "loss": _ci(ci[f"{a.name}/minus/{b.name}/loss"]),
-                        "pseudo_loss": _ci(ci[f"{a.name}/minus/{b.name}/pseudo_loss"]) if has_pppl else None,
-                    }
-                    for a, b in pairs
-                ],
-                "data_cache": str(blocks.packed.path),
-            }
-        )
+
+def _settings_record(settings: Settings) -> dict[str, Any]:
+    """The results' `settings` section."""
     return {
-        "text": {
-            "description": source,
-            "files": [str(p) for p in corpus.files],
-            "bytes": corpus.total_bytes,
-            "words": words,
+        "seed": settings.seed,
+        "mlm_probability": settings.mlm_probability,
+        "mask_rule": "pre-training's: select each non-special token with p; 80% [MASK], 10% random, 10% kept",
+        "max_blocks": settings.max_blocks,
+        "masked_tokens": settings.masked_tokens,
+        "max_length": settings.max_length,
+        "batch_size": settings.batch_size,
+        "pppl_tokens": settings.pppl_tokens,
+        "bootstrap_resamples": settings.bootstrap,
+        "ci_level": CI_LEVEL,
+        "ci_method": "percentile bootstrap over blocks, one set of resamples shared by all statistics",
+        "unigram": "token frequencies of the evaluated blocks themselves (optimistic: fitted on the test text)",
+    }
+
+
+def _group_length(g: _Group, settings: Settings) -> int:
+    """The block length of a tokenizer group: the rows every model was trained on, or `--max-seq-len`."""
+    limit = min(m.max_length for m in g.models)
+    length = min(min(m.train_length or m.max_length, m.max_length) for m in g.models)  # trained rows only
+    if settings.max_length is not None:
+        if settings.max_length < 2 or settings.max_length > limit:
+            raise TupeError(
+                f"--max-seq-len {settings.max_length} must be between 2 and the models' max length {limit}"
+            )
+        length = settings.max_length
+    return length
+
+
+def _prepare_group(
+    g: _Group, corpus: Any, length: int, settings: Settings, source: str, log: Callable[[str], None]
+) -> None:
+    """The group's blocks and masker; then, before any forward pass, a pass of this batch at this length beyond
+    memory is one line naming them."""
+    g.blocks = make_blocks(
+        corpus,
+        g.models[0].tokenizer,
+        length,
+        settings.max_blocks,
+        settings.cache_dir,
+        progress=settings.progress,
+        log=log,
+        source=f"{settings.text_flag} ({source}) under the tokenizer of {g.models[0].name}",
+    )
+    g.masker = Masker(g.models[0].tokenizer, settings.seed, settings.mlm_probability)
+    if settings.masked_tokens is not None:
+        g.blocks.indices = budget_blocks(g.blocks, g.masker, settings.masked_tokens)
+    bs = min(max(1, int(settings.batch_size)), len(g.blocks))
+    for m in g.models:
+        where = settings.length_note or f"length {length}"
+        what = (
+            f"{where} and --batch-size {settings.batch_size}"
+            if settings.length_note
+            else (f"--batch-size {settings.batch_size} at {where}")
+        )
+        check_eval_memory(m, length, bs, what)
+
+
+@dataclass
+class _Targets:
+    """A group's masked targets per block, the text's own unigram model over them, and the pseudo-perplexity
+    positions."""
+
+    masked: np.ndarray  # masked targets per block
+    uni_nll: np.ndarray  # the unigram's -log p summed over each block's targets
+    n_unigram: int  # tokens the unigram was counted on
+    ppl_ks: np.ndarray  # block of each pseudo-perplexity position
+    ppl_pos: np.ndarray  # and its position in the block
+    ppl_count: np.ndarray  # pseudo-perplexity positions per block
+    uni_ppl: np.ndarray  # the unigram's -log p summed over each block's pseudo-perplexity positions
+
+
+def _targets(g: _Group, settings: Settings) -> _Targets:
+    """The text's own unigram distribution (over the evaluated blocks' non-special tokens) and the targets."""
+    blocks, masker, vocab = g.blocks, g.masker, len(g.models[0].tokenizer)
+    n = len(blocks)
+    counts = np.zeros(vocab, dtype=np.int64)
+    masked = np.zeros(n)
+    targets: list[np.ndarray] = []
+    for k in range(n):
+        ids = blocks.ids(k)
+        counts += np.bincount(ids[~masker.is_special[ids]], minlength=vocab)
+        _, labels = masker.mask(ids, int(blocks.indices[k]))
+        targets.append(labels[labels != -100])
+        masked[k] = len(targets[-1])
+    if masked.sum() == 0:
+        raise TupeError(
+            f"no token of the {n} block(s) was selected for masking; give more text or a larger --mlm-probability"
+        )
+    n_unigram = int(counts.sum())
+    neg_log_p = np.full(vocab, np.inf)
+    neg_log_p[counts > 0] = -np.log(counts[counts > 0] / n_unigram)
+    uni_nll = np.array([neg_log_p[t].sum() for t in targets])
+    ppl_ks, ppl_pos = sample_pppl_positions(blocks, masker, settings.pppl_tokens, settings.seed)
+    ppl_count = np.bincount(ppl_ks, minlength=n).astype(np.float64)
+    uni_ppl = np.zeros(n)
+    for k, pos in zip(ppl_ks, ppl_pos):
+        uni_ppl[k] += neg_log_p[blocks.ids(int(k))[pos]]
+    return _Targets(masked, uni_nll, n_unigram, ppl_ks, ppl_pos, ppl_count, uni_ppl)
+
+
+def _evaluate_group(
+    gid: str,
+    g: _Group,
+    corpus: Any,
+    settings: Settings,
+    source: str,
+    words: int,
+    log: Callable[[str], None],
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """One tokenizer group: its blocks and targets, every model's pass, the intervals; returns the models' results
+    and the group's."""
+    length = _group_length(g, settings)
+    _prepare_group(g, corpus, length, settings, source, log)
+    t = _targets(g, settings)
+    blocks = g.blocks
+    log(
+        f"text: {len(blocks):,} of {blocks.full_blocks:,} full blocks of {length} tokens, {int(t.masked.sum()):,} "
+        f"masked targets, pseudo-perplexity on {len(t.ppl_ks):,} tokens; models: "
+        f"{', '.join(m.name for m in g.models)}"
+    )
+    per_model = {}
+    for m in g.models:
+        log(f"evaluating {m.name} ({m.description})")
+        if m.train_length and length > m.train_length:
+            log(
+                f"note: {m.name} was trained on blocks of {m.train_length}: positions {m.train_length}+ are new"
+            )
+        per_model[m.name] = _model_pass(m, g, settings, t.ppl_ks, t.ppl_pos)
+    pairs = [(a, b) for i, a in enumerate(g.models) for b in g.models[i + 1 :]]
+    ci = bootstrap(_statistics(g, per_model, t, pairs), len(blocks), settings.bootstrap, settings.seed)
+    has_pppl = len(t.ppl_ks) > 0
+    text_tokens = blocks.packed.num_tokens - int(blocks.packed.meta.get("num_documents") or 0)  # no [SEP]s
+    tokens_per_word = text_tokens / words if words else None
+    models = {
+        m.name: _model_result(m, ci, per_model[m.name], gid, tokens_per_word, has_pppl) for m in g.models
+    }
+    group = _group_result(g, ci, t, pairs, gid, length, words, tokens_per_word)
+    return models, group
+
+
+def _statistics(
+    g: _Group,
+    per_model: dict[str, dict[str, np.ndarray]],
+    t: _Targets,
+    pairs: list[tuple[EvalModel, EvalModel]],
+) -> dict[str, list[tuple[float, Ratio]]]:
+    """Every statistic the bootstrap gives an interval: each a sum of weighted ratios over blocks."""
+    masked, ppl_count = t.masked, t.ppl_count
+    stats: dict[str, list[tuple[float, Ratio]]] = {
+        "unigram/loss": [(1.0, Ratio(t.uni_nll, masked))],
+        "unigram/pseudo_loss": [(1.0, Ratio(t.uni_ppl, ppl_count))],
+    }
+    for m in g.models:
+        r = per_model[m.name]
+        stats[f"{m.name}/loss"] = [(1.0, Ratio(r["nll"], masked))]
+        stats[f"{m.name}/shuffled_loss"] = [(1.0, Ratio(r["shuffled_nll"], masked))]
+        stats[f"{m.name}/word_order"] = [
+            (1.0, Ratio(r["shuffled_nll"], masked)),
+            (-1.0, Ratio(r["nll"], masked)),
+        ]
+        stats[f"{m.name}/pseudo_loss"] = [(1.0, Ratio(r["pppl_nll"], ppl_count))]
+        stats[f"{m.name}/minus_unigram"] = [
+            (1.0, Ratio(r["nll"], masked)),
+            (-1.0, Ratio(t.uni_nll, masked)),
+        ]
+    for a, b in pairs:
+        ra, rb = per_model[a.name], per_model[b.name]
+        stats[f"{a.name}/minus/{b.name}/loss"] = [
+            (1.0, Ratio(ra["nll"], masked)),
+            (-1.0, Ratio(rb["nll"], masked)),
+        ]
+        stats[f"{a.name}/minus/{b.name}/pseudo_loss"] = [
+            (1.0, Ratio(ra["pppl_nll"], ppl_count)),
+            (-1.0, Ratio(rb["pppl_nll"], ppl_count)),
+        ]
+    return stats
+
+
+def _model_result(
+    m: EvalModel,
+    ci: dict[str, Any],
+    r: dict[str, np.ndarray],
+    gid: str,
+    tokens_per_word: float | None,
+    has_pppl: bool,
+) -> dict[str, Any]:
+    """One model's entry of the results (`r`: its per-block sums)."""
+    return {
+        "path": str(m.path),
+        "kind": m.kind,
+        "description": m.description,
+        "num_parameters": m.num_parameters,
+        "max_length": m.max_length,
+        "train_length": m.train_length,
+        "tokenizer_group": gid,
+        "tokens_per_word": tokens_per_word,
+        "loss": _ci(ci[f"{m.name}/loss"]),
+        "perplexity": _ci(ci[f"{m.name}/loss"], _exp),
+        "pseudo_loss": _ci(ci[f"{m.name}/pseudo_loss"]) if has_pppl else None,
+        "pseudo_perplexity": _ci(ci[f"{m.name}/pseudo_loss"], _exp) if has_pppl else None,
+        "shuffled_loss": _ci(ci[f"{m.name}/shuffled_loss"]),
+        "word_order_delta": _ci(ci[f"{m.name}/word_order"]),
+        "minus_unigram": _ci(ci[f"{m.name}/minus_unigram"]),
+        # sums over each evaluated block (in `per_block.index` order) of -log p of its masked targets:
+        # loss = sum(nll) / sum(masked_tokens); with the same blocks and masks, pairs across calls
+        "per_block": {
+            "nll": r["nll"].tolist(),
+            "shuffled_nll": r["shuffled_nll"].tolist(),
+            "pppl_nll": r["pppl_nll"].tolist() if has_pppl else None,
         },
-        "settings": {
-            "seed": settings.seed,
-            "mlm_probability": settings.mlm_probability,
-            "mask_rule": "pre-training's: select each non-special token with p; 80% [MASK], 10% random, 10% kept",
-            "max_blocks": settings.max_blocks,
-            "masked_tokens": settings.masked_tokens,
-            "max_length": settings.max_length,
-            "batch_size": settings.batch_size,
-            "pppl_tokens": settings.pppl_tokens,
-            "bootstrap_resamples": settings.bootstrap,
-            "ci_level": CI_LEVEL,
-            "ci_method": "percentile bootstrap over blocks, one set of resamples shared by all statistics",
-            "unigram": "token frequencies of the evaluated blocks themselves (optimistic: fitted on the test text)",
+    }
+
+
+def _group_result(
+    g: _Group,
+    ci: dict[str, Any],
+    t: _Targets,
+    pairs: list[tuple[EvalModel, EvalModel]],
+    gid: str,
+    length: int,
+    words: int,
+    tokens_per_word: float | None,
+) -> dict[str, Any]:
+    """One tokenizer group's entry of the results: its text, blocks, unigram and paired differences."""
+    blocks, n, has_pppl = g.blocks, len(g.blocks), len(t.ppl_ks) > 0
+    return {
+        "id": gid,
+        "models": [m.name for m in g.models],
+        "tokenizer_vocab": len(g.models[0].tokenizer),
+        "block_length": length,
+        "tokens": blocks.packed.num_tokens,
+        "documents": blocks.packed.meta.get("num_documents"),
+        "words": words,
+        "tokens_per_word": tokens_per_word,
+        "full_blocks": blocks.full_blocks,
+        "blocks": n,
+        "tokens_in_blocks": n * length,
+        "tokens_after_last_full_block": blocks.packed.num_tokens - blocks.full_blocks * (length - 1),
+        "masked_tokens": int(t.masked.sum()),
+        "per_block": {  # the evaluated blocks, in the order of every per_block list of this group
+            "index": blocks.indices.tolist(),  # among the text's full blocks of this length
+            "masked_tokens": t.masked.astype(np.int64).tolist(),
+            "pppl_tokens": t.ppl_count.astype(np.int64).tolist() if has_pppl else None,
+            "unigram_nll": t.uni_nll.tolist(),
         },
-        "tokenizer_groups": results_groups,
-        "models": [results_models[m.name] | {"name": m.name} for m in models],
-        "seconds": round(time.perf_counter() - t0, 2),
+        "pppl_tokens": len(t.ppl_ks),
+        "unigram_tokens": t.n_unigram,
+        "unigram": {
+            "loss": _ci(ci["unigram/loss"]),
+            "perplexity": _ci(ci["unigram/loss"], _exp),
+            "pseudo_loss": _ci(ci["unigram/pseudo_loss"]) if has_pppl else None,
+            "pseudo_perplexity": _ci(ci["unigram/pseudo_loss"], _exp) if has_pppl else None,
+        },
+        "differences": [
+            {
+                "a": a.name,
+                "b": b.name,
+                "loss": _ci(ci[f"{a.name}/minus/{b.name}/loss"]),
+                "pseudo_loss": _ci(ci[f"{a.name}/minus/{b.name}/pseudo_loss"]) if has_pppl else None,
+            }
+            for a, b in pairs
+        ],
+        "data_cache": str(blocks.packed.path),
     }

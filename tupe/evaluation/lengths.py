@@ -218,78 +218,19 @@ def evaluate_lengths(
 ) -> dict[str, Any]:
     """`evaluate()` at every length; `by_length` has one entry per model and length (a skipped one says why)."""
     settings = settings or Settings()
-    if extend not in EXTEND_METHODS:
-        raise TupeError(f"--extend-positions must be one of {', '.join(EXTEND_METHODS)}, got {extend!r}")
-    lengths = sorted(dict.fromkeys(int(n) for n in lengths))
-    if not lengths or lengths[0] < 2:
-        raise TupeError(f"--lengths must be integers >= 2, got {lengths}")
-    if extend in ROTARY_METHODS and not any(rotary(m) for m in models):
-        raise TupeError(
-            f"--extend-positions {extend} applies to rotary schemes (rope) only, and no --model is one: "
-            + ", ".join(f"{m.name} ({m.description})" for m in models)
-        )
+    lengths = _checked_lengths(models, lengths, extend)
     first = models[0].name
     runs, entries = [], []
     text: dict[str, Any] | None = None
     used: dict[str, Any] = {}
     for length in lengths:
-        chosen, notes = [], {}
-        for m in models:
-            ready, notes[m.name] = at_length(m, length, extend)
-            if ready is not None:
-                chosen.append(ready)
-        log(
-            f"length {length}: " + ", ".join(f"{m.name}" for m in chosen)
-            if chosen
-            else f"length {length}: no model"
-        )
-        result = None
-        if chosen:
-            try:
-                how = (
-                    f" with --extend-positions {extend}"
-                    if any(_extends(m, length, extend) for m in models)
-                    else ""
-                )
-                at = dataclasses.replace(settings, max_length=length, length_note=f"--lengths {length}{how}")
-                result = evaluate(chosen, corpus, at, log=log)
-            except TupeError as err:
-                if "make no block of" not in str(err):
-                    raise
-                log(f"length {length}: {err}")  # a short text: no full block at this length, the others go on
-                for m in chosen:
-                    notes[m.name] = f"the text has no full block of {length} tokens"
+        result, notes = _evaluate_at(models, corpus, length, settings, extend, log)
         if result is not None:
             text, used = result["text"], result["settings"]
             runs.append(
                 {"length": length, **{k: result[k] for k in ("tokenizer_groups", "models", "seconds")}}
             )
-        by_name = {r["name"]: r for r in result["models"]} if result else {}
-        groups = {g["id"]: g for g in result["tokenizer_groups"]} if result else {}
-        for m in models:
-            r = by_name.get(m.name)
-            entry: dict[str, Any] = {
-                "model": m.name,
-                "length": length,
-                "train_length": m.train_length,
-                "max_position_embeddings": m.max_length,
-                "evaluated": r is not None,
-                "note": notes[m.name],
-                "extended": extend if r is not None and _extends(m, length, extend) else None,
-            }
-            if r is not None:
-                g = groups[r["tokenizer_group"]]
-                diff = next((d for d in g["differences"] if d["a"] == first and d["b"] == m.name), None)
-                entry |= {
-                    "blocks": g["blocks"],
-                    "masked_tokens": g["masked_tokens"],
-                    "tokens_per_word": g["tokens_per_word"],
-                    "loss": r["loss"],
-                    "word_order_delta": r["word_order_delta"],
-                    "minus_unigram": r["minus_unigram"],
-                    "first_minus_model": None if diff is None else diff["loss"],
-                }
-            entries.append(entry)
+        entries += _length_entries(models, length, extend, result, notes, first)
     if text is None:
         raise TupeError(
             f"nothing to evaluate at --lengths {','.join(map(str, lengths))}: "
@@ -315,6 +256,96 @@ def evaluate_lengths(
         "by_length": entries,
         "runs": runs,
     }
+
+
+def _checked_lengths(models: Sequence[EvalModel], lengths: Sequence[int], extend: str) -> list[int]:
+    """The lengths sorted without repeats; an unknown method, a length under 2, or a rotary method without a
+    rotary model refused in one line."""
+    if extend not in EXTEND_METHODS:
+        raise TupeError(f"--extend-positions must be one of {', '.join(EXTEND_METHODS)}, got {extend!r}")
+    lengths = sorted(dict.fromkeys(int(n) for n in lengths))
+    if not lengths or lengths[0] < 2:
+        raise TupeError(f"--lengths must be integers >= 2, got {lengths}")
+    if extend in ROTARY_METHODS and not any(rotary(m) for m in models):
+        raise TupeError(
+            f"--extend-positions {extend} applies to rotary schemes (rope) only, and no --model is one: "
+            + ", ".join(f"{m.name} ({m.description})" for m in models)
+        )
+    return lengths
+
+
+def _evaluate_at(
+    models: Sequence[EvalModel],
+    corpus: Any,
+    length: int,
+    settings: Settings,
+    extend: str,
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any] | None, dict[str, str | None]]:
+    """`evaluate()` of the models that reach `length` (None when none does, or the text has no block of it) and
+    a note per model saying why it was or was not evaluated."""
+    chosen, notes = [], {}
+    for m in models:
+        ready, notes[m.name] = at_length(m, length, extend)
+        if ready is not None:
+            chosen.append(ready)
+    log(
+        f"length {length}: " + ", ".join(f"{m.name}" for m in chosen)
+        if chosen
+        else f"length {length}: no model"
+    )
+    if not chosen:
+        return None, notes
+    try:
+        how = f" with --extend-positions {extend}" if any(_extends(m, length, extend) for m in models) else ""
+        at = dataclasses.replace(settings, max_length=length, length_note=f"--lengths {length}{how}")
+        return evaluate(chosen, corpus, at, log=log), notes
+    except TupeError as err:
+        if "make no block of" not in str(err):
+            raise
+        log(f"length {length}: {err}")  # a short text: no full block at this length, the others go on
+        for m in chosen:
+            notes[m.name] = f"the text has no full block of {length} tokens"
+        return None, notes
+
+
+def _length_entries(
+    models: Sequence[EvalModel],
+    length: int,
+    extend: str,
+    result: dict[str, Any] | None,
+    notes: dict[str, str | None],
+    first: str,
+) -> list[dict[str, Any]]:
+    """`by_length`'s entries of one length, one per model (in the given order)."""
+    by_name = {r["name"]: r for r in result["models"]} if result else {}
+    groups = {g["id"]: g for g in result["tokenizer_groups"]} if result else {}
+    entries = []
+    for m in models:
+        r = by_name.get(m.name)
+        entry: dict[str, Any] = {
+            "model": m.name,
+            "length": length,
+            "train_length": m.train_length,
+            "max_position_embeddings": m.max_length,
+            "evaluated": r is not None,
+            "note": notes[m.name],
+            "extended": extend if r is not None and _extends(m, length, extend) else None,
+        }
+        if r is not None:
+            g = groups[r["tokenizer_group"]]
+            diff = next((d for d in g["differences"] if d["a"] == first and d["b"] == m.name), None)
+            entry |= {
+                "blocks": g["blocks"],
+                "masked_tokens": g["masked_tokens"],
+                "tokens_per_word": g["tokens_per_word"],
+                "loss": r["loss"],
+                "word_order_delta": r["word_order_delta"],
+                "minus_unigram": r["minus_unigram"],
+                "first_minus_model": None if diff is None else diff["loss"],
+            }
+        entries.append(entry)
+    return entries
 
 
 def _label(name: str) -> str:

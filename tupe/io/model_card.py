@@ -150,42 +150,7 @@ def model_card(
     name, equation = scheme_description(scheme)
     command = command or command_line()
     auto = AUTO_CLASSES.get(kind, "AutoModelForSequenceClassification")
-    pipe = f'model="{model_path}", trust_remote_code=True'
-    if kind == "fill-mask":
-        use = (
-            f'fill = pipeline("fill-mask", {pipe})\n'
-            f'print(fill("The man {mask_token} the door.", tokenizer_kwargs={{"truncation": True}}))'
-        )
-    elif kind == "token-classification":
-        # no aggregation_strategy: the pipeline reads the one config.json names (the folder's pipeline code)
-        use = (
-            f'ner = pipeline("token-classification", {pipe})\n'
-            'print(ner("Alice Smith flew from Paris to Berlin."))'
-        )
-    elif kind == "question-answering":
-        use = (
-            "import tupe  # registers the question-answering pipeline (transformers 5 has none of its own)\n\n"
-            f'qa = pipeline("question-answering", model="{model_path}")\n'
-            'print(qa(question="Where did Alice fly?", context="Alice flew from Paris to Berlin."))'
-        )
-    elif kind == "multiple-choice":
-        use = (
-            "import torch\n\n"
-            'first, endings = "She opened the door.", ["She walked in.", "The door ate lunch."]\n'
-            'enc = tokenizer([first] * len(endings), endings, return_tensors="pt", padding=True)\n'
-            "print(model(**{k: v.unsqueeze(0) for k, v in enc.items()}).logits.argmax(-1))"
-        )
-    else:
-        use = (
-            f'classify = pipeline("text-classification", {pipe})\n'
-            'print(classify("A sentence to classify.", truncation=True))'
-        )
-    what = {
-        "fill-mask": "masked-LM encoder",
-        "token-classification": "fine-tuned token classifier (NER)",
-        "question-answering": "fine-tuned extractive question answering",
-        "multiple-choice": "fine-tuned multiple choice",
-    }.get(kind, "fine-tuned classifier")
+    what = _WHAT.get(kind, "fine-tuned classifier")
     front = front_matter(kind, scheme, base_model, datasets, model_index)
     versions = "\n".join(f"- {name} {v}" for name, v in framework_versions().items())
     parts = [
@@ -199,6 +164,57 @@ def model_card(
         "## Data\n\n" + data,
         "## Results\n\n" + (_table(metrics) if metrics else "(none recorded)"),
         "## How it was made\n\n```bash\n" + command + "\n```\n\nFramework versions:\n\n" + versions,
+        _how_to_load(kind, auto, model_path, _usage(kind, model_path, mask_token), aggregation_strategy),
+    ]
+    if notes:
+        parts.append(notes)
+    return "\n\n".join(parts) + "\n"
+
+
+_WHAT = {
+    "fill-mask": "masked-LM encoder",
+    "token-classification": "fine-tuned token classifier (NER)",
+    "question-answering": "fine-tuned extractive question answering",
+    "multiple-choice": "fine-tuned multiple choice",
+}
+
+
+def _usage(kind: str, model_path: str, mask_token: str) -> str:
+    """The card's example call of the model, by kind."""
+    pipe = f'model="{model_path}", trust_remote_code=True'
+    if kind == "fill-mask":
+        return (
+            f'fill = pipeline("fill-mask", {pipe})\n'
+            f'print(fill("The man {mask_token} the door.", tokenizer_kwargs={{"truncation": True}}))'
+        )
+    if kind == "token-classification":
+        # no aggregation_strategy: the pipeline reads the one config.json names (the folder's pipeline code)
+        return (
+            f'ner = pipeline("token-classification", {pipe})\n'
+            'print(ner("Alice Smith flew from Paris to Berlin."))'
+        )
+    if kind == "question-answering":
+        return (
+            "import tupe  # registers the question-answering pipeline (transformers 5 has none of its own)\n\n"
+            f'qa = pipeline("question-answering", model="{model_path}")\n'
+            'print(qa(question="Where did Alice fly?", context="Alice flew from Paris to Berlin."))'
+        )
+    if kind == "multiple-choice":
+        return (
+            "import torch\n\n"
+            'first, endings = "She opened the door.", ["She walked in.", "The door ate lunch."]\n'
+            'enc = tokenizer([first] * len(endings), endings, return_tensors="pt", padding=True)\n'
+            "print(model(**{k: v.unsqueeze(0) for k, v in enc.items()}).logits.argmax(-1))"
+        )
+    return (
+        f'classify = pipeline("text-classification", {pipe})\n'
+        'print(classify("A sentence to classify.", truncation=True))'
+    )
+
+
+def _how_to_load(kind: str, auto: str, model_path: str, use: str, aggregation_strategy: str | None) -> str:
+    """The card's "How to load" section."""
+    return (
         "## How to load\n\n"
         "The folder holds the modeling code (`auto_map`), so `transformers` loads it without `tupe` installed:\n\n"
         "```python\n"
@@ -219,11 +235,8 @@ def model_card(
             else ""
         )
         + "With `tupe` installed, `import tupe` registers the classes and `trust_remote_code` is not needed. "
-        "The tokenizer knows the model's maximum length: pass `truncation=True` for longer texts.",
-    ]
-    if notes:
-        parts.append(notes)
-    return "\n\n".join(parts) + "\n"
+        "The tokenizer knows the model's maximum length: pass `truncation=True` for longer texts."
+    )
 
 
 def write_model_card(folder: str | os.PathLike, **kwargs: Any) -> Path:

@@ -233,7 +233,29 @@ def validate_config(
         )
     if model_type not in model_types:
         raise TupeError(f"{path}: model_type {_show(model_type)} is not supported (expected {expected})")
-    # the bounds the command-line flags have (tupe/validators.py)
+    _check_sizes(cfg, path)
+    _scheme_fields(cfg, path)
+    _check_activation_and_dtype(cfg, path)
+    _check_token_ids(cfg, path)
+    if model_type == "tupe":
+        from tupe.modeling.positional import SCHEMES, find_scheme
+
+        scheme = cfg.get("position_scheme", "tupe-a")
+        if not isinstance(scheme, str) or find_scheme(scheme) is None:
+            raise TupeError(f"{path}: position_scheme {_show(scheme)} is not one of {', '.join(SCHEMES)}")
+        for key in ("attn_implementation", "attention_kernel"):  # the kernel setting; its older name
+            kernel = cfg.get(key, "auto")
+            if not isinstance(kernel, str):
+                raise TupeError(f"{path}: {key} must be a string, got {json_type_name(kernel)}")
+    for key in ("id2label", "label2id"):
+        if key in cfg and cfg[key] is not None and not isinstance(cfg[key], dict):
+            raise TupeError(f"{path}: {key} must be an object, got {json_type_name(cfg[key])}")
+    return cfg
+
+
+def _check_sizes(cfg: dict, path: Path) -> None:
+    """The sizes, in the bounds the command-line flags have (tupe/validators.py), the width divisible by the
+    heads, dropout, LayerNorm epsilon and the initialiser's range."""
     _int(cfg, "vocab_size", 1, V.MAX_VOCAB, path)
     _int(cfg, "hidden_size", 1, V.MAX_WIDTH, path)
     _int(cfg, "num_hidden_layers", 1, V.MAX_LAYERS, path)
@@ -249,10 +271,13 @@ def validate_config(
     _float(cfg, "classifier_dropout", 0, 1, path, hi_open=True)
     _float(cfg, "layer_norm_eps", 0, 1, path, lo_open=True)
     _float(cfg, "initializer_range", 0, 1e3, path)
-    _scheme_fields(cfg, path)
-    act = cfg.get("hidden_act", "gelu")
+
+
+def _check_activation_and_dtype(cfg: dict, path: Path) -> None:
+    """The activation (a name `transformers` knows) and the dtype."""
     from transformers.activations import ACT2FN
 
+    act = cfg.get("hidden_act", "gelu")
     if not isinstance(act, str) or act not in ACT2FN:
         raise TupeError(
             f"{path}: hidden_act {_show(act)} is not an activation transformers knows (e.g. 'gelu')"
@@ -263,16 +288,23 @@ def validate_config(
             raise TupeError(
                 f"{path}: {key} {_show(v)} is not a dtype (expected one of {', '.join(DTYPES[:4])})"
             )
+
+
+_TOKEN_ID_KEYS = (
+    "pad_token_id",
+    "cls_token_id",
+    "sep_token_id",
+    "mask_token_id",
+    "unk_token_id",
+    "bos_token_id",
+    "eos_token_id",
+)
+
+
+def _check_token_ids(cfg: dict, path: Path) -> None:
+    """The special-token ids, inside the vocabulary."""
     vocab = cfg.get("vocab_size", 32768)
-    for key in (
-        "pad_token_id",
-        "cls_token_id",
-        "sep_token_id",
-        "mask_token_id",
-        "unk_token_id",
-        "bos_token_id",
-        "eos_token_id",
-    ):
+    for key in _TOKEN_ID_KEYS:
         v = cfg.get(key)
         if v is None:
             continue
@@ -280,20 +312,6 @@ def validate_config(
             raise TupeError(
                 f"{path}: {key} {_show(v)} is not a token id of the vocabulary (0 to {vocab - 1})"
             )
-    if model_type == "tupe":
-        from tupe.modeling.positional import SCHEMES, find_scheme
-
-        scheme = cfg.get("position_scheme", "tupe-a")
-        if not isinstance(scheme, str) or find_scheme(scheme) is None:
-            raise TupeError(f"{path}: position_scheme {_show(scheme)} is not one of {', '.join(SCHEMES)}")
-        for key in ("attn_implementation", "attention_kernel"):  # the kernel setting; its older name
-            kernel = cfg.get(key, "auto")
-            if not isinstance(kernel, str):
-                raise TupeError(f"{path}: {key} must be a string, got {json_type_name(kernel)}")
-    for key in ("id2label", "label2id"):
-        if key in cfg and cfg[key] is not None and not isinstance(cfg[key], dict):
-            raise TupeError(f"{path}: {key} must be an object, got {json_type_name(cfg[key])}")
-    return cfg
 
 
 def check_model_folder(

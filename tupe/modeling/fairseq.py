@@ -283,13 +283,8 @@ def _shape(sd: dict[str, torch.Tensor], key: str, ckpt: str) -> tuple[int, ...]:
     return tuple(sd[key].shape)
 
 
-def config_from_fairseq(
-    args: argparse.Namespace, sd: dict[str, torch.Tensor], ckpt: str = "checkpoint"
-) -> Any:
-    """The `TupeConfig` of a released checkpoint, from its `args` and tensor shapes; what tupe cannot represent is
-    refused, named."""
-    from .configuration_tupe import TupeConfig
-
+def _representable_activation(args: argparse.Namespace, sd: dict[str, torch.Tensor], ckpt: str) -> str:
+    """The checkpoint's activation; pre-LayerNorm layers, an unknown activation or a scaled embedding refused."""
     if _arg(args, "encoder_normalize_before", False):
         raise TupeError(
             f"{ckpt}: encoder_normalize_before=True (pre-LayerNorm layers) cannot be represented: tupe's layers "
@@ -304,8 +299,11 @@ def config_from_fairseq(
         raise TupeError(f"{ckpt}: activation_fn={act!r} is not one tupe has ({', '.join(ACTIVATIONS)})")
     if _arg(args, "embed_scale") not in (None, 1, 1.0):
         raise TupeError(f"{ckpt}: embed_scale={args.embed_scale!r} cannot be represented (tupe scales by 1)")
-    vocab, hidden = _shape(sd, ENC + "embed_tokens.weight", ckpt)
-    pos_rows = _shape(sd, ENC + "pos.weight", ckpt)[0]
+    return act
+
+
+def _layer_count(args: argparse.Namespace, sd: dict[str, torch.Tensor], hidden: int, ckpt: str) -> int:
+    """The encoder's layers, numbered 0..n-1 in the weights and agreeing with `args` (layers and width)."""
     layers = sorted(
         {int(k[len(ENC + "layers.") :].split(".")[0]) for k in sd if k.startswith(ENC + "layers.")}
     )
@@ -320,6 +318,11 @@ def config_from_fairseq(
         raise TupeError(
             f"{ckpt}: args.encoder_embed_dim={args.encoder_embed_dim!r} but the embeddings are {hidden} wide"
         )
+    return n_layers
+
+
+def _head_count(args: argparse.Namespace, sd: dict[str, torch.Tensor], hidden: int, ckpt: str) -> int:
+    """The attention heads: `args`, else the relative table's columns, else fairseq's bert_base default (12)."""
     heads = _arg(args, "encoder_attention_heads")
     if heads is None:  # not saved: the relative table's columns, else fairseq's bert_base default
         rel = sd.get(ENC + "relative_attention_bias.weight")
@@ -328,7 +331,13 @@ def config_from_fairseq(
         raise TupeError(
             f"{ckpt}: args.encoder_attention_heads={heads!r} does not divide the hidden size {hidden}"
         )
-    ffn = _shape(sd, ENC + "layers.0.fc1.weight", ckpt)[0]
+    return heads
+
+
+def _relative_buckets(
+    args: argparse.Namespace, sd: dict[str, torch.Tensor], heads: int, ckpt: str
+) -> tuple[bool, int]:
+    """(TUPE-R: a relative bias table, its buckets): `args.rel_pos` and the table agree, and its shape fits."""
     rel_pos = bool(_arg(args, "rel_pos", False))
     has_rel = ENC + "relative_attention_bias.weight" in sd
     if rel_pos != has_rel:
@@ -344,6 +353,23 @@ def config_from_fairseq(
                 f"{ckpt}: {ENC}relative_attention_bias.weight is {rows} x {cols}, expected (even buckets + 1) x {heads}"
             )
         buckets = rows - 1
+    return rel_pos, buckets
+
+
+def config_from_fairseq(
+    args: argparse.Namespace, sd: dict[str, torch.Tensor], ckpt: str = "checkpoint"
+) -> Any:
+    """The `TupeConfig` of a released checkpoint, from its `args` and tensor shapes; what tupe cannot represent is
+    refused, named."""
+    from .configuration_tupe import TupeConfig
+
+    act = _representable_activation(args, sd, ckpt)
+    vocab, hidden = _shape(sd, ENC + "embed_tokens.weight", ckpt)
+    pos_rows = _shape(sd, ENC + "pos.weight", ckpt)[0]
+    n_layers = _layer_count(args, sd, hidden, ckpt)
+    heads = _head_count(args, sd, hidden, ckpt)
+    ffn = _shape(sd, ENC + "layers.0.fc1.weight", ckpt)[0]
+    rel_pos, buckets = _relative_buckets(args, sd, heads, ckpt)
     max_positions = pos_rows - 1
     if _arg(args, "max_positions", max_positions) != max_positions:
         raise TupeError(

@@ -1,5 +1,5 @@
-"""The options of `tupe pretrain`, `compare` and `demo`: the `PretrainConfig` dataclass, the command-line flags,
-presets, precision.
+"""The options of `tupe pretrain`, `compare` and `demo`: the command-line flags, read into a `PretrainConfig`
+(`config_from_args`; the configuration and its parts are tupe/training/config.py).
 
 Importing this module imports neither torch nor transformers: `tupe pretrain --help` builds its parser from here
 (tupe/cli.py `PARSERS`) and stays fast.
@@ -9,227 +9,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tupe import validators as V
-from tupe.errors import TupeError
-from tupe.training.flags import (
-    LR_SCHEDULERS,
-    PACKINGS,
-    add_training_flags,
-    checkpointing_argument,
-    precision_flags,
+from tupe.data.config import PACKINGS
+from tupe.training.config import (  # noqa: F401  (re-exported: the configuration's earlier home)
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    PretrainConfig,
+    ResolvedConfig,
+    RunConfig,
 )
+from tupe.training.flags import add_training_flags
 from tupe.training.optimizers import OPTIMIZERS
 from tupe.training.presets import PRESETS, get_preset
-from tupe.training.reporting import (
-    add_hub_arguments,
-    add_report_arguments,
-    parse_report_to,
-    trainer_reporting,
-)
+from tupe.training.reporting import add_hub_arguments, add_report_arguments
 
 
-@dataclass(frozen=True)
-class PretrainConfig:
-    """Everything `tupe pretrain` accepts; `None` means "the preset's value" (`resolve` fills them in)."""
-
-    out: str
-    scheme: str = "tupe-a"
-    corpus: list[str] | None = None
-    preset: str = "mini"
-    text_column: str = "text"
-    tokenizer: str | None = None
-    vocab_size: int | None = None
-    tokenizer_max_mb: float | None = None
-    packing: str = "stream"  # tupe.data.documents.PACKINGS: "stream" (FULL-SENTENCES) or "documents"
-    max_length: int | None = None
-    max_position_embeddings: int | None = None  # None: max_length
-    hidden_size: int | None = None
-    num_hidden_layers: int | None = None
-    num_attention_heads: int | None = None
-    intermediate_size: int | None = None
-    dropout: float | None = None
-    dense_prediction: bool = False
-    init_from: str | None = None  # continued pre-training: tupe/training/init_from.py
-    attention_kernel: str | None = None  # None: the model's default ("auto"; hf-bert: transformers' "sdpa")
-    batch_size: int | None = None
-    grad_accum: int = 1
-    max_steps: int | None = None
-    epochs: float | None = None  # instead of max_steps: known once the data is
-    lr_scheduler: str | None = None
-    learning_rate: float | None = None
-    warmup_steps: int | None = None
-    warmup_ratio: float | None = None  # instead of warmup_steps
-    weight_decay: float | None = None
-    optimizer: str | None = None  # a name of tupe.training.optimizers.OPTIMIZERS
-    positional_lr_scale: float = 1.0
-    positional_weight_decay: float | None = None
-    adam_beta1: float | None = None
-    adam_beta2: float | None = None
-    adam_epsilon: float | None = None
-    max_grad_norm: float | None = None
-    mlm_probability: float | None = None
-    valid_every: int | None = None
-    eval_steps: int | None = None
-    save_steps: int | None = None
-    save_at: list[int] | None = None
-    save_total_limit: int | None = None
-    logging_steps: int | None = None
-    eval_batch_size: int | None = None
-    seed: int = 0
-    precision: str = "auto"
-    gradient_checkpointing: bool = False
-    torch_compile: bool = False
-    cache_dir: str | None = None
-    resume: bool = False
-    overwrite: bool = False
-    skip_nonfinite: bool = False
-    skip_bad_text: bool = False
-    progress: bool = True
-    quiet: bool = False
-    threads: int | None = None
-    prepare_only: bool = False
-    report_to: str | None = None  # None: tensorboard where installed, else none
-    push_to_hub: bool = False
-    hub_model_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def resolve(self, world_size: int | None = None) -> ResolvedConfig:
-        """The run's settings, made once: the preset's values wherever this config says None, checked, frozen.
-
-        `world_size`: processes of the run (default: torchrun's WORLD_SIZE, else 1), to split the global batch."""
-        values = get_preset(self.preset)
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in fields.items():
-            if name in values and value is None:
-                fields[name] = values[name]
-        fields["save_at"] = tuple(int(s) for s in fields["save_at"] or ())
-        for given, other in (("epochs", "max_steps"), ("warmup_ratio", "warmup_steps")):
-            if fields[given] is not None:
-                if getattr(self, other) is not None:
-                    raise TupeError(f"{_flag(given)} and {_flag(other)} say the same thing: give one")
-                fields[other] = None  # from `given`, in `for_data`
-        world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else int(world_size)
-        return ResolvedConfig(**fields, world_size=world)
-
-
-@dataclass(frozen=True)
-class ResolvedConfig(PretrainConfig):
-    """A `PretrainConfig` with every preset value set (`PretrainConfig.resolve`): what the run's parts read."""
-
-    world_size: int = 1
-
-    def __post_init__(self) -> None:
-        from tupe.training.model import check_scheme
-
-        check_scheme(self.scheme, self.attention_kernel, self.packing)
-        parse_report_to(
-            self.report_to
-        )  # wandb without wandb: one line before the data, the model, tupe_run.json
-        if self.packing not in PACKINGS:
-            raise TupeError(f"unknown --packing {self.packing!r}; choose one of: {', '.join(PACKINGS)}")
-        if self.lr_scheduler not in LR_SCHEDULERS:
-            raise TupeError(
-                f"unknown --lr-scheduler {self.lr_scheduler!r}; choose one of: {', '.join(LR_SCHEDULERS)}"
-            )
-        if self.optimizer not in OPTIMIZERS:
-            raise TupeError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
-        for key in _POSITIVE:
-            if getattr(self, key) is not None and int(getattr(self, key)) <= 0:
-                raise TupeError(f"{_flag(key)} must be positive, got {getattr(self, key)}")
-        if self.max_position_embeddings is not None and self.max_position_embeddings < self.max_length:
-            raise TupeError(
-                f"--max-position-embeddings {self.max_position_embeddings} is smaller than --max-seq-len "
-                f"{self.max_length}: blocks would have no row"
-            )
-        per_step = self.world_size * self.grad_accum
-        if self.batch_size % per_step:
-            raise TupeError(
-                f"--batch-size {self.batch_size} (global) is not divisible by processes x --grad-accum = {per_step}"
-            )
-
-    def for_data(self, train_blocks: int) -> ResolvedConfig:
-        """`--epochs` and `--warmup-ratio` as steps, once the number of training blocks is known."""
-        steps = self.max_steps
-        if steps is None:
-            steps = max(1, math.ceil(self.epochs * train_blocks / self.batch_size))
-        warmup = self.warmup_steps if self.warmup_steps is not None else round(self.warmup_ratio * steps)
-        return dataclasses.replace(self, max_steps=steps, warmup_steps=warmup)
-
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.out).expanduser()
-
-    @property
-    def per_device_batch_size(self) -> int:
-        """Sequences per process and forward pass: the global batch over processes x accumulation steps."""
-        return self.batch_size // (self.world_size * self.grad_accum)
-
-
-_FLAG_NAMES = {"max_length": "--max-seq-len"}  # settings whose flag is not their name
-
-
-def _flag(name: str) -> str:
-    """The flag that sets the setting `name`, as `--help` shows it."""
-    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
-
-
-_POSITIVE = (
-    "max_steps",
-    "batch_size",
-    "max_length",
-    "vocab_size",
-    "eval_steps",
-    "logging_steps",
-    "save_steps",
-)
-
-
-def pretrain_training_arguments(run: ResolvedConfig):
-    """The Trainer's arguments for a run. Creating them also sets up torch.distributed under torchrun."""
-    import torch
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
-        output_dir=str(run.out_dir),
-        max_steps=run.max_steps if run.max_steps is not None else -1,  # --epochs: set once the data is known
-        per_device_train_batch_size=run.per_device_batch_size,
-        per_device_eval_batch_size=run.eval_batch_size or run.per_device_batch_size,
-        gradient_accumulation_steps=run.grad_accum,
-        learning_rate=run.learning_rate,
-        weight_decay=run.weight_decay,
-        adam_beta1=run.adam_beta1,
-        adam_beta2=run.adam_beta2,
-        adam_epsilon=run.adam_epsilon,
-        max_grad_norm=run.max_grad_norm,
-        lr_scheduler_type=run.lr_scheduler,
-        warmup_steps=run.warmup_steps or 0,
-        logging_steps=run.logging_steps,
-        eval_strategy="steps",
-        eval_steps=run.eval_steps,
-        save_strategy="steps",
-        save_steps=run.save_steps,
-        save_total_limit=run.save_total_limit,
-        seed=run.seed,
-        **trainer_reporting(parse_report_to(run.report_to), run.push_to_hub, run.hub_model_id),
-        disable_tqdm=not run.progress or run.quiet,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=torch.cuda.is_available(),
-        remove_unused_columns=False,
-        prediction_loss_only=True,
-        logging_nan_inf_filter=False,
-        include_num_input_tokens_seen="non_padding",
-        average_tokens_across_devices=True,
-        use_cpu=not torch.cuda.is_available(),  # also what makes accelerate run data-parallel on CPU (gloo)
-        **precision_flags(run.precision),
-        **checkpointing_argument(run.gradient_checkpointing),
-        torch_compile=run.torch_compile,
-    )
+def pretrain_training_arguments(run: ResolvedConfig):  # noqa: ANN201
+    """The Trainer's arguments for a run (`ResolvedConfig.training_arguments`). Creating them also sets up
+    torch.distributed under torchrun."""
+    return run.training_arguments()
 
 
 def attention_kernel_name(value: str) -> str:

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tupe import validators as V
+from tupe.data.config import PACKINGS  # noqa: F401  (`--packing`'s values, re-exported)
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-# `--packing` (tupe.data.documents.PACKINGS, repeated here: building the parsers imports no data module)
-PACKINGS = ("stream", "documents")
 # transformers' SchedulerType names that need no further argument (tests/training/test_flags.py checks them)
 LR_SCHEDULERS = (
     "linear",

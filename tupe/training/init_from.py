@@ -289,14 +289,14 @@ def source_fields() -> tuple[str, ...]:
 
 
 def load_source(run: Any, tokenizer: Any) -> Source:
-    """The source of `run.init_from`, converted to a tupe masked LM; a tokenizer longer than its vocabulary is
-    refused (the source's own tokenizer never is)."""
+    """The source of `run.model.init_from` (`run`: the `ResolvedConfig`), converted to a tupe masked LM; a
+    tokenizer longer than its vocabulary is refused (the source's own tokenizer never is)."""
     from transformers.utils import logging as hf_logging
 
     from tupe.io.checkpoints import check_weights_match_config
     from tupe.modeling import TupeForMaskedLM, TupeModel
 
-    folder, picked, raw = read_source(run.init_from)
+    folder, picked, raw = read_source(run.model.init_from)
     kind = raw["model_type"]
     masked_lm = any("MaskedLM" in a or "PreTraining" in a for a in raw.get("architectures") or [])
     model_class = TupeForMaskedLM if masked_lm else TupeModel
@@ -311,21 +311,23 @@ def load_source(run: Any, tokenizer: Any) -> Source:
         else:
             model = model_class.from_deberta(str(folder))
     except (ValueError, OSError, RuntimeError) as err:
-        raise TupeError(f"--init-from {run.init_from}: cannot load its weights ({err})") from None
+        raise TupeError(f"--init-from {run.model.init_from}: cannot load its weights ({err})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if model_class is TupeModel:
         state = {f"{TupeForMaskedLM.base_model_prefix}.{k}": v for k, v in state.items()}
     vocab = int(model.config.vocab_size)
-    if str(run.tokenizer) != str(folder):  # the source's tokenizer with its special tokens moved: rows alike
+    if str(run.data.tokenizer) != str(
+        folder
+    ):  # the source's tokenizer with its special tokens moved: rows alike
         from tupe.io.checkpoints import load_tokenizer as load_saved_tokenizer
 
         order = contract_order(load_saved_tokenizer(folder))
         state = _reorder_rows(state, order + list(range(len(order), vocab)), vocab)
     if len(tokenizer) > vocab:
         raise TupeError(
-            f"--init-from {run.init_from}: its tokenizer has {len(tokenizer)} tokens, its model {vocab}"
+            f"--init-from {run.model.init_from}: its tokenizer has {len(tokenizer)} tokens, its model {vocab}"
         )
     digest = hashlib.sha256((folder / "config.json").read_bytes())
     for path in sorted(folder.glob("*.safetensors")):

@@ -27,11 +27,7 @@ def check_scheme(scheme: str, attention_kernel: str | None = None, packing: str 
     schemes = pretrain_schemes()
     if scheme not in schemes:
         raise TupeError(f"unknown scheme {scheme!r}; choose one of: {', '.join(schemes)}")
-    if packing == "documents" and scheme == HF_BERT:
-        raise TupeError(
-            "--packing documents keeps attention inside each document, which hf-bert (transformers' "
-            "BertForMaskedLM) cannot do: its attention crosses documents; use --packing stream for hf-bert"
-        )
+    check_packing_for_scheme(scheme, packing)
     if attention_kernel is not None and scheme != HF_BERT:
         from tupe.modeling.kernel_registry import check_kernel_for_scheme
         from tupe.modeling.positional import scheme_class
@@ -44,29 +40,38 @@ def check_scheme(scheme: str, attention_kernel: str | None = None, packing: str 
             raise TupeError(str(err)) from None
 
 
-def model_config(run: Any, tokenizer: Any) -> dict[str, Any]:
-    """The model's config values for a run (`run`: its `ResolvedConfig`); recorded in `tupe_run.json` as part of
+def check_packing_for_scheme(scheme: str, packing: str) -> None:
+    """`--packing documents` with hf-bert refused: its attention crosses documents whatever the position ids say."""
+    if packing == "documents" and scheme == HF_BERT:
+        raise TupeError(
+            "--packing documents keeps attention inside each document, which hf-bert (transformers' "
+            "BertForMaskedLM) cannot do: its attention crosses documents; use --packing stream for hf-bert"
+        )
+
+
+def model_config(model: Any, tokenizer: Any) -> dict[str, Any]:
+    """The model's config values for a run (`model`: its `ModelConfig`); recorded in `tupe_run.json` as part of
     the run's identity."""
     shape = dict(
         vocab_size=len(tokenizer),
-        hidden_size=int(run.hidden_size),
-        num_hidden_layers=int(run.num_hidden_layers),
-        num_attention_heads=int(run.num_attention_heads),
-        intermediate_size=int(run.intermediate_size),
+        hidden_size=int(model.hidden_size),
+        num_hidden_layers=int(model.num_hidden_layers),
+        num_attention_heads=int(model.num_attention_heads),
+        intermediate_size=int(model.intermediate_size),
         # --max-position-embeddings (at least the block length: `ResolvedConfig` checks), else the block length
-        max_position_embeddings=int(run.max_position_embeddings or run.max_length),
-        position_scheme=run.scheme,
-        hidden_dropout_prob=float(run.dropout),
-        attention_probs_dropout_prob=float(run.dropout),
+        max_position_embeddings=int(model.max_position_embeddings),
+        position_scheme=model.scheme,
+        hidden_dropout_prob=float(model.dropout),
+        attention_probs_dropout_prob=float(model.dropout),
         pad_token_id=tokenizer.pad_token_id,
     )
-    if run.scheme == HF_BERT:
+    if model.scheme == HF_BERT:
         # transformers' stock BERT at the same shape: learned absolute positions added to the input, token-type
         # embeddings (one type used), LayerNorm eps 1e-12, the MLM head on every position (its own code path)
         return dict(model_type="bert", **shape, sparse_prediction=False)
     return dict(
         **shape,
-        sparse_prediction=not run.dense_prediction,
+        sparse_prediction=not model.dense_prediction,
         cls_token_id=tokenizer.cls_token_id,
         sep_token_id=tokenizer.sep_token_id,
         mask_token_id=tokenizer.mask_token_id,
@@ -76,8 +81,8 @@ def model_config(run: Any, tokenizer: Any) -> dict[str, Any]:
 
 
 def build_model(config: Any, model_kwargs: dict[str, Any]):
-    """A freshly initialised masked-LM model for the run (`config`: its `ResolvedConfig`, whose scheme, kernel and
-    packing `check_scheme` has checked) from its `model_config` values."""
+    """A freshly initialised masked-LM model for the run (`config`: its `ModelConfig`, whose scheme and kernel
+    `check_scheme` has checked) from its `model_config` values."""
     from tupe.modeling import TupeConfig, TupeForMaskedLM
     from tupe.modeling.kernel_registry import AUTO
 

@@ -153,32 +153,35 @@ _OPTIM_KEYS = (
 
 
 def run_identity(run: Any, model: dict[str, Any], corpus: str, tokenizer: str) -> dict[str, Any]:
-    """What `tupe_run.json` records and `check_out_dir` compares (`run`: the `ResolvedConfig`; `model`: the
-    model's config values; `corpus`, `tokenizer`: their fingerprints)."""
+    """What `tupe_run.json` records and `check_out_dir` compares (`run`: the `ResolvedConfig`, of whose parts the
+    data and the optimisation are read; `model`: the model's config values; `corpus`, `tokenizer`: their
+    fingerprints). The same record as before the configuration had parts: earlier run folders resume."""
+    data, optim = run.data, run.optim
     identity: dict[str, Any] = {
         "format": RUN_FORMAT,
-        "scheme": run.scheme,
+        "scheme": run.model.scheme,
         "model": model,
         "data": {
             "corpus": corpus,
             "tokenizer": tokenizer,
-            "max_length": int(run.max_length),
-            "valid_every": int(run.valid_every),
-            "mlm_probability": float(run.mlm_probability),
+            "max_length": int(data.max_length),
+            "valid_every": int(data.valid_every),
+            "mlm_probability": float(data.mlm_probability),
         },
-        "optim": {k: getattr(run, k) for k in _OPTIM_KEYS} | {"seed": run.seed, "grad_accum": run.grad_accum},
+        "optim": {k: getattr(optim, k) for k in _OPTIM_KEYS}
+        | {"seed": optim.seed, "grad_accum": optim.grad_accum},
     }
     # recorded only when set, so runs made before these options existed keep their identity
-    if run.packing != "stream":
-        identity["data"]["packing"] = run.packing
-    if run.lr_scheduler != "linear":
-        identity["optim"]["lr_scheduler"] = run.lr_scheduler
-    if run.optimizer != DEFAULT_OPTIMIZER:
-        identity["optim"]["optimizer"] = run.optimizer
-    if run.positional_lr_scale != 1.0:
-        identity["optim"]["positional_lr_scale"] = run.positional_lr_scale
-    if run.positional_weight_decay is not None:
-        identity["optim"]["positional_weight_decay"] = run.positional_weight_decay
+    if data.packing != "stream":
+        identity["data"]["packing"] = data.packing
+    if optim.lr_scheduler != "linear":
+        identity["optim"]["lr_scheduler"] = optim.lr_scheduler
+    if optim.optimizer != DEFAULT_OPTIMIZER:
+        identity["optim"]["optimizer"] = optim.optimizer
+    if optim.positional_lr_scale != 1.0:
+        identity["optim"]["positional_lr_scale"] = optim.positional_lr_scale
+    if optim.positional_weight_decay is not None:
+        identity["optim"]["positional_weight_decay"] = optim.positional_weight_decay
     return identity
 
 

@@ -458,28 +458,28 @@ def build_trainer(run: Any, args: Any, data: Any, model: Any, nonfinite_skipped:
     from tupe.training.reporting import point_tensorboard
     from tupe.training.run_folder import METRICS_FILE
 
-    out, train_blocks = run.out_dir, len(data.train_idx)
-    epochs = max(1, math.ceil(run.max_steps * run.batch_size / train_blocks))
+    optim, out, train_blocks = run.optim, run.run.out_dir, len(data.train_idx)
+    epochs = max(1, math.ceil(optim.max_steps * optim.batch_size / train_blocks))
     stop = StopOnSignal()  # pre-emption (SIGTERM) or Ctrl-C: checkpoint at the end of the step, then stop
     callbacks: list[TrainerCallback] = [MetricsCallback(out / METRICS_FILE), LogLastStepCallback(), stop]
-    if run.save_at:
-        callbacks.append(SaveAtStepsCallback(list(run.save_at)))
+    if run.run.save_at:
+        callbacks.append(SaveAtStepsCallback(list(run.run.save_at)))
     trainer = PretrainTrainer(
         model=model,
         args=args,
         train_dataset=BlockDataset(data.packed, data.train_idx, TRAIN_SPLIT, epochs=epochs),
         eval_dataset=BlockDataset(data.packed, data.valid_idx, VALID_SPLIT),
         data_collator=MaskedLMCollator(
-            len(data.tokenizer), seed=run.seed, mlm_probability=run.mlm_probability
+            len(data.tokenizer), seed=optim.seed, mlm_probability=run.data.mlm_probability
         ),
         processing_class=data.tokenizer,
         callbacks=callbacks,
-        train_sampler=EpochShuffleSampler(train_blocks, epochs, run.seed),
-        skip_nonfinite=run.skip_nonfinite,
-        optimizer_name=run.optimizer,
-        positional_lr_scale=run.positional_lr_scale,
-        positional_weight_decay=run.positional_weight_decay,
-        passes_per_step=run.batch_size / train_blocks,
+        train_sampler=EpochShuffleSampler(train_blocks, epochs, optim.seed),
+        skip_nonfinite=optim.skip_nonfinite,
+        optimizer_name=optim.optimizer,
+        positional_lr_scale=optim.positional_lr_scale,
+        positional_weight_decay=optim.positional_weight_decay,
+        passes_per_step=optim.batch_size / train_blocks,
     )
     trainer.nonfinite_skipped = nonfinite_skipped
 
@@ -494,7 +494,7 @@ def build_trainer(run: Any, args: Any, data: Any, model: Any, nonfinite_skipped:
     # --report-to tensorboard: the Trainer's callback, our folder
     if point_tensorboard(trainer, out / "tensorboard", kept) and trainer.is_world_process_zero():
         record_written(out, "tensorboard")
-    if run.quiet or not trainer.is_world_process_zero():
+    if run.run.quiet or not trainer.is_world_process_zero():
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
         trainer.remove_callback(PrinterCallback)
