@@ -398,7 +398,7 @@ def test_kernels_without_documents_refuse_them_and_auto_picks_another():
     ids = torch.randint(5, 50, (1, 10))
     positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1, 2]])
     model.set_attn_implementation("fold")
-    with pytest.raises(ValueError, match="'fold' cannot keep attention inside the documents"):
+    with pytest.raises(ValueError, match="'tupe_fold' cannot keep attention inside the documents"):
         model(ids, position_ids=positions)
     # per-row positions without documents: fold takes them (its extra columns per row)
     with torch.no_grad():
