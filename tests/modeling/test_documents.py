@@ -627,3 +627,43 @@ def test_sequence_classification_does_not_count_padding_at_position_0_as_documen
         want = model(ids, attention_mask=mask).logits
     assert got.shape == (2, 3)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+
+
+def test_one_document_object_per_forward_read_on_the_host_once(monkeypatch):
+    """`position_ids` of packed documents become one document object per forward pass: its lengths,
+    `cu_seqlens` and maximum length come from one device -> host read, the length groups from no other, and a
+    head that reads the documents (one logit row per document) shares its encoder's object."""
+    from tupe.modeling import documents, modeling_tupe
+
+    built = []
+    original = documents.build_positions
+
+    def counted_build(*args, **kwargs):
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(modeling_tupe, "build_positions", counted_build)
+    reads = []
+    for name in ("tolist", "item", "__bool__", "__int__", "__index__"):
+        method = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _m=method, _n=name, **k: reads.append(_n) or _m(self, *a, **k),
+        )
+    ids = torch.randint(5, 50, (1, 9))
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1]])  # documents of 3, 4 and 2 tokens
+    model = TupeForMaskedLM(tiny_config("tupe-a")).eval()
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=packed)
+    assert reads == ["tolist"] and len(built) == 1
+    (positions,) = built
+    assert positions.lengths == (3, 4, 2) and positions.max_length == 4
+    assert positions.cu_seqlens.tolist() == [0, 3, 7, 9]
+    assert positions.rows(torch.float32).groups == ((2, 4), (1, 2))  # 4 and 3 (>= 3/4 of 4), then 2
+
+    built.clear()
+    classifier = TupeForSequenceClassification(tiny_config("tupe-a", num_labels=2)).eval()
+    with torch.no_grad():
+        logits = classifier(input_ids=ids, position_ids=packed).logits
+    assert logits.shape == (3, 2) and len(built) == 1  # one row per document, one object for head and encoder

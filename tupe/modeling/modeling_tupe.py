@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 from .attention_interface import checked_request, interface_name, kernel_for_pass, refresh, settle
 from .configuration_tupe import TupeConfig
 from .context import PositionalContext
-from .documents import DocumentRows, Positions, document_attention
+from .documents import DocumentRows, Positions, build_positions, document_attention
 from .kernel_registry import AttentionKernel
 from .ops import FastDropout, masked_lm_loss
 from .positional import (
@@ -96,46 +96,6 @@ def _check_integer_ids(**tensors: torch.Tensor | None) -> None:
         ):
             got = t.dtype if torch.is_tensor(t) else type(t).__name__
             raise ValueError(f"{name} must be an integer tensor (torch.long), got {got}")
-
-
-def _document_starts(
-    shape: tuple[int, int],
-    device: torch.device,
-    position_ids: torch.Tensor | None,
-    cu_seq_lens_q: torch.Tensor | None,
-    seq_idx: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """(b, n) bool, True on each document's first token (column 0 always), or None without `position_ids` or
-    explicit boundaries. Boundaries: `seq_idx` (b, n) segment ids (a new document where the id changes), else
-    `cu_seq_lens_q` (the cumulative lengths `[0, l_1, l_1 + l_2, ..., n]` of one row, as transformers'
-    `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` writes), else where `position_ids` restart at 0."""
-    b, n = shape
-    if seq_idx is not None:
-        if tuple(seq_idx.shape) != (b, n):
-            raise ValueError(f"seq_idx has shape {tuple(seq_idx.shape)}; expected (batch, length) = {(b, n)}")
-        seq_idx = seq_idx.to(device)
-        starts = torch.ones(b, n, dtype=torch.bool, device=device)
-        starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
-        return starts
-    if cu_seq_lens_q is not None:
-        lengths = cu_seq_lens_q.reshape(-1).to(device=device, dtype=torch.long)
-        if b != 1 or lengths.numel() < 2 or int(lengths[0]) != 0 or int(lengths[-1]) != n:
-            raise ValueError(
-                f"cu_seq_lens_q {lengths.tolist()} does not describe the documents of one row of length {n} "
-                f"(batch {b}): expected [0, ..., {n}] for a batch of one flattened row"
-            )
-        if bool((lengths[1:] <= lengths[:-1]).any()):
-            raise ValueError(
-                f"cu_seq_lens_q {lengths.tolist()} is not strictly increasing (an empty document?)"
-            )
-        starts = torch.zeros(1, n, dtype=torch.bool, device=device)
-        starts[0, lengths[:-1]] = True
-        return starts
-    if position_ids is None:
-        return None
-    starts = position_ids.to(device) == 0
-    starts[:, 0] = True
-    return starts
 
 
 @dataclass
@@ -543,20 +503,6 @@ class TupeModel(TupePreTrainedModel):
         self._check_length(seq_len)
         return self.positional(seq_len, None).content_free
 
-    def _check_positions(self, ids: torch.Tensor) -> None:
-        """Positions given as data must lie in the model's range: the length limit applies to positions, not to
-        the row (a flattened row longer than max_position_embeddings whose positions all fit is fine)."""
-        limit = self.config.max_position_embeddings
-        if _tracing():
-            return
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= limit:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"position_ids holds position {bad}, outside the {self.config.position_scheme!r} model's positions "
-                f"0..{limit - 1} (max_position_embeddings {limit}); split or truncate the document"
-            )
-
     def positions(
         self,
         shape: tuple[int, int],
@@ -570,9 +516,12 @@ class TupeModel(TupePreTrainedModel):
         `position_ids` nor boundaries, or `position_ids` equal to 0..n-1 in every row of a batch without padding:
         today's computation).
 
-        Positions are `position_ids` (b, n), else 0..m-1 in each document. Documents: see `_document_starts`
-        (`seq_idx`, `cu_seq_lens_q`, or `position_ids` restarting at 0); `documents` is None when every row holds
-        one. Refused: positions outside the model's range (`_check_positions`), a shape that does not match."""
+        Positions are `position_ids` (b, n), else 0..m-1 in each document. Documents: see
+        `documents.document_starts` (`seq_idx`, `cu_seq_lens_q`, or `position_ids` restarting at 0); `documents`
+        is None when every row holds one. The one document object of the pass (`documents.build_positions`): the
+        encoder and the heads read it. Refused: positions outside the model's range, a shape that does not
+        match. The length limit applies to positions, not to the row (a flattened row longer than
+        max_position_embeddings whose positions all fit is fine)."""
         b, n = shape
         device = self.embeddings.word_embeddings.weight.device if device is None else device
         _check_integer_ids(position_ids=position_ids, cu_seq_lens_q=cu_seq_lens_q, seq_idx=seq_idx)
@@ -585,23 +534,30 @@ class TupeModel(TupePreTrainedModel):
                         f"position_ids has shape {tuple(position_ids.shape)}; expected (batch, length) = {(b, n)}"
                     )
             position_ids = position_ids.to(device=device, dtype=torch.long)
-        starts = _document_starts(shape, device, position_ids, cu_seq_lens_q, seq_idx)
-        if starts is None:
+        limit, scheme = self.config.max_position_embeddings, self.config.position_scheme
+        return build_positions(
+            shape, device, position_ids, cu_seq_lens_q, seq_idx, attention_mask, limit, scheme, _tracing()
+        )
+
+    def head_positions(
+        self,
+        input_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        kwargs: dict,
+    ) -> Positions | None:
+        """The document object of a head's forward pass (`positions`), built once for the head and its encoder;
+        takes `cu_seq_lens_q` and `seq_idx` out of the head's `kwargs`."""
+        cu_seq_lens_q, seq_idx = kwargs.pop("cu_seq_lens_q", None), kwargs.pop("seq_idx", None)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if position_ids is None and cu_seq_lens_q is None and seq_idx is None:
             return None
-        documents = torch.cumsum(starts, dim=1) - 1  # (b, n): 0, 0, ..., 1, 1, ...
-        if position_ids is None:  # 0..m-1 in each document
-            column = torch.arange(n, device=device).expand(b, n)
-            first = torch.cummax(torch.where(starts, column, 0), dim=1).values
-            position_ids = column - first
-        self._check_positions(position_ids)
-        several = _tracing() or bool(starts[:, 1:].any())
-        real = None
-        if attention_mask is not None and (_tracing() or not bool(attention_mask.all())):
-            real = attention_mask.to(device).bool()
-        if not several and real is None and not _tracing():
-            if torch.equal(position_ids, torch.arange(n, device=device).expand(b, n)):
-                return None  # today's positions: the fast path
-        return Positions(position_ids, documents if several else None, real)
+        source = input_ids if input_ids is not None else inputs_embeds
+        return self.positions(
+            tuple(source.shape[:2]), position_ids, cu_seq_lens_q, seq_idx, attention_mask=attention_mask
+        )
 
     def _check_length(self, n: int) -> None:
         if n > self.config.max_position_embeddings:
@@ -611,6 +567,22 @@ class TupeModel(TupePreTrainedModel):
                 f"truncate the input: tokenizer(..., truncation=True) or pipeline(..., truncation=True), "
                 f"which cut at the tokenizer's model_max_length"
             )
+
+    def _document_rows(
+        self, kernel: AttentionKernel, positions: Positions | None, dtype: torch.dtype, probabilities: bool
+    ) -> DocumentRows | None:
+        """The one place where the documents' path is decided, from the kernel's and the scheme's capabilities:
+        each document attended in a row of its own (the length groups, returned) where the kernel takes documents
+        in its mask (`AttentionKernel.documents == "mask"`), the scheme's terms of positions 0..L-1 serve every
+        document (`document_rows`), no probabilities are wanted and every document's positions are 0..m-1 (known
+        on the host: never while tracing); else None: a kernel that takes documents in its mask gets the
+        block-diagonal mask, one that reads them itself ("context": flex's `BlockMask`) the context's positions,
+        and one that cannot was refused when it was chosen (`select_kernel`)."""
+        if positions is None or positions.documents is None or probabilities:
+            return None
+        if kernel.documents != "mask" or not type(self.positional).document_rows:
+            return None
+        return positions.rows(dtype)
 
     def _attention_inputs(
         self,
@@ -635,15 +607,7 @@ class TupeModel(TupePreTrainedModel):
         kernel = kernel_for_pass(
             self.config, device, dtype, self.training, grad, probabilities, documents, update=update
         )
-        rows = None
-        if (
-            documents
-            and kernel.documents == "mask"
-            and not probabilities
-            and type(self.positional).document_rows
-            and not _tracing()
-        ):
-            rows = DocumentRows.of(positions, dtype)
+        rows = self._document_rows(kernel, positions, dtype, probabilities)
         # documents at positions 0..m-1: each attended in a row of its own, one shared term
         if rows is not None:
             ctx = self.positional(rows.length, None)
@@ -658,7 +622,11 @@ class TupeModel(TupePreTrainedModel):
         padding = None
         # Without padding no mask at all (faster kernels); traced or compiled, the padding term is always built:
         # whether a mask has zeros is a tensor's value, and export/compile need one graph for every mask.
-        if attention_mask is not None and (_tracing() or not bool(attention_mask.all())):
+        if positions is not None:  # the document object knows whether there is padding
+            padded = positions.real is not None
+        else:
+            padded = attention_mask is not None and (_tracing() or not bool(attention_mask.all()))
+        if padded:
             keep = attention_mask[:, None, None, :].to(torch.bool)
             padding = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
                 ~keep, torch.finfo(dtype).min
@@ -689,6 +657,7 @@ class TupeModel(TupePreTrainedModel):
         return_dict: bool | None = None,
         cu_seq_lens_q: torch.Tensor | None = None,
         seq_idx: torch.Tensor | None = None,
+        positions: Positions | None = None,
         **kwargs,
     ) -> BaseModelOutput | tuple:
         """`input_ids` (b, n), or `inputs_embeds` (b, n, hidden) in place of the word embeddings (prompt tuning,
@@ -699,6 +668,8 @@ class TupeModel(TupePreTrainedModel):
         (transformers' `DataCollatorWithFlattening`), and no token attends outside its document. Explicit
         boundaries instead: `seq_idx` (b, n) segment ids, or `cu_seq_lens_q` (cumulative lengths of the documents
         of one flattened row); positions are then 0..m-1 in each document unless `position_ids` are given.
+        `positions`: the document object `positions(...)` built from these (a head that reads the documents too
+        builds it once and passes it instead of them).
         Other keyword arguments transformers passes (`cu_seq_lens_k`, `max_length_q`, ...) are ignored."""
         output_attentions = (
             output_attentions if output_attentions is not None else self.config.output_attentions
@@ -711,8 +682,9 @@ class TupeModel(TupePreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         source = input_ids if input_ids is not None else inputs_embeds
         n = source.shape[1]
-        positions = None
-        if position_ids is not None or cu_seq_lens_q is not None or seq_idx is not None:
+        if positions is None and (
+            position_ids is not None or cu_seq_lens_q is not None or seq_idx is not None
+        ):
             positions = self.positions(
                 tuple(source.shape[:2]), position_ids, cu_seq_lens_q, seq_idx, attention_mask=attention_mask
             )
@@ -950,35 +922,30 @@ class TupeForSequenceClassification(TupePreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> SequenceClassifierOutput | tuple:
+        positions = self.tupe.head_positions(input_ids, inputs_embeds, attention_mask, position_ids, kwargs)
         outputs = self.tupe(
             input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            positions=positions,
             **kwargs,
         )
         hidden = outputs.last_hidden_state
-        source = input_ids if input_ids is not None else inputs_embeds
-        starts = _document_starts(
-            tuple(source.shape[:2]),
-            hidden.device,
-            position_ids,
-            kwargs.get("cu_seq_lens_q"),
-            kwargs.get("seq_idx"),
-        )
-        if starts is not None and attention_mask is not None:  # padding given position 0 starts no document
-            starts = starts & attention_mask.to(starts.device).bool()
-        if starts is not None and bool(starts[:, 1:].any()):
-            # documents in a row: one row of logits per document, from its first token ([CLS]), in reading order
-            hidden = hidden[starts][:, None]  # (documents, 1, hidden)
-            if labels is not None and labels.shape[0] != hidden.shape[0]:
-                raise ValueError(
-                    f"{labels.shape[0]} labels for {hidden.shape[0]} documents: with several documents in a row "
-                    f"(position_ids restarting at 0) give one label per document, in order"
-                )
+        if positions is not None and positions.documents is not None:
+            starts = positions.starts
+            if attention_mask is not None:  # padding given position 0 starts no document
+                starts = starts & attention_mask.to(starts.device).bool()
+            if bool(starts[:, 1:].any()):
+                # documents in a row: one row of logits per document, from its first token ([CLS]), in reading order
+                hidden = hidden[starts][:, None]  # (documents, 1, hidden)
+                if labels is not None and labels.shape[0] != hidden.shape[0]:
+                    raise ValueError(
+                        f"{labels.shape[0]} labels for {hidden.shape[0]} documents: with several documents in a "
+                        f"row (position_ids restarting at 0) give one label per document, in order"
+                    )
         logits = self.classifier(hidden)
         loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
         return self._head_output(SequenceClassifierOutput, loss, logits, outputs, return_dict)
@@ -1140,10 +1107,11 @@ class TupeForMultipleChoice(TupePreTrainedModel):
                     f"choices, length) = {(b, choices, n)} or (length,) = ({n},)"
                 )
             position_ids = flat(position_ids)
-            starts = _document_starts(
-                tuple(position_ids.shape), position_ids.device, position_ids, None, None
-            )
-            if bool(starts[:, 1:].any()):
+        positions = None
+        if position_ids is not None:  # built once: refused here if it holds documents, read by the encoder
+            shape, mask = tuple(position_ids.shape), flat(attention_mask)
+            positions = self.tupe.positions(shape, position_ids, attention_mask=mask)
+            if positions is not None and positions.documents is not None:
                 raise ValueError(
                     "TupeForMultipleChoice scores each choice from its own row: position_ids restarting at 0 "
                     "inside a row (several documents) are not supported; pass (batch, choices, n) rows"
@@ -1151,11 +1119,11 @@ class TupeForMultipleChoice(TupePreTrainedModel):
         outputs = self.tupe(
             flat(input_ids),
             attention_mask=flat(attention_mask),
-            position_ids=position_ids,
             inputs_embeds=flat(inputs_embeds),
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
+            positions=positions,
             **kwargs,
         )
         logits = self.classifier(outputs.last_hidden_state).view(-1, choices)  # (b, choices)
