@@ -234,10 +234,10 @@ def test_auto_choice_follows_the_documented_rule(scheme: str, device: torch.devi
 def test_a_kernel_that_cannot_apply_is_refused(device: torch.device) -> None:
     ids, mask, labels = _batch(device)
     model = _model("tupe-r", device, "flex", attention_probs_dropout_prob=0.1)
-    with pytest.raises(ValueError, match="attention_kernel 'flex' has no attention dropout"):
+    with pytest.raises(ValueError, match="'tupe_flex' has no attention dropout"):
         model(ids, attention_mask=mask, labels=labels)
     model = _model("tupe-a", device, "fused")
-    with pytest.raises(ValueError, match="'fused' runs in float32/float64 only, not bfloat16"):
+    with pytest.raises(ValueError, match="'tupe_fused' runs in float32/float64 only, not bfloat16"):
         with torch.autocast(device.type, dtype=torch.bfloat16):
             model(ids, attention_mask=mask, labels=labels)
     with pytest.raises(ValueError, match="low-rank"):

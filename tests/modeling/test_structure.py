@@ -134,7 +134,9 @@ def test_the_saved_kernel_runs_and_output_attentions_says_what_it_fell_back_to()
 
     model = TupeModel(tiny_config("tupe-r", attention_kernel="fused"))
     assert model.config._attn_implementation == "tupe_fused"  # the saved kernel is the runtime setting
-    logging.get_logger("tupe").warning_once.cache_clear()  # said once per process: forget earlier tests' passes
+    logging.get_logger(
+        "tupe"
+    ).warning_once.cache_clear()  # said once per process: forget earlier tests' passes
     with CaptureLogger(logging.get_logger("tupe.modeling.attention_interface")) as captured:
         out = model(torch.randint(5, 50, (2, 8)), output_attentions=True)
     assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 2, 8, 8)

@@ -316,8 +316,17 @@ def _failed_path(err: BaseException, path: str | os.PathLike) -> str | os.PathLi
     root = Path(path).absolute().parent
     for name in (getattr(err, "filename2", None), getattr(err, "filename", None)):
         if name and Path(os.fsdecode(name)).absolute().is_relative_to(root):
-            return name
+            return _published(Path(os.fsdecode(name)).absolute(), root)
     return path
+
+
+def _published(file: Path, root: Path) -> Path:
+    """A file of a staging folder (`ROOT/.tmp-NAME/NAME/...`, written there and renamed into place) by the name it
+    is published under (`ROOT/NAME/...`), the one the user knows; other files unchanged."""
+    parts = file.relative_to(root).parts
+    if len(parts) >= 2 and parts[0] == f".tmp-{parts[1]}":
+        return root.joinpath(*parts[1:])
+    return file
 
 
 @contextlib.contextmanager
