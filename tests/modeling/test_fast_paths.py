@@ -28,6 +28,12 @@ from ..helpers import tiny_config
 KERNELS = ("sdpa", "fold", "fused", "auto")
 
 
+def _named(kernel: str) -> str:
+    """What `config._attn_implementation` reads for registry kernel `kernel`: transformers' own names for tupe's
+    eager and sdpa kernels, the `tupe_` name of the others."""
+    return kernel if kernel in ("eager", "sdpa") else f"tupe_{kernel}"
+
+
 def _batch(n: int = 13):
     ids = torch.randint(5, 50, (3, n))
     mask = torch.ones(3, n, dtype=torch.long)
@@ -107,7 +113,7 @@ def test_auto_kernel_choice_on_cpu():
     model.set_attn_implementation("fold")
     assert _kernel(model) == "fold"
     model.set_attn_implementation("auto")
-    assert model.config._attn_implementation == "tupe_sdpa"  # resolved at once: CPU, eval
+    assert model.config._attn_implementation == "sdpa"  # resolved at once: CPU, eval
     model.train()  # "auto" resolved again for the mode, whether or not a pass records gradients
     assert model.config._attn_implementation == "tupe_fused"
     with torch.no_grad():
@@ -116,7 +122,7 @@ def test_auto_kernel_choice_on_cpu():
     model.config.attention_probs_dropout_prob = 0.0
     model.eval()
     model(torch.randint(5, 50, (1, 8)))
-    assert model.config._attn_implementation == "tupe_sdpa"
+    assert model.config._attn_implementation == "sdpa"
     assert model.config._attn_auto == ("cpu", torch.float64, False)
     # no dropout: a learned content-free term (or DeBERTa's per-layer one) still sends SDPA to its math kernel (its
     # mask needs a gradient), so "fused"; without a term, or with ALiBi's constant one, SDPA's flash kernel applies
@@ -171,7 +177,7 @@ def test_kernel_validated_against_scheme():
         model.config.attention_kernel = "fold"
     with pytest.raises(ValueError, match="low-rank"):  # set directly, bypassing transformers: checked at once
         model.config._attn_implementation = "fold"
-    assert model.config._attn_implementation == "tupe_sdpa"  # unchanged
+    assert model.config._attn_implementation == "sdpa"  # unchanged
 
 
 def test_flex_refuses_attention_dropout_in_training():
@@ -203,12 +209,12 @@ def test_kernel_saved_and_overridden_at_load(tmp_path):
         ("auto", "sdpa"),
     ):
         model = TupeForMaskedLM.from_pretrained(tmp_path, attn_implementation=name).eval()
-        assert model.config._attn_implementation == f"tupe_{expected}", name
+        assert model.config._attn_implementation == _named(expected), name
         assert resolve_attention_kernel(model) == expected, name
         assert model.tupe.config is model.config  # the encoder (its own PreTrainedModel) sees the same choice
     model.save_pretrained(tmp_path / "again")
     assert '"attn_implementation": "auto"' in (tmp_path / "again" / "config.json").read_text()
-    assert TupeForMaskedLM.from_pretrained(tmp_path / "again").config._attn_implementation == "tupe_sdpa"
+    assert TupeForMaskedLM.from_pretrained(tmp_path / "again").config._attn_implementation == "sdpa"
 
 
 @pytest.mark.parametrize(
@@ -249,7 +255,7 @@ def test_every_head_resolves_its_kernel_and_aliases_read_back_alike(tmp_path, he
         model.resolve_attention_kernel() == resolve_attention_kernel(model) == "sdpa"
     )  # CPU, eval, no dropout
     model.config._attn_implementation = "eager"
-    assert model.resolve_attention_kernel() == "eager" and model.config._attn_implementation == "tupe_eager"
+    assert model.resolve_attention_kernel() == "eager" and model.config._attn_implementation == "eager"
     readings = {
         "from_pretrained": cls.from_pretrained(tmp_path, attn_implementation="flex_attention").config,
         "set_attn_implementation": model.set_attn_implementation("flex_attention") or model.config,
@@ -292,7 +298,7 @@ def test_set_attn_implementation_on_a_loaded_model(tmp_path):
             )
     model.set_attn_implementation("sdpa")  # the SDPA kernel, in training too
     model.train()
-    assert model.config._attn_implementation == "tupe_sdpa" and resolve_attention_kernel(model) == "sdpa"
+    assert model.config._attn_implementation == "sdpa" and resolve_attention_kernel(model) == "sdpa"
     model.set_attn_implementation("auto")
     assert resolve_attention_kernel(model) == "fused"  # "auto": CPU training with a content-free term
 

@@ -21,6 +21,12 @@ FOLDERS = pathlib.Path(__file__).parent / "fixtures" / "e1cb602"
 KERNELS = ("eager", "sdpa", "fold", "fused", "flex")
 
 
+def _named(kernel: str) -> str:
+    """What `config._attn_implementation` reads for registry kernel `kernel`: transformers' own names for tupe's
+    eager and sdpa kernels, the `tupe_` name of the others."""
+    return kernel if kernel in ("eager", "sdpa") else f"tupe_{kernel}"
+
+
 def _saved(scheme: str) -> dict:
     return json.loads((FOLDERS / scheme / "config.json").read_text())
 
@@ -46,7 +52,7 @@ def test_a_folder_saved_by_e1cb602_loads_unchanged(scheme, tmp_path):
             logits = model(*inputs()).logits
     finally:
         torch.set_num_threads(threads)
-    assert model.config._attn_implementation == f"tupe_{expected_kernel}"
+    assert model.config._attn_implementation == _named(expected_kernel)
     torch.testing.assert_close(
         logits, load_file(FOLDERS / scheme / "expected.safetensors")["logits"], atol=0, rtol=0
     )
@@ -54,7 +60,7 @@ def test_a_folder_saved_by_e1cb602_loads_unchanged(scheme, tmp_path):
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert "attention_kernel" not in config and "fold_positional" not in config
-    assert config["attn_implementation"] == ("auto" if saved == "auto" else f"tupe_{saved}")
+    assert config["attn_implementation"] == ("auto" if saved == "auto" else _named(saved))
     again = TupeForMaskedLM.from_pretrained(tmp_path).double().eval()
     assert again.config._attn_implementation == model.config._attn_implementation
 
@@ -88,8 +94,8 @@ def test_attn_implementation_read_after_loading_with_each_value(scheme):
         )
         if request is None and saved != "auto":
             kernel = saved
-        assert model.config._attn_implementation == f"tupe_{kernel}", request
-        assert model.tupe.config._attn_implementation == f"tupe_{kernel}"  # the encoder shares the setting
+        assert model.config._attn_implementation == _named(kernel), request
+        assert model.tupe.config._attn_implementation == _named(kernel)  # the encoder shares the setting
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,11 @@
 
 **Names.** Every kernel of tupe's registry (kernels.py) is registered with transformers' `AttentionInterface` as
 `tupe_<name>`: `tupe_eager`, `tupe_sdpa`, `tupe_fold`, `tupe_fused`, `tupe_flex` (and `tupe_<name>` for a kernel
-registered later). The prefix keeps them apart from transformers' own `"eager"`, `"sdpa"` and `"flex_attention"`,
-which run transformers' functions, not tupe's: a tupe model takes those three as requests for its own kernel of
-that kind. `config._attn_implementation` is the one setting and always holds a `tupe_` name once a model holds
-the config: the function registered under it is what the attention layers call.
+registered later); the attention layers call the function registered there. `config._attn_implementation` is the
+one setting and names what runs, in transformers' words where transformers has them: `"eager"` (the model's own
+reference formula, as in every transformers model) and `"sdpa"` (PyTorch's SDPA, with the content-free term as
+its mask) for tupe's kernels of that kind, `tupe_fold`, `tupe_fused` and `tupe_flex` for the kernels transformers
+has no name for (`setting`). transformers' `"flex_attention"` is taken as a request for `tupe_flex`.
 
 **Requests** (`from_pretrained(attn_implementation=...)`, `set_attn_implementation(...)`, `TupeConfig(
 attn_implementation=...)`, `config._attn_implementation = ...`, `--attention-kernel`; `requested_kernel`): None
@@ -101,12 +102,17 @@ def checked_request(value: str | None, scheme: str, what: str = "attn_implementa
     return check_kernel_for_scheme(requested_kernel(value, what), scheme, scheme_class(scheme).terms, what)
 
 
+# tupe's kernels that transformers' own setting names: a tupe model's "eager" and "sdpa" are these
+TRANSFORMERS_SETTINGS = ("eager", "sdpa")
+
+
 def setting(kernel: str) -> str:
-    """The value `config._attn_implementation` holds for a request resolved to `kernel` ("auto": still "auto")."""
+    """The value `config._attn_implementation` holds for a request resolved to `kernel` ("auto": still "auto"):
+    transformers' name for "eager" and "sdpa", the `tupe_` name of every other kernel."""
     if kernel == AUTO:
         return AUTO
     register_interface(kernel)
-    return interface_name(kernel)
+    return kernel if kernel in TRANSFORMERS_SETTINGS else interface_name(kernel)
 
 
 def setting_kernel(config) -> str:
@@ -259,14 +265,14 @@ def kernel_for_pass(
         and not (probabilities and kernel.scheme_refusal(situation.terms) is None)
     ):
         raise ValueError(
-            f"attn_implementation {interface_name(name)!r} {why}; set another (model.set_attn_implementation(...), "
+            f"attn_implementation {setting(name)!r} {why}; set another (model.set_attn_implementation(...), "
             f"from_pretrained(..., attn_implementation=...) or --attention-kernel)"
         )
     other = select_kernel(AUTO, situation)
     if update:
         reason = "returns no attention probabilities" if why is None else why
         logger.warning_once(
-            f"attention kernel {interface_name(name)!r} {reason}; the passes that "
-            f"{'ask for output_attentions' if probabilities else 'need another'} run {interface_name(other.name)!r}"
+            f"attention kernel {setting(name)!r} {reason}; the passes that "
+            f"{'ask for output_attentions' if probabilities else 'need another'} run {setting(other.name)!r}"
         )
     return other

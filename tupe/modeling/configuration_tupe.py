@@ -32,7 +32,8 @@ class TupeConfig(PretrainedConfig):
             registry name, transformers' "eager" / "sdpa" / "flex_attention" naming tupe's kernel of that kind; a
             kernel that cannot run the scheme is refused with the reason (`PositionalScheme.kernels()` lists what
             applies). All are exact against the eager reference. A model built or loaded from this config resolves
-            "auto" to the kernel that runs (docs/model.md "Attention kernels"; attention_interface.py).
+            "auto" to the kernel that runs, which the setting then names: "eager" or "sdpa" (transformers' words for
+            tupe's kernels of that kind), else the `tupe_` name (docs/model.md "Attention kernels").
         attention_kernel: the same setting under its older name (config.json files saved before
             `attn_implementation` carry it, older ones `fold_positional`, which is ignored: "auto" folds where it
             can); `attn_implementation` wins where both are given. `config.attention_kernel` reads the setting's
