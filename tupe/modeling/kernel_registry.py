@@ -152,14 +152,6 @@ AUTO_FALLBACK = "sdpa"  # what "auto" runs when no kernel's `auto` rule holds
 KERNEL_ALIASES: dict[str, str] = {"flex_attention": "flex", "sdpa-fold": "fold", "default": AUTO}
 
 
-_VERSION = [0]  # bumped by every (un)registration: what a model's cache of resolved kernels is valid for
-
-
-def registry_version() -> int:
-    """A number that changes whenever a kernel is registered or unregistered."""
-    return _VERSION[0]
-
-
 class _KernelNames(Sequence[str]):
     """`ATTENTION_KERNELS`: "auto" then every registered kernel, read live from the registry."""
 
@@ -192,14 +184,12 @@ def register_attention_kernel(kernel: AttentionKernel) -> AttentionKernel:
             f"attention kernel {kernel.name!r}: unknown context terms {unknown}; known: {list(CONTEXT_TERMS)}"
         )
     _REGISTRY[kernel.name] = kernel
-    _VERSION[0] += 1
     return kernel
 
 
 def unregister_attention_kernel(name: str) -> None:
     """Remove a registered kernel (e.g. a test's toy kernel)."""
     _REGISTRY.pop(name)
-    _VERSION[0] += 1
 
 
 def canonical_kernel_name(name: str, what: str = "attention_kernel") -> str:

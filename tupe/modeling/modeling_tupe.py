@@ -603,12 +603,15 @@ class TupeModel(TupePreTrainedModel):
             )
         documents = positions is not None and positions.documents is not None
         device = self.embeddings.word_embeddings.weight.device
-        grad, update = (
+        kernel = kernel_for_pass(  # export / compile: no state changed while tracing
+            self.config,
+            device,
+            dtype,
+            self.training,
             torch.is_grad_enabled(),
-            not _tracing(),
-        )  # export / compile: no state changed while tracing
-        kernel = kernel_for_pass(
-            self.config, device, dtype, self.training, grad, probabilities, documents, update=update
+            probabilities,
+            documents,
+            update=not _tracing(),
         )
         rows = self._document_rows(kernel, positions, dtype, probabilities)
         # documents at positions 0..m-1: each attended in a row of its own, one shared term
