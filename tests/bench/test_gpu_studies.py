@@ -54,7 +54,10 @@ def test_cpu_dry_run_of_the_studies_resumes_and_returns_one_archive(tmp_path: Pa
 
     studies = summary["stages"]["studies"]
     jobs = {j["name"]: j for j in studies["jobs"]}
-    assert list(jobs) == ["packing", "length-1", "paragraphs"]  # the smoke plan: one length chunk
+    assert list(jobs) == ["regime", "length-1", "paragraphs", "packing"]  # the smoke plan: one length chunk
+    assert [s["step"] for s in jobs["regime"]["steps"]] == ["train", "evaluate", "glue"]
+    assert "--preset small --max-steps 6000" in jobs["regime"]["steps"][0]["commands"][0]
+    assert any("regime: no MRPC under --glue-data" in n for n in studies["notes"])
     assert [s["step"] for s in jobs["packing"]["steps"]] == ["train", "evaluate", "sst-2"]
     assert [s["step"] for s in jobs["paragraphs"]["steps"]] == ["train", "evaluate"]  # smoke: no SST-2 here
     assert all(
@@ -78,6 +81,13 @@ def test_cpu_dry_run_of_the_studies_resumes_and_returns_one_archive(tmp_path: Pa
         (results / "packing-documents" / "runs" / "tupe-a" / "seed-0" / "pretrain_summary.json").read_text()
     )
     assert record["packing"] == "documents"
+    regime = results / "regime"
+    table = (regime / "study.md").read_text()
+    assert "| bert-a |" in table and "CoLA dev mcc" in table and "SST-2 dev acc." in table, table
+    config = json.loads((regime / "runs" / "bert-a" / "seed-1" / "config.json").read_text())
+    assert config["hidden_size"] == 256  # the small preset
+    cola = json.loads((regime / "glue" / "CoLA-bert-a-seed-1" / "results.json").read_text())
+    assert cola["complete"] and cola["data"]["train_examples"] == 8
     length = results / "length-1"
     assert {"ood-built-in.json", "ood-news.json", "lengths-none.json", "passkey-yarn.json", "study.md"} <= {
         p.name for p in length.iterdir()
@@ -117,9 +127,8 @@ def test_length_chunks_cover_every_scheme_once_comparators_first() -> None:
     assert sorted(flat) == sorted(POSITION_SCHEMES) and len(flat) == len(set(flat))
     assert chunks[0] == ["bert-a", "rope", "alibi", "fire"]
     assert all(len(c) <= gpu_studies.LENGTH_CHUNK for c in chunks)
-    assert gpu_studies.job_names() == ["packing"] + [f"length-{i + 1}" for i in range(len(chunks))] + [
-        "paragraphs"
-    ]
+    lengths = [f"length-{i + 1}" for i in range(len(chunks))]
+    assert gpu_studies.job_names() == ["regime", *lengths, "paragraphs", "packing"]
 
 
 def test_paragraph_corpus_makes_every_paragraph_a_document_and_keeps_the_text(tmp_path: Path) -> None:

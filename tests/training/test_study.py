@@ -73,33 +73,37 @@ def test_study_stages_on_tiny_runs(
     assert main([*common, "--stages", "ood,summary", "--resume"]) == 0
     assert (out / "ood-built-in.json").stat().st_mtime_ns == mtime
 
-    # SST-2 for the seed-0 runs only (one learning rate: time), two `tupe glue` processes at a time; the summary
-    # gains its column. It starts while a seed-1 run is unfinished (no config.json yet), which the evaluation
-    # stages refuse by name
+    # CoLA and SST-2 for the seed-0 runs only, whole training sets, one learning rate and two fine-tuning seeds
+    # (time), two `tupe glue` processes at a time; the summary gains a column per task. It starts while a seed-1
+    # run is unfinished (no config.json yet), which the evaluation stages refuse by name
     (out / "runs" / "rope" / "seed-1" / "config.json").rename(tmp_path / "rope-seed-1-config.json")
     capsys.readouterr()
     assert main([*common, "--stages", "ood", "--resume"]) == 2
     assert "runs not finished: rope/seed-1" in capsys.readouterr().err
-    write_task(tmp_path / "glue", "SST-2", n_train=8, n_dev=8)
-    glue = [
-        "--glue-data",
-        str(tmp_path / "glue"),
-        "--glue-pretrain-seeds",
-        "0",
-        "--glue-lrs",
-        "1e-4",
-        "--parallel",
-        "2",
-    ]
+    for task in ("SST-2", "CoLA"):
+        write_task(tmp_path / "glue", task, n_train=8, n_dev=8)
+    glue = ["--glue-data", str(tmp_path / "glue"), "--glue-tasks", "SST-2,CoLA", "--glue-train-samples", "all",
+            "--glue-seeds", "1,2", "--glue-pretrain-seeds", "0", "--glue-lrs", "1e-4", "--parallel", "2"]  # fmt: skip
     assert main([*common, *glue, "--stages", "glue,summary", "--resume"]) == 0
-    assert sorted(p.name for p in (out / "glue").glob("SST-2-*")) == [
+    assert sorted(p.name for p in (out / "glue").glob("*-seed-*")) == [
+        "CoLA-bert-a-seed-0",
+        "CoLA-rope-seed-0",
         "SST-2-bert-a-seed-0",
         "SST-2-rope-seed-0",
     ]
+    result = json.loads((out / "glue" / "CoLA-rope-seed-0" / "results.json").read_text())
+    assert result["settings"]["max_train_samples"] is None and result["data"]["train_examples"] == 8
+    assert sorted(r["seed"] for r in result["runs"]) == [1, 2]
     table = (out / "study.md").read_text()
-    assert "SST-2 dev acc." in table and "| majority class (SST-2) |" in table
+    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    assert header[-2:] == ["SST-2 dev acc.", "CoLA dev mcc"]
+    majority = next(line for line in table.splitlines() if line.startswith("| majority class |"))
+    assert [c.strip() for c in majority.strip("|").split("|")][-2:] == [
+        "50.00",
+        "0.00",
+    ]  # 4 of 8 dev rows each
     row = next(line for line in table.splitlines() if line.startswith("| rope |"))
-    assert row.rstrip(" |").endswith("(1 pre-training seed)")
+    assert row.rstrip(" |").endswith("(1 pre-training seed)") and row.count("(1 pre-training seed)") == 2
 
 
 def _model(seed: int) -> dict:
@@ -187,6 +191,10 @@ def test_a_damaged_stage_file_is_done_again_on_resume_and_named_by_the_summary(
         ),
         (["--stages", "train,ood,train"], "--stages: train given more than once"),
         (["--glue-data", "NOPE"], "--glue-data"),
+        (["--glue-tasks", "SST-2,COLA"], "(unknown: COLA)"),
+        (["--glue-tasks", "SST-2,SST-2"], "each once"),
+        (["--glue-train-samples", "0"], "give a number of examples >= 1, or all"),
+        (["--preset", "base"], "--preset: invalid choice: 'base'"),
     ],
 )
 def test_flags_are_checked_before_the_train_stage(

@@ -63,8 +63,12 @@ def python_command() -> list[str]:
 
 
 def child_env() -> dict:
-    """The environment of a child: unbuffered output, the Hub offline (the device reaches nothing)."""
+    """The environment of a child: unbuffered output, the Hub offline (the device reaches nothing), and this
+    suite's own `tupe` first on the path (a benchmark script imports it from a checkout that is not installed, or
+    where another copy is)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     env.setdefault("TOKENIZERS_PARALLELISM", "true")
     return env
 

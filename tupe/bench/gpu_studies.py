@@ -1,7 +1,7 @@
 """What the open issues still need from a GPU: the `packing-speed` and `studies` stages of the GPU suite.
 
     benchmarks/gpu/run.sh --out /tmp/gpu --archive $OUT/gpu.tar.gz --stages packing-speed,studies \
-        [--studies packing,length-1,...] [--glue-data .carry/glue] [--ood-text .carry/conll-news.txt]
+        [--studies regime,length-1,...] [--glue-data .carry/glue] [--ood-text .carry/conll-news.txt]
 
 `packing-speed` (issue 36, item 5 on a GPU): `benchmarks/packing_step.py` (a `--packing documents` training
 step against a `stream` one) and, with `--glue-data`, `benchmarks/glue_padding_free.py` (a padding-free
@@ -10,19 +10,26 @@ step against a `stream` one) and, with `--glue-data`, `benchmarks/glue_padding_f
 `studies`: the pre-training studies, as jobs in priority order (`--studies`, default all of `job_names()`); each
 job is one or two `python -m tupe.comparison.study` folders under `--studies-work`, every call with `--resume`:
 
-1. `packing` (issue 36, item 6): bert-a, tupe-a, tupe-r, rope, alibi and deberta x seeds 0-2 at the demo recipe,
-   `--packing stream` and `--packing documents` (the two folders trained at once); then on each the validation
-   loss and plateau exit (`tupe compare`'s summary), the built-in out-of-domain text (*Great Astronomers*: loss
-   and word order), the summary; then, with `--glue-data`, SST-2 of the seed-0 runs with the small-model grid.
-2. `length-1`, `length-2`, ... (issue 37, items 4 and 5): the study of every scheme over seeds 0-4, in chunks of
-   `LENGTH_CHUNK` schemes (`length_chunks`: the length comparators and the new schemes first), each chunk a study
-   folder of its own, trained, then evaluated (out-of-domain texts: built-in and every `--ood-text`; lengths 1x-8x
-   with every extension method; the passkey probe; the summary) before the next chunk starts, so that a chunk
-   that comes back is complete. Runs of one seed share the initialisation seed, the data order and the masks in
-   every chunk (the same tokenizer and blocks), so chunks compare as one study would, paired by seed.
+1. `regime` (issue 47, item 3; RESULTS G): `REGIME_SCHEMES` (bert-a, tupe-a, tupe-r, bert-r, rope, deberta) x
+   seeds 0-2 at the paper's-regime recipe `REGIME_RECIPE` (the `small` preset, 6,000 steps), trained at once; then
+   the out-of-domain texts, lengths 1x-8x and the order-aware passkey probe, the summary; then, with
+   `--glue-data`, each of `REGIME_TASKS` (CoLA, MRPC, SST-2) found there on its whole training set, the
+   small-model grid with five fine-tuning seeds (the paper's protocol) for every run.
+2. `length-1`, `length-2`, ... (issue 37, items 4 and 5; issue 47 re-runs their passkey stage with the
+   order-aware probe): the study of every scheme over seeds 0-4, in chunks of `LENGTH_CHUNK` schemes
+   (`length_chunks`: the length comparators and the new schemes first), each chunk a study folder of its own,
+   trained, then evaluated (out-of-domain texts: built-in and every `--ood-text`; lengths 1x-8x with every
+   extension method; the passkey probe; the summary) before the next chunk starts, so that a chunk that comes
+   back is complete. Runs of one seed share the initialisation seed, the data order and the masks in every chunk
+   (the same tokenizer and blocks), so chunks compare as one study would, paired by seed.
 3. `paragraphs` (issue 36, item 6's short-document arm): the `packing` job's steps for `PARAGRAPH_SCHEMES` on the
    built-in books with every paragraph a document (`paragraph_corpus`, written on the device: on the built-in
    corpus, where a book is a document, the two packings differ only at the 23 book ends).
+4. `packing` (issue 36, item 6; measured on the CPU in RESULTS D, so last here): bert-a, tupe-a, tupe-r, rope,
+   alibi and deberta x seeds 0-2 at the demo recipe, `--packing stream` and `--packing documents` (the two
+   folders trained at once); then on each the validation loss and plateau exit (`tupe compare`'s summary), the
+   built-in out-of-domain text (*Great Astronomers*: loss and word order), the summary; then, with
+   `--glue-data`, SST-2 of the seed-0 runs with the small-model grid.
 
 Resuming: the study folders live in `--studies-work` (default `/tmp/tupe-gpu-studies`, kept between calls): a
 call cut off by its limit is continued by the next call on the same machine (the device keeps a machine for a
@@ -32,7 +39,7 @@ done (`--studies length-2,length-3`).
 
 What comes back: after every step the results of each study folder are copied into `OUT/studies/<folder>/`:
 summaries, `compare_summary.json`, `valid_loss.*`, every run's `metrics.jsonl`, `pretrain_summary.json`,
-`config.json`, model card and logs, the evaluation JSONs and plots, SST-2's `results.json`; no weights, checkpoints,
+`config.json`, model card and logs, the evaluation JSONs and plots, GLUE's `results.json`; no weights, checkpoints,
 tokenizers or TensorBoard logs (a `mini` model is 5.95 MB; 36 of them would not fit what the device returns). The
 one exception: seed-0 runs of the packing study whose SST-2 did not finish on the device come back whole (weights
 and tokenizer, not the checkpoints), in the issue's scheme order, while they fit `MODEL_RETURN_BYTES`, so that a
@@ -54,6 +61,11 @@ from pathlib import Path
 
 from tupe.data.config import PACKINGS
 
+# issue 47, item 3: the paper's regime (RESULTS G), the paper's four schemes first; GLUE on whole training sets
+REGIME_SCHEMES = ("bert-a", "tupe-a", "tupe-r", "bert-r", "rope", "deberta")
+REGIME_SEEDS = "0,1,2"
+REGIME_RECIPE = ("--preset", "small", "--max-steps", "6000")
+REGIME_TASKS = ("CoLA", "MRPC", "SST-2")  # the GLUE tasks with data in this project, smallest first
 PACKING_SCHEMES = ("bert-a", "tupe-a", "tupe-r", "rope", "alibi", "deberta")  # issue 36, item 6
 PACKING_SEEDS = "0,1,2"
 # the short-document arm: the built-in books with every paragraph a document (`paragraph_corpus`), where
@@ -83,7 +95,39 @@ def length_chunks(schemes: tuple[str, ...] | None = None, size: int = LENGTH_CHU
 
 
 def job_names() -> list[str]:
-    return ["packing"] + [f"length-{i}" for i in range(1, len(length_chunks()) + 1)] + ["paragraphs"]
+    """Every job in priority order: the open issue's paper's regime, the length chunks (whose passkey stage
+    issue 47 re-runs with the order-aware probe), the short-document arm, then the packing study (measured on
+    the CPU in RESULTS D)."""
+    lengths = [f"length-{i}" for i in range(1, len(length_chunks()) + 1)]
+    return ["regime", *lengths, "paragraphs", "packing"]
+
+
+def _regime_job(
+    args: argparse.Namespace, work: Path, train: list[str], evaluate: list[str], ood: list[str]
+) -> dict:
+    """`regime`: `REGIME_SCHEMES` x `REGIME_SEEDS` at `REGIME_RECIPE` trained at once; then the out-of-domain
+    texts, lengths and the passkey probe; then, with `--glue-data`, each of `REGIME_TASKS` found there on its
+    whole training set with the small-model grid for every run (the paper's protocol: five fine-tuning seeds,
+    the best learning rate's median)."""
+    smoke, f = args.smoke, work / "regime"
+    schemes = ["bert-a"] if smoke else list(REGIME_SCHEMES)
+    seeds = "0,1" if smoke else REGIME_SEEDS
+    steps = [
+        ("train", [_study(f, schemes, seeds, "train", [*REGIME_RECIPE, *train, "--parallel", str(args.studies_parallel)])]),
+        ("evaluate", [_study(f, schemes, seeds, "ood,lengths,passkey,summary", [*ood, *evaluate])]),
+    ]  # fmt: skip
+    job = {"name": "regime", "schemes": schemes, "folders": [f], "steps": steps}
+    tasks = [t for t in REGIME_TASKS if args.glue_data and (Path(args.glue_data) / t).is_dir()]
+    if tasks:
+        glue = ["--glue-data", str(args.glue_data), "--glue-tasks", ",".join(tasks), "--glue-pretrain-seeds", seeds,
+                "--parallel", str(args.studies_parallel)]  # fmt: skip
+        glue += ["--glue-lrs", "1e-4", "--glue-train-samples", "8", "--glue-seeds", "1"] if smoke else [
+            "--glue-train-samples", "all", "--glue-seeds", "1,2,3,4,5"]  # fmt: skip
+        steps.append(("glue", [_study(f, schemes, seeds, "glue,summary", glue)]))
+    missing = [t for t in REGIME_TASKS if t not in tasks]
+    if missing and args.glue_data:
+        job["note"] = f"regime: no {', '.join(missing)} under --glue-data; GLUE without them"
+    return job
 
 
 def paragraph_corpus(out: Path, books: int | None = None) -> int:
@@ -128,7 +172,9 @@ def plan(args: argparse.Namespace, work: Path) -> list[dict]:
     parallel = args.studies_parallel
     jobs = []
     for name in args.studies:
-        if name in ("packing", "paragraphs"):
+        if name == "regime":
+            jobs.append(_regime_job(args, work, train, evaluate, ood))
+        elif name in ("packing", "paragraphs"):
             per = max(1, parallel // len(PACKINGS))
             if name == "packing":
                 schemes, prefix, corpus = packing_schemes, "packing", []
@@ -307,10 +353,12 @@ def stage_studies(args: argparse.Namespace, out: Path, timeout: float) -> dict:
     if missing:
         result["notes"] = [f"--ood-text {p}: not found, the length jobs run without it" for p in missing]
     if not args.glue_data:
-        result.setdefault("notes", []).append("no --glue-data: no SST-2 on the device")
+        result.setdefault("notes", []).append("no --glue-data: no GLUE on the device")
     stop = False
     for job in plan(args, work):
         record: dict = {"name": job["name"], "steps": [], "status": "not started"}
+        if "note" in job:
+            result.setdefault("notes", []).append(job["note"])
         if "schemes" in job:
             record["schemes"] = job["schemes"]
         result["jobs"].append(record)

@@ -11,9 +11,9 @@ lines; a JSON object of records is not a table the corpus reader takes. `conll-n
 Stages, each written under `--out` (outside the repository) and skipped on `--resume` when its output exists:
 
 1. `train`: `tupe compare` of every scheme in `tupe.POSITION_SCHEMES` x `--seeds` (default 0,1,2) at the demo's
-   recipe (mini preset, `--corpus`, default the built-in one; `--max-steps`, default the demo's 1,400;
-   `--packing`, default stream)
-   into `OUT/runs/`; interrupted runs continue from their latest checkpoint, finished ones are kept.
+   recipe (`--preset`, default mini; `--corpus`, default the built-in one; `--max-steps`, default the demo's
+   1,400; `--packing`, default stream) into `OUT/runs/`; interrupted runs continue from their latest checkpoint,
+   finished ones are kept. The paper's regime of RESULTS G is `--preset small --max-steps 6000`.
 2. `ood`: every run on each out-of-domain text (`built-in`, plus each `--ood-text`, repeatable): `tupe evaluate`'s
    loss, tokens per word, paired intervals and word-order check -> `OUT/ood-<name>.json`.
 3. `lengths`: every run at 1x, 2x, 4x, 8x its training length on `--length-text` (default `built-in`), once per
@@ -23,14 +23,17 @@ Stages, each written under `--out` (outside the repository) and skipped on `--re
 4. `passkey`: the passkey probe (`tupe evaluate --probe passkey`) of the same runs at `--probe-distances`
    (default 16-1,024 filler tokens), filler from `--probe-text` (default `built-in`), once per method as in
    `lengths` -> `OUT/passkey-<method>.json`.
-5. `glue` (with `--glue-data`): SST-2 on the 8,000-sentence subset of RESULTS A.7 with the small-model grid and
-   fine-tuning seeds 1,2,3 for every run (`--glue-pretrain-seeds`: of those pre-training seeds only), `--parallel`
-   `tupe glue` processes at a time -> `OUT/glue/SST-2-<scheme>-seed-<s>/`, then `tupe report`.
+5. `glue` (with `--glue-data`): each task of `--glue-tasks` (default SST-2) on `--glue-train-samples` training
+   examples (default the 8,000-sentence subset of RESULTS A.7; `all`: the whole training set) with the
+   small-model grid (`--glue-lrs`) and fine-tuning seeds `--glue-seeds` (default 1,2,3) for every run
+   (`--glue-pretrain-seeds`: of those pre-training seeds only), `--parallel` `tupe glue` processes at a time ->
+   `OUT/glue/<task>-<scheme>-seed-<s>/`, then `tupe report`.
 6. `summary`: `OUT/study.md` and `OUT/study.json`: per scheme the final validation loss (mean +- std over seeds),
    the step each seed left the plateau, the out-of-domain loss, tokens per word and word-order delta, the loss
    at each length and method, the passkey's token use (accuracy minus the guess without the key) and copying
-   (accuracy minus the accuracy with the key's digits deranged) at each distance and method (mean +- std), and the SST-2 dev accuracy (the best learning rate's median over the fine-tuning seeds; mean +- std
-   over the pre-training seeds fine-tuned) with the majority-class row.
+   (accuracy minus the accuracy with the key's digits deranged) at each distance and method (mean +- std), and
+   per GLUE task its main dev metric (the best learning rate's median over the fine-tuning seeds; mean +- std over
+   the pre-training seeds fine-tuned) with the majority-class row.
 """
 
 from __future__ import annotations
@@ -47,6 +50,34 @@ from tupe.errors import TupeError
 
 STAGES = ("train", "ood", "lengths", "passkey", "glue", "summary")
 EXTEND = ("none", "interpolate", "pi", "ntk", "yarn")  # the default --extend-methods
+PRESETS = ("mini", "small")  # the train stage's recipes (tupe pretrain's presets of this size)
+
+
+def _glue_tasks(value: str) -> list[str]:
+    """`--glue-tasks`: known GLUE task names, each once, in the given order."""
+    from tupe.finetuning.glue.tasks import TASKS
+
+    tasks = [t.strip() for t in value.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if not tasks or unknown or len(set(tasks)) != len(tasks):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give GLUE tasks, each once, from {', '.join(TASKS)}"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
+    return tasks
+
+
+def _train_samples(value: str) -> int | None:
+    """`--glue-train-samples`: a positive count, or `all` (None: the whole training set)."""
+    if value.strip().lower() == "all":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a number of examples >= 1, or all")
+    return n
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,6 +93,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--schemes", help="comma-separated schemes (default: every scheme in tupe.POSITION_SCHEMES)"
     )
     p.add_argument("--seeds", default="0,1,2", help="pre-training seeds (default 0,1,2)")
+    p.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default="mini",
+        help="train stage: the model and recipe preset of every run (default mini, the demo's; small: width 256, "
+        "RESULTS G)",
+    )
     p.add_argument("--max-steps", type=V.positive_int, default=DEMO_STEPS, help=f"default {DEMO_STEPS}")
     p.add_argument("--parallel", type=V.positive_int, default=2, help="runs trained at once (default 2)")
     add_packing_argument(p)
@@ -112,13 +150,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--probe-text", nargs="+", default=["built-in"], metavar="PATH", help="default: built-in")
     p.add_argument(
-        "--glue-data", type=V.nonempty_path, help="GLUE root with SST-2/ (no GLUE stage without it)"
+        "--glue-data",
+        type=V.nonempty_path,
+        help="GLUE root with a folder per task (no GLUE stage without it)",
     )
     p.add_argument(
-        "--glue-train-samples", type=V.positive_int, default=8000, help="SST-2 subset (default 8000)"
+        "--glue-tasks",
+        type=_glue_tasks,
+        default=["SST-2"],
+        help="comma-separated GLUE tasks fine-tuned in the glue stage (default SST-2), e.g. CoLA,SST-2,MRPC",
     )
     p.add_argument(
-        "--glue-lrs", help="learning rates of the SST-2 grid (default: tupe glue's small-model grid)"
+        "--glue-train-samples",
+        type=_train_samples,
+        default=8000,
+        help="training examples of each task: a fixed random subset of N (default 8000, RESULTS A.7's SST-2 "
+        "subset; a task with fewer uses them all), or `all`",
+    )
+    p.add_argument(
+        "--glue-lrs", help="learning rates of the GLUE grid (default: tupe glue's small-model grid)"
+    )
+    p.add_argument(
+        "--glue-seeds",
+        type=V.int_list(0),
+        default=[1, 2, 3],
+        help="fine-tuning seeds of every learning rate (default 1,2,3)",
     )
     p.add_argument(
         "--glue-pretrain-seeds",
@@ -215,25 +271,28 @@ def _command(module: Any, argv: list[str]) -> int:
 
 
 def _glue(runs: dict[str, Path], out: Path, args: argparse.Namespace, log) -> None:  # noqa: ANN001
-    """SST-2 for every run, `--parallel` `tupe glue` processes at a time (each resumes what it finds)."""
+    """Every `--glue-tasks` task for every run, `--parallel` `tupe glue` processes at a time (each resumes what it
+    finds) -> `OUT/glue/<task>-<scheme>-seed-<s>/`."""
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    subset = [] if args.glue_train_samples is None else ["--max-train-samples", str(args.glue_train_samples)]
 
-    def one(item: tuple[str, Path]) -> tuple[str, int]:
-        name, d = item
-        tag = f"SST-2-{name.replace('/', '-')}"
-        argv = [sys.executable, "-m", "tupe", "glue", "--model", str(d), "--task", "SST-2", "--data-dir",
-                str(args.glue_data), "--out", str(out / tag), "--seeds", "1,2,3", "--max-train-samples",
-                str(args.glue_train_samples), "--threads", "1", "--no-progress",
+    def one(item: tuple[str, str, Path]) -> tuple[str, int]:
+        task, name, d = item
+        tag = f"{task}-{name.replace('/', '-')}"
+        argv = [sys.executable, "-m", "tupe", "glue", "--model", str(d), "--task", task, "--data-dir",
+                str(args.glue_data), "--out", str(out / tag), "--seeds", ",".join(map(str, args.glue_seeds)),
+                *subset, "--threads", "1", "--no-progress",
                 *(["--lrs", args.glue_lrs] if args.glue_lrs else [])]  # fmt: skip
-        log(f"glue: {name} -> {out / tag} (log {out / 'logs' / tag}.log)")
+        log(f"glue: {task} {name} -> {out / tag} (log {out / 'logs' / tag}.log)")
         with open(out / "logs" / f"{tag}.log", "ab") as fh:
-            return name, subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+            return tag, subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
 
+    items = [(task, name, d) for task in args.glue_tasks for name, d in runs.items()]
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        failed = [name for name, rc in pool.map(one, runs.items()) if rc != 0]
+        failed = [tag for tag, rc in pool.map(one, items) if rc != 0]
     if failed:
         raise TupeError(
             f"tupe glue failed for {', '.join(failed)} (logs in {out / 'logs'}); rerun with --resume"
@@ -256,7 +315,8 @@ def check_inputs(args: argparse.Namespace, stages: list[str], seeds: list[int]) 
         except TupeError as err:
             raise TupeError(f"{flag}: {err}") from None
     if "glue" in stages and args.glue_data:
-        check_path_kind("--glue-data", Path(args.glue_data) / "SST-2", "folder")
+        for task in args.glue_tasks:
+            check_path_kind("--glue-data", Path(args.glue_data) / task, "folder")
     if args.glue_pretrain_seeds:
         outside = sorted(set(parse_seeds(args.glue_pretrain_seeds)) - set(seeds))
         if outside:
@@ -309,21 +369,21 @@ def run(args: argparse.Namespace) -> int:
             _glue(chosen, out / "glue", args, log)
             _command(report, [str(out / "glue"), "--out", str(out / "glue" / "table.md")])
         if "summary" in stages:
-            summary = summarize(out, schemes, seeds, list(texts), methods)
+            summary = summarize(out, schemes, seeds, list(texts), methods, args.glue_tasks)
             log(f"wrote {out / 'study.md'}")
             print(summary["markdown"])
     return 0
 
 
 def _train(args: argparse.Namespace, out: Path, schemes: list[str], seeds: list[int], log: Any) -> None:
-    """The train stage: every scheme x seed at the mini recipe, `tupe compare` with --resume."""
+    """The train stage: every scheme x seed at `--preset`'s recipe, `tupe compare` with --resume."""
     from tupe.comparison.compare import compare
     from tupe.training.pretrain import PretrainConfig
 
     base = PretrainConfig(
         out=str(out / "runs"),
         scheme=schemes[0],
-        preset="mini",
+        preset=args.preset,
         max_steps=args.max_steps,
         cache_dir=args.cache_dir,
         resume=True,
@@ -492,8 +552,49 @@ def _stage_columns(
     return [col for group in cols for col in group]
 
 
+def _glue_columns(
+    out: Path, schemes: list[str], seeds: list[int], tasks: Sequence[str], rows: dict[str, dict[str, Any]]
+) -> tuple[list[str], dict[str, float | None]]:
+    """One column per GLUE task with a complete result: per pre-training seed the best learning rate's median
+    over the fine-tuning seeds of the task's main metric (x 100), filled in `rows`; and what always predicting
+    the most frequent dev label scores on it (accuracy; 0 for the Matthews correlation; None otherwise)."""
+    cols: list[str] = []
+    majority: dict[str, float | None] = {}
+    for task in tasks:
+        col = None
+        for s in schemes:
+            found = []
+            for k in seeds:
+                path = out / "glue" / f"{task}-{s}-seed-{k}" / "results.json"
+                result = json.loads(path.read_text()) if path.exists() else None
+                if not (result and result.get("complete") and result.get("best")):
+                    continue
+                metric = result["main_metric"]
+                col = f"{task} dev {'acc.' if metric == 'accuracy' else metric}"
+                found.append(100 * result["best"]["main_median"])
+                share = result["data"]["dev_majority_accuracy"]
+                share = share.get("dev") if isinstance(share, dict) else None
+                majority[col] = (
+                    100 * share
+                    if metric == "accuracy" and share is not None
+                    else 0.0
+                    if metric == "mcc"
+                    else None
+                )
+            if found:
+                rows[s][col] = found
+        if col is not None:
+            cols.append(col)
+    return cols, majority
+
+
 def summarize(
-    out: Path, schemes: list[str], seeds: list[int], texts: list[str], methods: Sequence[str] = EXTEND
+    out: Path,
+    schemes: list[str],
+    seeds: list[int],
+    texts: list[str],
+    methods: Sequence[str] = EXTEND,
+    glue_tasks: Sequence[str] = ("SST-2",),
 ) -> dict[str, Any]:
     """`study.md` / `study.json` from the stages' files (each section only where its stage has run)."""
     rows: dict[str, dict[str, Any]] = {s: {} for s in schemes}
@@ -525,18 +626,7 @@ def summarize(
         [("passkey d={} ({})", lambda e: e["accuracy_minus_guess"]["value"]),
          ("copying d={} ({})", lambda e: e["copying"]["value"] if "copying" in e else None)],
     )  # fmt: skip
-    majority = None
-    for s in schemes:  # SST-2: the best learning rate's median over fine-tuning seeds, per pre-training seed
-        found = []
-        for k in seeds:
-            path = out / "glue" / f"SST-2-{s}-seed-{k}" / "results.json"
-            result = json.loads(path.read_text()) if path.exists() else None
-            if result and result.get("complete"):
-                found.append(100 * result["best"]["main_median"])
-                majority = 100 * result["data"]["dev_majority_accuracy"]["dev"]
-        if found:
-            rows[s]["sst2"] = found
-    glue_cols = ["SST-2 dev acc."] if majority is not None else []
+    glue_cols, majority = _glue_columns(out, schemes, seeds, glue_tasks, rows)
     header = ["scheme", "final valid loss", "left plateau at (per seed)"]
     header += [f"{t}: loss" for t in texts] + [f"{t}: tokens/word" for t in texts]
     header += [f"{t}: word order" for t in texts] + length_cols + passkey_cols + glue_cols
@@ -552,11 +642,12 @@ def summarize(
         cells += [_tokens_per_word(r.get(f"tokens_per_word:{t}", [])) for t in texts]
         cells += [_mean_std(r.get(f"word_order:{t}", [])) for t in texts]
         cells += [_mean_std(r.get(c, [])) for c in length_cols + passkey_cols]
-        cells += [_mean_std(r.get("sst2", []), "pre-training seed") for _ in glue_cols]
+        cells += [_mean_std(r.get(c, []), "pre-training seed") for c in glue_cols]
         lines.append("| " + " | ".join(cells) + " |")
-    if majority is not None:
-        blank = [""] * (len(header) - 2)
-        lines.append("| majority class (SST-2) | " + " | ".join(blank) + f" | {majority:.2f} |")
+    if glue_cols:
+        blank = [""] * (len(header) - 1 - len(glue_cols))
+        cells = blank + ["-" if majority.get(c) is None else f"{majority[c]:.2f}" for c in glue_cols]
+        lines.append("| majority class | " + " | ".join(cells) + " |")
     markdown = "\n".join(lines) + "\n"
     from tupe.io.files import atomic_write_text
 
