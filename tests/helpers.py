@@ -39,8 +39,12 @@ TINY_MODEL = dict(
 
 def tiny_config(scheme: str, **overrides):  # noqa: ANN201 - a TupeConfig
     from tupe import TupeConfig
+    from tupe.modeling.positional import SCHEMES, scheme_fields
 
-    return TupeConfig(**{**TINY_MODEL, "position_scheme": scheme, **overrides})
+    # TINY_MODEL's values of other schemes' fields are left out (a config warns of a setting its scheme ignores)
+    others = set(scheme_fields()) - {field.name for field in SCHEMES[scheme].config_fields}
+    base = {k: v for k, v in TINY_MODEL.items() if k not in others}
+    return TupeConfig(**{**base, "position_scheme": scheme, **overrides})
 
 
 def random_bert(class_name: str = "BertForMaskedLM", **overrides):  # noqa: ANN201 - a transformers BERT model

@@ -51,6 +51,7 @@ from tupe import (
     TupeForTokenClassification,
     TupeModel,
 )
+from tupe.modeling.positional import SCHEMES
 
 SCHEME = os.environ["TUPE_COMMON_SCHEME"]
 
@@ -65,6 +66,12 @@ for table, name in [
     (modeling_auto.MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES, "TupeForMultipleChoice"),
 ]:
     table["tupe"] = name
+
+
+# the scheme's own fields at small sizes (a config warns of another scheme's setting, which it ignores)
+SMALL_SCHEME_FIELDS = dict(relative_attention_num_buckets=8, relative_attention_max_distance=16, position_buckets=8,
+                           max_relative_positions=16)
+OWN_FIELDS = {field.name for field in SCHEMES[SCHEME].config_fields}
 
 
 class TupeModelTester:
@@ -84,8 +91,7 @@ class TupeModelTester:
             num_attention_heads=self.num_attention_heads, intermediate_size=self.intermediate_size,
             hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
             max_position_embeddings=512, position_scheme=SCHEME, initializer_range=0.02,
-            relative_attention_num_buckets=8, relative_attention_max_distance=16, position_buckets=8,
-            max_relative_positions=16,
+            **{k: v for k, v in SMALL_SCHEME_FIELDS.items() if k in OWN_FIELDS},
         )
 
     def prepare_config_and_inputs(self):

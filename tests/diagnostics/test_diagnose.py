@@ -190,9 +190,15 @@ def test_a_checkpoint_is_fine_tuned_on_the_tasks_with_its_own_weights_and_scheme
     model = save_tupe(tmp_path / "rope-ckpt", tok, "rope", max_len=64)
     out = tmp_path / "diag"
     argv = ["diagnose", "--out", str(out), "--model", str(model), "--seeds", "0", "--steps", "3"]
-    assert (
-        main([*argv, "--multiples", "1,2", "--test-examples", "8", "--parallel", "1", "--no-progress"]) == 0
-    )
+    torch.set_num_threads(2)  # a job runs on one thread in this process, then gives the caller's count back
+    try:
+        assert (
+            main([*argv, "--multiples", "1,2", "--test-examples", "8", "--parallel", "1", "--no-progress"])
+            == 0
+        )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
     record = json.loads((out / "diagnostics.json").read_text())
     (run,) = record["runs"]
     assert (

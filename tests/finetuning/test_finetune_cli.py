@@ -260,7 +260,14 @@ def test_a_transformers_bert_folder_is_converted_once(data_dir, tokenizer, tmp_p
     r = json.loads((out / "results.json").read_text())
     assert r["scheme"] == "bert-a" and (out / "converted-bert-a" / "config.json").is_file()
     assert _finetune(*args) == 0  # resumed: the converted copy is reused, every run already done
-    assert "1 already done" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "1 already done" in printed and "using its bert-a conversion" in printed
+    (bert / "model.safetensors").unlink()  # a BERT folder refused while converting: its error, no "converted"
+    out2 = tmp_path / "out2"
+    assert _finetune(*args[:-1], out2) == 2
+    printed = capsys.readouterr()
+    assert "converted" not in printed.out and "model.safetensors" not in printed.out
+    assert str(bert) in printed.err and not (out2 / "converted-bert-a").exists()
 
 
 @pytest.mark.slow

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.testing_utils import CaptureLogger
 
 import tupe
 from tupe import TupeConfig, TupeForMaskedLM
+from tupe.modeling import configuration_tupe
 from tupe.modeling.positional import SCHEMES, SchemeField, scheme_fields
 
 from ..helpers import tiny_config
@@ -52,11 +54,27 @@ def test_a_config_json_with_every_schemes_fields_loads(tmp_path, scheme):
     config = json.loads(path.read_text())
     own = {field.name: config[field.name] for field in SCHEMES[scheme].config_fields}
     path.write_text(json.dumps({**config, **EVERY_SCHEME_FIELD, **own}))
-    loaded = TupeForMaskedLM.from_pretrained(tmp_path).eval()
+    with CaptureLogger(configuration_tupe.logger) as said:
+        loaded = TupeForMaskedLM.from_pretrained(tmp_path).eval()
+    assert "does not read it" not in said.out  # the values every old file carries are dropped quietly
     assert {name: getattr(loaded.config, name) for name in own} == own
     assert not (EVERY_SCHEME_FIELD.keys() - own.keys()) & loaded.config.to_dict().keys()
     ids = torch.randint(5, 50, (2, 9))
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_another_schemes_setting_given_a_value_is_dropped_with_a_warning():
+    """A value of a field the scheme never reads (deberta's max_relative_positions for rope) is not silently lost:
+    the warning names the field, the scheme that reads it and the config's scheme."""
+    with CaptureLogger(configuration_tupe.logger) as said:
+        config = tiny_config("rope", max_relative_positions=7)
+    assert "max_relative_positions=7 is a setting of deberta" in said.out and "'rope'" in said.out
+    assert "max_relative_positions" not in config.to_dict()
+    with CaptureLogger(configuration_tupe.logger) as said:
+        tiny_config(
+            "rope", max_relative_positions=-1, rope_theta=500.0
+        )  # deberta's default; rope's own field
+    assert said.out == ""
 
 
 def test_registering_a_scheme_changes_no_other_config():

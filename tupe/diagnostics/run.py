@@ -190,10 +190,19 @@ def position_probe(m: Any, vocab: Vocabulary, settings: Settings) -> dict[str, f
 
 
 def run_job(job: Job, settings: Settings) -> dict[str, Any]:
-    """Train, score and probe one job; its result is also written to `<folder>/result.json`."""
+    """Train, score and probe one job, on one thread (the caller's thread count is restored after); its result is
+    also written to `<folder>/result.json`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run_job(job, settings)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_job(job: Job, settings: Settings) -> dict[str, Any]:
     from tupe.evaluation.evaluate import EvalModel
 
-    torch.set_num_threads(1)
     start = time.perf_counter()
     torch.manual_seed(job.seed)
     if job.checkpoint is not None:

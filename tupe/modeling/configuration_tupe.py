@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from transformers import PretrainedConfig
+from transformers.utils import logging
 
 from .attention_interface import AUTO, checked_request, requested_kernel, setting, setting_kernel
 from .kernel_registry import ATTENTION_KERNELS
@@ -12,6 +13,8 @@ from .positional import POSITION_SCHEMES, SCHEMES, PositionalScheme, scheme_clas
 # `attn_implementation`): "auto" or a kernel of the registry (kernels.py, `ATTENTION_KERNELS`) by its
 # `AttentionInterface` name, `tupe_<name>` (attention_interface.py). See docs/model.md "Attention kernels".
 __all__ = ["ATTENTION_KERNELS", "POSITION_SCHEMES", "TupeConfig"]
+
+logger = logging.get_logger(__name__)
 
 
 class TupeConfig(PretrainedConfig):
@@ -45,7 +48,8 @@ class TupeConfig(PretrainedConfig):
         **kwargs: the positional scheme's own fields, as it declares them (`PositionalScheme.config_fields`; a
             config holds its own scheme's fields only, with their defaults where not given; another registered
             scheme's field is dropped, so that config.json files that carry every scheme's fields, as they were
-            once saved, load unchanged), then `PretrainedConfig`'s arguments. The built-in schemes':
+            once saved, load unchanged; one given a value other than its default is dropped with a warning naming
+            the schemes that read it), then `PretrainedConfig`'s arguments. The built-in schemes':
     """
 
     model_type = "tupe"
@@ -121,9 +125,24 @@ class TupeConfig(PretrainedConfig):
         for field in scheme.config_fields:
             value = kwargs.pop(field.name, field.default)
             setattr(self, field.name, value if field.resolve is None else field.resolve(value, self))
-        for name in scheme_fields():
-            kwargs.pop(name, None)
+        own = {field.name for field in scheme.config_fields}
+        for name, field in scheme_fields().items():
+            value = kwargs.pop(name, field.default)
+            if name not in own and self._resolved(field, value) != self._resolved(field, field.default):
+                # a setting this scheme never reads, given a value (not the default old config.json files carry)
+                readers = ", ".join(s for s, c in SCHEMES.items() if field in c.config_fields)
+                logger.warning(
+                    f"{name}={value!r} is a setting of {readers}; position_scheme {self.position_scheme!r} does "
+                    "not read it, so it is dropped"
+                )
         scheme.check_config(self)
+
+    def _resolved(self, field, value):  # noqa: ANN001, ANN202
+        """`value` of a scheme's field as that scheme would hold it in this config (deberta's -1 -> the length)."""
+        try:
+            return value if field.resolve is None else field.resolve(value, self)
+        except (TypeError, ValueError):  # a value the scheme could not hold: not its default either
+            return value
 
     def _take_rope_parameters(self, scheme, kwargs: dict) -> None:
         """`rope_parameters` (or the legacy `rope_scaling`, mapped onto it as transformers 5 does) in standard

@@ -388,8 +388,14 @@ def config_from_fairseq(
         attention_probs_dropout_prob=float(_arg(args, "attention_dropout", 0.1)),
         max_position_embeddings=max_positions,
         position_scheme="tupe-r" if rel_pos else "tupe-a",
-        relative_attention_num_buckets=buckets,
-        relative_attention_max_distance=int(_arg(args, "max_rel_pos", 128)),
+        **(  # tupe-r's bucketing; tupe-a reads none of it
+            {
+                "relative_attention_num_buckets": buckets,
+                "relative_attention_max_distance": int(_arg(args, "max_rel_pos", 128)),
+            }
+            if rel_pos
+            else {}
+        ),
         embedding_layer_norm=ENC + "emb_layer_norm.weight" in sd,
         layer_norm_eps=1e-5,  # fairseq's LayerNorm (and apex's FusedLayerNorm) default
         classifier_dropout=float(_arg(args, "pooler_dropout", dropout)),

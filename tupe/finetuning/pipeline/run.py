@@ -294,8 +294,8 @@ def converted_if_bert(
         return model_dir
     outputs.claim("converted-bert-a", ".tmp-converted-bert-a")
     target = out_dir / "converted-bert-a"
-    log(f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a in {target}")
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        log(f"note: {model_dir} is a transformers BERT checkpoint; using its bert-a conversion in {target}")
         return target
     # the special-token ids are the tokenizer's (Google's vocabulary: [CLS] 101, ...), checked against it
     explicit = tokenizer_dir is not None
@@ -313,4 +313,6 @@ def converted_if_bert(
         raise
     outputs.remove(target.name)
     staging.rename(target)
+    # said once it is done: a folder refused while converting gets its error only
+    log(f"note: {model_dir} is a transformers BERT checkpoint; converted exactly to bert-a in {target}")
     return target
