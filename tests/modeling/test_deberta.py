@@ -160,6 +160,14 @@ def test_relative_table_has_each_row_read_once_in_offset_order(n):
     assert table.shape[0] == relative.rows(offsets).unique().numel()
     torch.testing.assert_close(table if index is None else table[index], expected, atol=0, rtol=0)
     assert (index is None) == (table.shape[0] == 2 * n - 1)
+    # the layout of a length is worked out once and kept: a second call reads the same index, and the table it
+    # returns follows the weights as they change (only the integer layout is kept)
+    with torch.no_grad():
+        relative.rel_embeddings.weight.mul_(2)
+    table2, index2 = relative(n)
+    assert index2 is index
+    expected2 = relative.LayerNorm(relative.rel_embeddings(relative.rows(offsets)))
+    torch.testing.assert_close(table2 if index2 is None else table2[index2], expected2, atol=0, rtol=0)
 
 
 def test_relative_scores_match_the_gather_formula_and_gradcheck():

@@ -1173,6 +1173,7 @@ class DisentangledPositions(nn.Module):
         self.span = self.buckets if self.buckets > 0 else self.max_relative
         self.rel_embeddings = nn.Embedding(2 * self.span, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self._layouts: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor | None]] = {}  # see `_layout`
 
     def rows(self, offsets: torch.Tensor) -> torch.Tensor:
         """Row of `rel_embeddings` that each query-minus-key offset reads."""
@@ -1194,13 +1195,24 @@ class DisentangledPositions(nn.Module):
         if torch.compiler.is_compiling() or torch.jit.is_tracing():
             offsets = torch.arange(n - 1, -n, -1, device=weight.device)
             return self.LayerNorm(weight), self.rows(offsets)
-        # the offsets' rows, on the CPU (2n - 1 integers: no device sync for the Python decisions below)
-        rows = self.rows(torch.arange(n - 1, -n, -1))
-        used, inverse = torch.unique(rows, sorted=True, return_inverse=True)
-        used, index = used.flip(0), (used.numel() - 1) - inverse  # rows in slot order (offsets decrease)
-        identity = bool((index == torch.arange(index.numel())).all())
-        table = self.LayerNorm(self.rel_embeddings(used.to(weight.device)))  # row-wise: LN of the rows read
-        return table, None if identity else index.to(weight.device)
+        used, index = self._layout(n, weight.device)
+        table = self.LayerNorm(self.rel_embeddings(used))  # row-wise: LN of the rows read
+        return table, index
+
+    def _layout(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows a length-n input reads and each offset's slot among them, on `device`: worked out on the CPU
+        (2n - 1 integers, no device sync for the Python decisions) once per length and device, then kept (they
+        depend on nothing else), so a forward copies nothing to the device."""
+        key = (n, str(device))
+        if key not in self._layouts:
+            rows = self.rows(torch.arange(n - 1, -n, -1))
+            used, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+            used, index = used.flip(0), (used.numel() - 1) - inverse  # rows in slot order (offsets decrease)
+            identity = bool((index == torch.arange(index.numel())).all())
+            if len(self._layouts) >= 64:  # many lengths (padding-free batches): keep the latest ones only
+                self._layouts.pop(next(iter(self._layouts)))
+            self._layouts[key] = (used.to(device), None if identity else index.to(device))
+        return self._layouts[key]
 
 
 class Deberta(PositionalScheme):
