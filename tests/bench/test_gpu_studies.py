@@ -43,8 +43,11 @@ def test_cpu_dry_run_of_the_studies_resumes_and_returns_one_archive(tmp_path: Pa
            "--ood-text", str(tmp_path / "absent.txt"), "--archive", str(ret / "gpu.tar.gz")]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    text = (out / "summary.json").read_text()
+    summary = json.loads(text)
     assert list(summary["stages"]) == ["packing-speed", "studies"]
+    for path in (str(out), str(work), str(ROOT), sys.executable):  # named as $OUT, $STUDIES_WORK, ., python
+        assert path not in text, path
 
     speed = summary["stages"]["packing-speed"]
     assert set(speed["packing_step"]["result"]["median_step_s"]) == {"stream", "documents"}
@@ -61,7 +64,7 @@ def test_cpu_dry_run_of_the_studies_resumes_and_returns_one_archive(tmp_path: Pa
     assert [s["step"] for s in jobs["packing"]["steps"]] == ["train", "evaluate", "sst-2"]
     assert [s["step"] for s in jobs["paragraphs"]["steps"]] == ["train", "evaluate"]  # smoke: no SST-2 here
     assert all(
-        f"--corpus {work / 'texts' / 'paragraphs'}" in c for c in jobs["paragraphs"]["steps"][0]["commands"]
+        "--corpus $STUDIES_WORK/texts/paragraphs" in c for c in jobs["paragraphs"]["steps"][0]["commands"]
     )
     assert [s["step"] for s in jobs["length-1"]["steps"]] == ["train", "evaluate"]
     assert {j["status"] for j in jobs.values()} == {"done"}, jobs

@@ -62,6 +62,8 @@ from .gpu_stages import DEFAULT_STAGES, MIN_STAGE_S, RUNNERS, SHARES, STAGES, WO
 from .gpu_studies import write_archive
 from .gpu_summary import write_summary
 
+ROOT = Path(__file__).resolve().parents[2]  # the checkout the suite runs from
+
 OUT_MARKER = ".tupe-gpu-suite"  # written into --out: a rerun may write over the suite's own results there
 
 
@@ -235,8 +237,14 @@ def _main(argv: list[str] | None = None) -> int:
     write_json(out / "environment.json", env)
     stages: dict = {}
 
+    # the summary names these folders, not this machine's paths (the interpreter as `python`)
+    names = {str(out): "$OUT", str(Path(args.out)): "$OUT", str(ROOT): ".", sys.executable: "python"}
+    for flag, name in (("work", "$WORK"), ("studies_work", "$STUDIES_WORK")):
+        if getattr(args, flag, None):
+            names[str(Path(getattr(args, flag)).resolve())] = names[str(getattr(args, flag))] = name
+
     def checkpoint() -> None:
-        write_summary(out, env, stages)
+        write_summary(out, env, stages, names)
         if args.archive:
             files = write_archive(out, Path(args.archive))
             print(

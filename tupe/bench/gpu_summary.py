@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .gpu_environment import bert_scheme, write_json
 from .gpu_stages import DEFAULT_STAGES, STAGES
@@ -156,7 +157,24 @@ def profile_table(profile: dict) -> list[str]:
     return lines
 
 
-def write_summary(out: Path, env: dict, stages: dict) -> None:
+def portable(value: Any, names: dict[str, str]) -> Any:
+    """`value` (a stage record: dicts, lists, strings) with each folder of `names` written as its name (`/tmp/gpu`
+    -> `$OUT`, the checkout -> `.`), longest first: what comes back names no folder of the machine it ran on."""
+    order = sorted((k for k in names if k), key=len, reverse=True)
+    if isinstance(value, str):
+        for folder in order:
+            value = value.replace(folder, names[folder])
+        return value
+    if isinstance(value, dict):
+        return {k: portable(v, names) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v, names) for v in value]
+    return value
+
+
+def write_summary(out: Path, env: dict, stages: dict, names: dict[str, str] | None = None) -> None:
+    """`summary.md` and `summary.json` of the stages so far; `names`: folders written as names (`portable`)."""
+    stages = portable(stages, names or {})
     peak = env.get("dense_bf16_peak_flops")
     md = ["# GPU benchmark suite", ""]
     md.append(
