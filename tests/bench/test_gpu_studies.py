@@ -57,7 +57,7 @@ def test_cpu_dry_run_of_the_studies_resumes_and_returns_one_archive(tmp_path: Pa
 
     studies = summary["stages"]["studies"]
     jobs = {j["name"]: j for j in studies["jobs"]}
-    assert list(jobs) == ["regime", "length-1", "paragraphs", "packing"]  # the smoke plan: one length chunk
+    assert list(jobs) == ["length-1", "regime", "paragraphs", "packing"]  # the smoke plan: one length chunk
     assert [s["step"] for s in jobs["regime"]["steps"]] == ["train", "evaluate", "glue"]
     assert "--preset small --max-steps 6000" in jobs["regime"]["steps"][0]["commands"][0]
     assert any("regime: no MRPC under --glue-data" in n for n in studies["notes"])
@@ -131,7 +131,7 @@ def test_length_chunks_cover_every_scheme_once_comparators_first() -> None:
     assert chunks[0] == ["bert-a", "rope", "alibi", "fire"]
     assert all(len(c) <= gpu_studies.LENGTH_CHUNK for c in chunks)
     lengths = [f"length-{i + 1}" for i in range(len(chunks))]
-    assert gpu_studies.job_names() == ["regime", *lengths, "paragraphs", "packing"]
+    assert gpu_studies.job_names() == [*lengths, "regime", "paragraphs", "packing"]
 
 
 def test_paragraph_corpus_makes_every_paragraph_a_document_and_keeps_the_text(tmp_path: Path) -> None:

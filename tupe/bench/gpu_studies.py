@@ -1,7 +1,7 @@
 """What the open issues still need from a GPU: the `packing-speed` and `studies` stages of the GPU suite.
 
     benchmarks/gpu/run.sh --out /tmp/gpu --archive $OUT/gpu.tar.gz --stages packing-speed,studies \
-        [--studies regime,length-1,...] [--glue-data .carry/glue] [--ood-text .carry/conll-news.txt]
+        [--studies length-1,length-2,...] [--glue-data .carry/glue] [--ood-text .carry/conll-news.txt]
 
 `packing-speed` (issue 36, item 5 on a GPU): `benchmarks/packing_step.py` (a `--packing documents` training
 step against a `stream` one) and, with `--glue-data`, `benchmarks/glue_padding_free.py` (a padding-free
@@ -10,18 +10,20 @@ step against a `stream` one) and, with `--glue-data`, `benchmarks/glue_padding_f
 `studies`: the pre-training studies, as jobs in priority order (`--studies`, default all of `job_names()`); each
 job is one or two `python -m tupe.comparison.study` folders under `--studies-work`, every call with `--resume`:
 
-1. `regime` (issue 47, item 3; RESULTS G): `REGIME_SCHEMES` (bert-a, tupe-a, tupe-r, bert-r, rope, deberta) x
-   seeds 0-2 at the paper's-regime recipe `REGIME_RECIPE` (the `small` preset, 6,000 steps), trained at once; then
-   the out-of-domain texts, lengths 1x-8x and the order-aware passkey probe, the summary; then, with
-   `--glue-data`, each of `REGIME_TASKS` (CoLA, MRPC, SST-2) found there on its whole training set, the
-   small-model grid with five fine-tuning seeds (the paper's protocol) for every run.
-2. `length-1`, `length-2`, ... (issue 37, items 4 and 5; issue 47 re-runs their passkey stage with the
+1. `length-1`, `length-2`, ... (issue 37, items 4 and 5; issue 47 re-runs their passkey stage with the
    order-aware probe): the study of every scheme over seeds 0-4, in chunks of `LENGTH_CHUNK` schemes
    (`length_chunks`: the length comparators and the new schemes first), each chunk a study folder of its own,
    trained, then evaluated (out-of-domain texts: built-in and every `--ood-text`; lengths 1x-8x with every
    extension method; the passkey probe; the summary) before the next chunk starts, so that a chunk that comes
    back is complete. Runs of one seed share the initialisation seed, the data order and the masks in every chunk
    (the same tokenizer and blocks), so chunks compare as one study would, paired by seed.
+2. `regime` (issue 47, item 3; RESULTS G): `REGIME_SCHEMES` (bert-a, tupe-a, tupe-r, bert-r, rope, deberta) x
+   seeds 0-2 at the paper's-regime recipe `REGIME_RECIPE` (the `small` preset, 6,000 steps), trained at once; then
+   the out-of-domain texts, lengths 1x-8x and the order-aware passkey probe, the summary; then, with
+   `--glue-data`, each of `REGIME_TASKS` (CoLA, MRPC, SST-2) found there on its whole training set, the
+   small-model grid with five fine-tuning seeds (the paper's protocol) for every run.
+   About 30 minutes of an H200 (18 `small` runs of 6,000 steps, scaled from the demo study's 39 `mini` runs of
+   1,400 steps in 246 s): more than one lease, and the CPU runs it meanwhile (RESULTS G.4), so it comes second.
 3. `paragraphs` (issue 36, item 6's short-document arm): the `packing` job's steps for `PARAGRAPH_SCHEMES` on the
    built-in books with every paragraph a document (`paragraph_corpus`, written on the device: on the built-in
    corpus, where a book is a document, the two packings differ only at the 23 book ends).
@@ -95,11 +97,12 @@ def length_chunks(schemes: tuple[str, ...] | None = None, size: int = LENGTH_CHU
 
 
 def job_names() -> list[str]:
-    """Every job in priority order: the open issue's paper's regime, the length chunks (whose passkey stage
-    issue 47 re-runs with the order-aware probe), the short-document arm, then the packing study (measured on
-    the CPU in RESULTS D)."""
+    """Every job in priority order: the length chunks (issue 47 re-runs their passkey stage with the
+    order-aware probe; a chunk fits a lease), the paper's regime (about 30 minutes of an H200 by the demo study's
+    speed, more than a lease, and running on the CPU: RESULTS G.4), the short-document arm, then the packing study
+    (measured on the CPU in RESULTS D)."""
     lengths = [f"length-{i}" for i in range(1, len(length_chunks()) + 1)]
-    return ["regime", *lengths, "paragraphs", "packing"]
+    return [*lengths, "regime", "paragraphs", "packing"]
 
 
 def _regime_job(

@@ -25,8 +25,8 @@ need from a GPU:
 
 6. `packing-speed`: issue 36's documents-vs-stream pre-training step and padding-free-vs-padded `tupe glue` step at
    base/512 in bf16 (`benchmarks/packing_step.py`, `benchmarks/glue_padding_free.py`);
-7. `studies`: the paper's-regime study of issue 47, the length study of issue 37 (whose passkey stage issue 47
-   re-runs), the short-document arm and the packing study of issue 36, jobs in priority order, each resumable
+7. `studies`: the length study of issue 37 (whose passkey stage issue 47 re-runs), the paper's-regime study of
+   issue 47, the short-document arm and the packing study of issue 36, jobs in priority order, each resumable
    (`--studies`, `--studies-work`).
 
 `--archive PATH` packs `--out` into one gzipped tar (in parts of 15 MiB where larger) after every stage and every
@@ -103,7 +103,7 @@ def _parser() -> ScriptParser:
     parser.add_argument(
         "--studies",
         default=None,
-        help="studies: the jobs to run, in this order (default: all, regime,length-1,...; gpu_studies.py)",
+        help="studies: the jobs to run, in this order (default: all, length-1,...,regime,...; gpu_studies.py)",
     )
     parser.add_argument(
         "--studies-work",
