@@ -158,8 +158,8 @@ def profile_table(profile: dict) -> list[str]:
 
 
 def portable(value: Any, names: dict[str, str]) -> Any:
-    """`value` (a stage record: dicts, lists, strings) with each folder of `names` written as its name (`/tmp/gpu`
-    -> `$OUT`, the checkout -> `.`), longest first: what comes back names no folder of the machine it ran on."""
+    """`value` (a stage record: dicts, lists, strings) with each folder of `names` written as its name (`--out`'s
+    folder -> `$OUT`, the checkout -> `.`), longest first: what comes back names no folder of the machine it ran on."""
     order = sorted((k for k in names if k), key=len, reverse=True)
     if isinstance(value, str):
         for folder in order:
@@ -174,8 +174,7 @@ def portable(value: Any, names: dict[str, str]) -> Any:
 
 def write_summary(out: Path, env: dict, stages: dict, names: dict[str, str] | None = None) -> None:
     """`summary.md` and `summary.json` of the stages so far; `names`: folders written as names (`portable`)."""
-    stages = portable(stages, names or {})
-    peak = env.get("dense_bf16_peak_flops")
+    stages, peak = portable(stages, names or {}), env.get("dense_bf16_peak_flops")
     md = ["# GPU benchmark suite", ""]
     md.append(
         f"Device: {env.get('gpu') or env.get('device')} ({env.get('nvidia_smi') or '-'}); torch "
