@@ -558,6 +558,8 @@ def _glue_columns(
     """One column per GLUE task with a complete result: per pre-training seed the best learning rate's median
     over the fine-tuning seeds of the task's main metric (x 100), filled in `rows`; and what always predicting
     the most frequent dev label scores on it (accuracy; 0 for the Matthews correlation; None otherwise)."""
+    from tupe.finetuning.glue.report import majority_score
+
     cols: list[str] = []
     majority: dict[str, float | None] = {}
     for task in tasks:
@@ -572,15 +574,8 @@ def _glue_columns(
                 metric = result["main_metric"]
                 col = f"{task} dev {'acc.' if metric == 'accuracy' else metric}"
                 found.append(100 * result["best"]["main_median"])
-                share = result["data"]["dev_majority_accuracy"]
-                share = share.get("dev") if isinstance(share, dict) else None
-                majority[col] = (
-                    100 * share
-                    if metric == "accuracy" and share is not None
-                    else 0.0
-                    if metric == "mcc"
-                    else None
-                )
+                shares = result["data"].get("dev_majority_accuracy") or {}
+                majority[col] = majority_score(shares, "dev", metric)
             if found:
                 rows[s][col] = found
         if col is not None:

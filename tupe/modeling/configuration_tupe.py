@@ -125,10 +125,14 @@ class TupeConfig(PretrainedConfig):
         for field in scheme.config_fields:
             value = kwargs.pop(field.name, field.default)
             setattr(self, field.name, value if field.resolve is None else field.resolve(value, self))
-        own = {field.name for field in scheme.config_fields}
-        for name, field in scheme_fields().items():
-            value = kwargs.pop(name, field.default)
-            if name not in own and self._resolved(field, value) != self._resolved(field, field.default):
+        for (
+            name,
+            field,
+        ) in scheme_fields().items():  # the scheme's own are taken above: what is left, another's
+            if name not in kwargs:
+                continue
+            value = kwargs.pop(name)
+            if self._resolved(field, value) != self._resolved(field, field.default):
                 # a setting this scheme never reads, given a value (not the default old config.json files carry)
                 readers = ", ".join(s for s, c in SCHEMES.items() if field in c.config_fields)
                 logger.warning(

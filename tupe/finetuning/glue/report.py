@@ -263,18 +263,24 @@ def _add_row(path: Path, rows: dict[str, Row], seen: dict[tuple[str, str], Path]
     )
 
 
+def majority_score(majority: dict[str, float | None], split: str, metric: str) -> float | None:
+    """What always predicting the most frequent dev label of `split` scores on `metric`, x 100 (`majority`: a
+    results file's `dev_majority_accuracy`): its accuracy, MCC 0 (CoLA); None otherwise (STS-B, F1)."""
+    acc = majority.get(split)
+    if metric == "accuracy" and acc is not None:
+        return 100.0 * acc
+    if metric == "mcc" and split in majority:
+        return 0.0
+    return None
+
+
 def _add_majority(data: GridResults) -> None:
-    """The majority-class baseline of a task's dev split(s): always predicting the most frequent dev label gives
-    its accuracy, MCC 0 (CoLA); STS-B (regression) has none."""
+    """The majority-class baseline of a task's dev split(s) (`majority_score`)."""
     majority = data.data.get("dev_majority_accuracy") or {}
     for col, task, split, metric in task_columns():
-        if task != data.task:
-            continue
-        acc = majority.get(split)
-        if metric == "accuracy" and acc is not None:
-            _MAJORITY[col] = 100.0 * acc
-        elif metric == "mcc" and split in majority:
-            _MAJORITY[col] = 0.0
+        score = majority_score(majority, split, metric) if task == data.task else None
+        if score is not None:
+            _MAJORITY[col] = score
 
 
 def majority_row() -> Row | None:
