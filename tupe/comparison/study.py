@@ -556,7 +556,8 @@ def _glue_columns(
     out: Path, schemes: list[str], seeds: list[int], tasks: Sequence[str], rows: dict[str, dict[str, Any]]
 ) -> tuple[list[str], dict[str, float | None]]:
     """One column per GLUE task with a complete result: per pre-training seed the best learning rate's median
-    over the fine-tuning seeds of the task's main metric (x 100), filled in `rows`; and what always predicting
+    over the fine-tuning seeds of the task's main metric (x 100; None for a seed whose grid is not complete, so
+    the list pairs with `seeds` as every other column does), filled in `rows`; and what always predicting
     the most frequent dev label scores on it (accuracy; 0 for the Matthews correlation; None otherwise)."""
     from tupe.finetuning.glue.report import majority_score
 
@@ -565,18 +566,19 @@ def _glue_columns(
     for task in tasks:
         col = None
         for s in schemes:
-            found = []
+            found: list[float | None] = []  # one per pre-training seed, None where its grid is not complete
             for k in seeds:
                 path = out / "glue" / f"{task}-{s}-seed-{k}" / "results.json"
                 result = json.loads(path.read_text()) if path.exists() else None
                 if not (result and result.get("complete") and result.get("best")):
+                    found.append(None)
                     continue
                 metric = result["main_metric"]
                 col = f"{task} dev {'acc.' if metric == 'accuracy' else metric}"
                 found.append(100 * result["best"]["main_median"])
                 shares = result["data"].get("dev_majority_accuracy") or {}
                 majority[col] = majority_score(shares, "dev", metric)
-            if found:
+            if any(v is not None for v in found):
                 rows[s][col] = found
         if col is not None:
             cols.append(col)

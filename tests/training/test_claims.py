@@ -1,0 +1,163 @@
+"""`python -m tupe.comparison.claims`: the paper's claims read on a study folder, paired by seed.
+
+The folder is written here by hand (curves, GLUE grids, the study summary), so every expected number is known;
+the intervals are checked against scipy's own paired t-test, not against the module's formula."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from tupe.comparison.claims import PAPER_GLUE, judge, main, verdict
+
+STEPS = [100, 200, 300, 400]
+# validation loss by scheme and seed at STEPS; tupe-a is above bert-a at step 100 in seed 2 only
+CURVES = {
+    "bert-a": {0: [6.3, 6.2, 6.1, 5.0], 1: [6.3, 6.1, 5.9, 5.2], 2: [6.2, 6.2, 6.2, 6.0]},
+    "tupe-a": {0: [6.0, 5.05, 4.5, 4.0], 1: [6.1, 5.1, 4.6, 4.3], 2: [6.3, 5.5, 4.9, 4.7]},
+    "tupe-r": {0: [5.9, 4.8]},  # still training (no pretrain_summary.json)
+}
+# CoLA: best learning rate's median MCC (0-1) per pre-training seed
+COLA = {"bert-a": {0: 0.10, 1: 0.12, 2: 0.08}, "tupe-a": {0: 0.20, 1: 0.14, 2: 0.21}}
+
+
+def _study(root: Path) -> Path:
+    for scheme, by_seed in CURVES.items():
+        for seed, losses in by_seed.items():
+            run = root / "runs" / scheme / f"seed-{seed}"
+            run.mkdir(parents=True)
+            lines = [{"step": st, "eval_loss": x} for st, x in zip(STEPS, losses)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+            if len(losses) == len(STEPS):
+                (run / "pretrain_summary.json").write_text(json.dumps({"steps": STEPS[-1]}))
+    for scheme, by_seed in COLA.items():
+        for seed, mcc in by_seed.items():
+            folder = root / "glue" / f"CoLA-{scheme}-seed-{seed}"
+            folder.mkdir(parents=True)
+            result = {"task": "CoLA", "main_metric": "mcc", "complete": True, "best": {"main_median": mcc}}
+            (folder / "results.json").write_text(json.dumps(result))
+    # an unfinished grid is not read
+    (root / "glue" / "CoLA-tupe-r-seed-0").mkdir()
+    (root / "glue" / "CoLA-tupe-r-seed-0" / "results.json").write_text(
+        json.dumps({"task": "CoLA", "main_metric": "mcc", "complete": False, "best": {"main_median": 0.9}})
+    )
+    rows = {
+        "bert-a": {
+            "ood:news": [6.0, 6.1, 6.2],
+            "word_order:news": [1.0, 1.5, 0.5],
+            "CoLA dev mcc": [10, 12, 8],
+        },
+        "tupe-a": {
+            "ood:news": [5.0, 5.3, None],
+            "word_order:news": [2.0, 2.5, 1.0],
+            "CoLA dev mcc": [20, 14, 21],
+        },
+    }
+    (root / "study.json").write_text(json.dumps({"seeds": [0, 1, 2], "schemes": rows}))
+    return root
+
+
+def _scipy_ci(a: list[float], b: list[float]) -> tuple[float, float]:
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+    return float(ci.low), float(ci.high)
+
+
+def test_fig5a_and_steps_claims_pair_by_seed(tmp_path: Path) -> None:
+    result = judge(_study(tmp_path), seeds=(0, 1, 2), steps=(200, 400), unigram=6.9)
+    pair = result["loss"]["tupe-a - bert-a"]
+    assert pair["seeds"] == [0, 1, 2] and pair["finished_seeds"] == [0, 1, 2]
+    per = pair["per_seed"]
+    assert [per[k]["below_at_every_step"] for k in "012"] == [True, True, False]
+    assert per["2"]["share_below"] == 0.75 and per["2"]["below_from_step"] == 200
+    assert per["0"]["below_from_step"] == 100
+    # first evaluation at or below bert-a's final loss of the same seed: 5.0 -> step 300 (4.5); 5.2 -> 200 (5.1)
+    assert [per[k]["reaches_baseline_final_at"] for k in "012"] == [300, 200, 200]
+    assert per["2"]["reach_share"] == 0.5
+    ta = [CURVES["tupe-a"][k][-1] for k in range(3)]
+    ba = [CURVES["bert-a"][k][-1] for k in range(3)]
+    assert pair["final"]["mean"] == pytest.approx(np.mean(np.subtract(ta, ba)))
+    assert pair["final"]["ci95"] == pytest.approx(_scipy_ci(ta, ba))
+    assert pair["verdict"] == "holds"  # every seed ~1 nat below, tight
+    at200 = pair["at_steps"]["200"]
+    assert at200["diffs"] == pytest.approx([5.05 - 6.2, 5.1 - 6.1, 5.5 - 6.2])
+    # a running run: its evaluations so far are compared, but it has no final difference and no steps claim
+    running = result["loss"]["tupe-r - bert-a"]
+    assert running["finished_seeds"] == [] and running["per_seed"]["0"]["below_at_every_step"]
+    assert running["final"]["mean"] is None and running["verdict"] == "no data"
+    assert running["per_seed"]["0"]["reaches_baseline_final_at"] is None
+    assert "tupe-a - bert-r" not in result["loss"]  # no bert-r runs
+    # plateau exit at 1 nat below the unigram (5.9): bert-a seed 2 never gets there
+    assert result["runs"]["bert-a/seed-0"]["plateau_exit"] == 400
+    assert result["runs"]["bert-a/seed-2"]["plateau_exit"] is None
+    assert result["runs"]["tupe-r/seed-0"] == {
+        "finished": False,
+        "last_step": 200,
+        "last_loss": 4.8,
+        "plateau_exit": 100,
+    }
+
+
+def test_glue_pairs_read_complete_grids_against_the_papers_sign(tmp_path: Path) -> None:
+    result = judge(_study(tmp_path), seeds=(0, 1, 2), unigram=6.9)
+    assert result["glue"]["CoLA"]["metric"] == "mcc"
+    assert "tupe-r" not in result["glue"]["CoLA"]["scores"]  # its grid is not complete
+    cola = result["glue_pairs"]["CoLA"]["tupe-a - bert-a"]
+    a = [100 * COLA["tupe-a"][k] for k in range(3)]
+    b = [100 * COLA["bert-a"][k] for k in range(3)]
+    assert cola["diffs"] == pytest.approx(np.subtract(a, b))
+    assert cola["ci95"] == pytest.approx(_scipy_ci(a, b))
+    assert cola["paper"] == pytest.approx(PAPER_GLUE["CoLA"]["tupe-a"] - PAPER_GLUE["CoLA"]["bert-a"])
+    lo, hi = cola["ci95"]
+    assert cola["verdict"] == ("holds" if lo > 0 else "direction")
+    assert list(result["glue_pairs"]["CoLA"]) == ["tupe-a - bert-a"]
+
+
+def test_stage_readings_pair_by_seed_and_skip_missing(tmp_path: Path) -> None:
+    stages = judge(_study(tmp_path), seeds=(0, 1, 2), unigram=6.9)["stages"]
+    assert set(stages) == {"ood:news", "word_order:news"}  # GLUE columns have their own section
+    ood = stages["ood:news"]["tupe-a"]
+    assert ood["diffs"] == pytest.approx([-1.0, -0.8])  # seed 2 has no tupe-a value
+    assert ood["ci95"] == pytest.approx(_scipy_ci([5.0, 5.3], [6.0, 6.1]))
+    wo = stages["word_order:news"]["tupe-a"]
+    assert wo["mean"] == pytest.approx((1.0 + 1.0 + 0.5) / 3) and wo["value"] == pytest.approx(5.5 / 3)
+
+
+@pytest.mark.parametrize(
+    ("paper", "diffs", "expected"),
+    [
+        (-1.0, [-1.0, -1.1, -0.9], "holds"),
+        (-1.0, [-1.0, 0.5, -0.9], "direction"),
+        (-1.0, [1.0, -0.5, 0.9], "not found"),
+        (-1.0, [1.0, 1.1, 0.9], "reversed"),
+        (2.0, [1.0], "one seed"),
+        (2.0, [], "no data"),
+    ],
+)
+def test_verdict(paper: float, diffs: list[float], expected: str) -> None:
+    assert verdict(paper, diffs) == expected
+
+
+def test_cli_writes_both_files_and_refuses_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    study = _study(tmp_path / "study")
+    assert main([str(study), "--unigram", "6.9", "--steps", "200,400"]) == 0
+    md = (study / "claims.md").read_text()
+    assert "| tupe-a - bert-a | 0, 1, 2 | y, y, n | 1.00, 1.00, 0.75 | 100, 100, 200 |" in md
+    assert "| tupe-r - bert-a | 0 r |" in md and "(no seed with both runs finished)" in md
+    assert "### CoLA (mcc)" in md and "| bert-a | 0: 10.00, 1: 12.00, 2: 8.00 | 10.00 ± 2.00 | 55.19 |" in md
+    assert json.loads((study / "claims.json").read_text())["loss"]["tupe-a - bert-a"]["verdict"] == "holds"
+    capsys.readouterr()
+    assert main([str(tmp_path / "nothing")]) == 2
+    assert "no runs/ folder" in capsys.readouterr().err
+    assert main([str(study), "--reference", "rope"]) == 2
+    assert "--reference 'rope' is not one of --schemes" in capsys.readouterr().err
+    assert main([str(study), "--steps", "10,x"]) == 2
+    assert "--steps" in capsys.readouterr().err
+    (study / "glue" / "CoLA-bert-a-seed-1" / "results.json").write_text("{cut")
+    assert main([str(study), "--unigram", "6.9"]) == 2
+    assert "CoLA-bert-a-seed-1/results.json: not a readable results.json" in capsys.readouterr().err
