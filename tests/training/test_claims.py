@@ -22,7 +22,15 @@ CURVES = {
     "tupe-r": {0: [5.9, 4.8]},  # still training (no pretrain_summary.json)
 }
 # CoLA: best learning rate's median MCC (0-1) per pre-training seed
-COLA = {"bert-a": {0: 0.10, 1: 0.12, 2: 0.08}, "tupe-a": {0: 0.20, 1: 0.14, 2: 0.21}}
+# per GLUE task the best learning rate's median (0-1) per pre-training seed; "tupe-a-mid": its 30% checkpoint
+GLUE = {
+    "CoLA": {
+        "bert-a": {0: 0.10, 1: 0.12, 2: 0.08},
+        "tupe-a": {0: 0.20, 1: 0.14, 2: 0.21},
+        "tupe-a-mid": {0: 0.15, 1: 0.09, 2: 0.10},
+    },
+    "MRPC": {"bert-a": {0: 0.70, 1: 0.71, 2: 0.69}, "tupe-a": {0: 0.72, 1: 0.70}},
+}
 
 
 def _study(root: Path) -> Path:
@@ -34,12 +42,19 @@ def _study(root: Path) -> Path:
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
             if len(losses) == len(STEPS):
                 (run / "pretrain_summary.json").write_text(json.dumps({"steps": STEPS[-1]}))
-    for scheme, by_seed in COLA.items():
-        for seed, mcc in by_seed.items():
-            folder = root / "glue" / f"CoLA-{scheme}-seed-{seed}"
-            folder.mkdir(parents=True)
-            result = {"task": "CoLA", "main_metric": "mcc", "complete": True, "best": {"main_median": mcc}}
-            (folder / "results.json").write_text(json.dumps(result))
+    for task, by_scheme in GLUE.items():
+        metric = "mcc" if task == "CoLA" else "accuracy"
+        for scheme, by_seed in by_scheme.items():
+            for seed, score in by_seed.items():
+                folder = root / "glue" / f"{task}-{scheme}-seed-{seed}"
+                folder.mkdir(parents=True)
+                result = {
+                    "task": task,
+                    "main_metric": metric,
+                    "complete": True,
+                    "best": {"main_median": score},
+                }
+                (folder / "results.json").write_text(json.dumps(result))
     # an unfinished grid is not read
     (root / "glue" / "CoLA-tupe-r-seed-0").mkdir()
     (root / "glue" / "CoLA-tupe-r-seed-0" / "results.json").write_text(
@@ -106,14 +121,25 @@ def test_glue_pairs_read_complete_grids_against_the_papers_sign(tmp_path: Path) 
     assert result["glue"]["CoLA"]["metric"] == "mcc"
     assert "tupe-r" not in result["glue"]["CoLA"]["scores"]  # its grid is not complete
     cola = result["glue_pairs"]["CoLA"]["tupe-a - bert-a"]
-    a = [100 * COLA["tupe-a"][k] for k in range(3)]
-    b = [100 * COLA["bert-a"][k] for k in range(3)]
+    a = [100 * GLUE["CoLA"]["tupe-a"][k] for k in range(3)]
+    b = [100 * GLUE["CoLA"]["bert-a"][k] for k in range(3)]
     assert cola["diffs"] == pytest.approx(np.subtract(a, b))
     assert cola["ci95"] == pytest.approx(_scipy_ci(a, b))
     assert cola["paper"] == pytest.approx(PAPER_GLUE["CoLA"]["tupe-a"] - PAPER_GLUE["CoLA"]["bert-a"])
     lo, hi = cola["ci95"]
     assert cola["verdict"] == ("holds" if lo > 0 else "direction")
-    assert list(result["glue_pairs"]["CoLA"]) == ["tupe-a - bert-a"]
+    assert list(result["glue_pairs"]["CoLA"]) == ["tupe-a - bert-a", "tupe-a-mid - bert-a"]
+    # the 30% checkpoint against the baseline at 100%, and the paper's 300k row against its BERT-A
+    mid = result["glue_pairs"]["CoLA"]["tupe-a-mid - bert-a"]
+    assert mid["diffs"] == pytest.approx([5.0, -3.0, 2.0])
+    assert mid["paper"] == pytest.approx(62.13 - 55.19) and mid["verdict"] == "direction"
+    # the tasks' average: the seeds both tasks have for both schemes (tupe-a has no MRPC seed 2)
+    avg = result["glue_pairs"]["average"]["tupe-a - bert-a"]
+    assert avg["tasks"] == ["CoLA", "MRPC"] and avg["seeds"] == [0, 1]
+    assert avg["diffs"] == pytest.approx([(10.0 + 2.0) / 2, (2.0 - 1.0) / 2])
+    paper = (PAPER_GLUE["CoLA"]["tupe-a"] - PAPER_GLUE["CoLA"]["bert-a"] + 88.37 - 88.29) / 2
+    assert avg["paper"] == pytest.approx(paper)
+    assert "tupe-a-mid - bert-a" not in result["glue_pairs"]["average"]  # one task only
 
 
 def test_stage_readings_pair_by_seed_and_skip_missing(tmp_path: Path) -> None:
@@ -150,6 +176,7 @@ def test_cli_writes_both_files_and_refuses_bad_input(
     assert "| tupe-a - bert-a | 0, 1, 2 | y, y, n | 1.00, 1.00, 0.75 | 100, 100, 200 |" in md
     assert "| tupe-r - bert-a | 0 r |" in md and "(no seed with both runs finished)" in md
     assert "### CoLA (mcc)" in md and "| bert-a | 0: 10.00, 1: 12.00, 2: 8.00 | 10.00 ± 2.00 | 55.19 |" in md
+    assert "### The tasks' average" in md and "| tupe-a - bert-a (CoLA, MRPC) | +3.25 [" in md
     assert json.loads((study / "claims.json").read_text())["loss"]["tupe-a - bert-a"]["verdict"] == "holds"
     capsys.readouterr()
     assert main([str(tmp_path / "nothing")]) == 2

@@ -48,15 +48,51 @@ GLUE_PAIRS = (
     ("bert-r", "bert-a"),
     ("tupe-a", "bert-r"),
     ("tupe-r", "bert-a"),
+    # "TUPE at 30% of the steps matches the baselines at 100%" (Table 1's "mid" rows: 300k of 1M steps)
+    ("tupe-a-mid", "bert-a"),
+    ("tupe-r-mid", "bert-r"),
 )
+# GLUE grids of a TUPE run's checkpoint at 30% of its steps sit beside the finished runs' as
+# `glue/<task>-<scheme>-mid-seed-<k>/` (`tupe glue --model RUN/checkpoint-STEP`; RESULTS G says which step).
+MID = "-mid"
 # Ke, He, Liu (ICLR 2021), Table 1: GLUE dev of the BERT-Base-size models pre-trained 1M steps (CoLA: Matthews
-# correlation x 100; the others accuracy x 100). Only the tasks this project ships or reads data for.
+# correlation x 100; the others accuracy x 100; "-mid": TUPE after 300k steps). Only the tasks this project ships
+# or reads data for.
 PAPER_GLUE: dict[str, dict[str, float]] = {
-    "CoLA": {"bert-a": 55.19, "bert-r": 55.43, "tupe-a": 63.09, "tupe-r": 63.56},
-    "SST-2": {"bert-a": 92.88, "bert-r": 92.90, "tupe-a": 93.19, "tupe-r": 93.26},
-    "MRPC": {"bert-a": 88.29, "bert-r": 89.26, "tupe-a": 88.37, "tupe-r": 89.89},
-    "MNLI": {"bert-a": 84.93, "bert-r": 85.81, "tupe-a": 86.05, "tupe-r": 86.21},
+    "CoLA": {
+        "bert-a": 55.19,
+        "bert-r": 55.43,
+        "tupe-a": 63.09,
+        "tupe-r": 63.56,
+        "tupe-a-mid": 62.13,
+        "tupe-r-mid": 62.47,
+    },
+    "SST-2": {
+        "bert-a": 92.88,
+        "bert-r": 92.90,
+        "tupe-a": 93.19,
+        "tupe-r": 93.26,
+        "tupe-a-mid": 92.25,
+        "tupe-r-mid": 92.41,
+    },
+    "MRPC": {
+        "bert-a": 88.29,
+        "bert-r": 89.26,
+        "tupe-a": 88.37,
+        "tupe-r": 89.89,
+        "tupe-a-mid": 87.1,
+        "tupe-r-mid": 87.29,
+    },
+    "MNLI": {
+        "bert-a": 84.93,
+        "bert-r": 85.81,
+        "tupe-a": 86.05,
+        "tupe-r": 86.21,
+        "tupe-a-mid": 84.76,
+        "tupe-r-mid": 84.86,
+    },
 }
+AVERAGE = "average"  # the tasks' mean per pre-training seed, over the tasks every scheme of a pair has
 GLUE_TASKS = ("CoLA", "SST-2", "MRPC")
 DEFAULT_STEPS = (500, 1000, 2000, 3000, 4000, 5000, 6000)
 
@@ -114,12 +150,14 @@ def read_curves(
 def read_glue(
     study: Path, schemes: Sequence[str], seeds: Sequence[int], tasks: Sequence[str]
 ) -> dict[str, Any]:
-    """{task: {"metric": name, "scores": {scheme: {seed: score x 100}}}} of the complete GLUE grids of the study."""
+    """{task: {"metric": name, "scores": {scheme: {seed: score x 100}}}} of the complete GLUE grids of the study
+    (a TUPE scheme's 30%-of-steps checkpoint as `<scheme>-mid`, where its grids exist)."""
     out: dict[str, Any] = {}
+    names = [*schemes, *(s + MID for s in schemes if s.startswith("tupe"))]
     for task in tasks:
         scores: dict[str, dict[int, float]] = {}
         metric = None
-        for s in schemes:
+        for s in names:
             for k in seeds:
                 path = study / "glue" / f"{task}-{s}-seed-{k}" / "results.json"
                 if not path.exists():
@@ -218,7 +256,38 @@ def glue_pairs(glue: dict[str, Any]) -> dict[str, Any]:
                 "verdict": "-" if paper_diff is None else verdict(paper_diff, diffs),
             }
         out[task] = rows
+    average = _average_pairs(glue)
+    if average:
+        out[AVERAGE] = average
     return out
+
+
+def _average_pairs(glue: dict[str, Any]) -> dict[str, Any]:
+    """Each pair of GLUE_PAIRS over the tasks (two or more) both schemes have for the same seeds: per seed the
+    mean over those tasks, paired; the paper's difference of its means over the same tasks."""
+    rows = {}
+    for a, b in GLUE_PAIRS:
+        tasks = [t for t, f in glue.items() if a in f["scores"] and b in f["scores"]]
+        seeds = sorted(
+            set.intersection(*[set(glue[t]["scores"][a]) & set(glue[t]["scores"][b]) for t in tasks])
+            if tasks
+            else set()
+        )
+        if len(tasks) < 2 or not seeds:
+            continue
+        diffs = [
+            sum(glue[t]["scores"][a][k] - glue[t]["scores"][b][k] for t in tasks) / len(tasks) for k in seeds
+        ]
+        known = all(a in PAPER_GLUE.get(t, {}) and b in PAPER_GLUE.get(t, {}) for t in tasks)
+        paper = sum(PAPER_GLUE[t][a] - PAPER_GLUE[t][b] for t in tasks) / len(tasks) if known else None
+        rows[f"{a} - {b}"] = {
+            "tasks": tasks,
+            "seeds": seeds,
+            **paired(diffs),
+            "paper": paper,
+            "verdict": "-" if paper is None else verdict(paper, diffs),
+        }
+    return rows
 
 
 def stage_pairs(study: Path, reference: str, schemes: Sequence[str]) -> dict[str, Any]:
@@ -397,38 +466,44 @@ def _loss_md(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _pairs_md(pairs: dict[str, Any]) -> list[str]:
+    lines = ["| pair | found [95% t] | seeds above 0 | paper | verdict |", "|---|---:|---:|---:|---|"]
+    for name, p in pairs.items():
+        above = f"{sum(d > 0 for d in p['diffs'])}/{len(p['diffs'])}"
+        ppr = "-" if p["paper"] is None else f"{p['paper']:+.2f}"
+        lines.append(f"| {name} | {_ci(p, '+.2f')} | {above} | {ppr} | {p['verdict']} |")
+    return lines
+
+
 def _glue_md(result: dict[str, Any]) -> list[str]:
     lines = ["## Table 1: GLUE dev", ""]
     if not result["glue"]:
         return [*lines, "No complete GLUE grid yet."]
     lines += [
         "Per pre-training seed: the best learning rate's median over the fine-tuning seeds (x 100); differences",
-        "paired by pre-training seed [95% t]; the paper's own difference (BERT-Base, 1M steps) beside it.",
+        "paired by pre-training seed [95% t]; the paper's own difference (BERT-Base, 1M steps; `-mid`: TUPE at",
+        "30% of its steps, Table 1's 300k rows) beside it.",
     ]
     for task, found in result["glue"].items():
         paper = PAPER_GLUE.get(task, {})
-        lines += [
-            "",
-            f"### {task} ({found['metric']})",
-            "",
-            "| scheme | per seed | mean ± std | paper |",
-            "|---|---|---:|---:|",
-        ]
+        lines += ["", f"### {task} ({found['metric']})", "", "| scheme | per seed | mean ± std | paper |"]
+        lines.append("|---|---|---:|---:|")
         for s, by_seed in found["scores"].items():
             vals = [by_seed[k] for k in sorted(by_seed)]
             m, sd = mean_std(vals)
             pm = f"{m:.2f}" if sd is None else f"{m:.2f} ± {sd:.2f}"
             per = ", ".join(f"{k}: {by_seed[k]:.2f}" for k in sorted(by_seed))
             lines.append(f"| {s} | {per} | {pm} | {paper.get(s, '-')} |")
+        lines += ["", *_pairs_md(result["glue_pairs"].get(task, {}))]
+    average = result["glue_pairs"].get(AVERAGE)
+    if average:
         lines += [
             "",
-            "| pair | found [95% t] | seeds above 0 | paper | verdict |",
-            "|---|---:|---:|---:|---|",
+            "### The tasks' average",
+            "",
+            "Per seed the mean over the tasks both schemes of a pair have:",
         ]
-        for name, p in result["glue_pairs"].get(task, {}).items():
-            above = f"{len(p['diffs']) - p['below_zero'] - sum(d == 0 for d in p['diffs'])}/{len(p['diffs'])}"
-            ppr = "-" if p["paper"] is None else f"{p['paper']:+.2f}"
-            lines.append(f"| {name} | {_ci(p, '+.2f')} | {above} | {ppr} | {p['verdict']} |")
+        lines += ["", *_pairs_md({f"{k} ({', '.join(p['tasks'])})": p for k, p in average.items()})]
     return lines
 
 
