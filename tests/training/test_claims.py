@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tupe.comparison.claims import PAPER_GLUE, judge, main, verdict
+from tupe.comparison.claims import PAPER_GLUE, judge, main, render, verdict
 
 STEPS = [100, 200, 300, 400]
 # validation loss by scheme and seed at STEPS; tupe-a is above bert-a at step 100 in seed 2 only
@@ -113,7 +113,18 @@ def test_fig5a_and_steps_claims_pair_by_seed(tmp_path: Path) -> None:
         "last_step": 200,
         "last_loss": 4.8,
         "plateau_exit": 100,
+        "valid": [[100, 5.9], [200, 4.8]],
     }
+
+
+def test_unigram_comes_from_the_comparisons_record(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    assert (
+        judge(study)["unigram_loss"] is None
+    )  # no record, no finished run with its data: no plateau reading
+    (study / "runs" / "compare_summary.json").write_text(json.dumps({"stats": {"unigram_loss": 6.5}}))
+    result = judge(study)
+    assert result["unigram_loss"] == 6.5 and result["runs"]["bert-a/seed-1"]["plateau_exit"] == 400
 
 
 def test_glue_pairs_read_complete_grids_against_the_papers_sign(tmp_path: Path) -> None:
@@ -177,7 +188,9 @@ def test_cli_writes_both_files_and_refuses_bad_input(
     assert "| tupe-r - bert-a | 0 r |" in md and "(no seed with both runs finished)" in md
     assert "### CoLA (mcc)" in md and "| bert-a | 0: 10.00, 1: 12.00, 2: 8.00 | 10.00 ± 2.00 | 55.19 |" in md
     assert "### The tasks' average" in md and "| tupe-a - bert-a (CoLA, MRPC) | +3.25 [" in md
-    assert json.loads((study / "claims.json").read_text())["loss"]["tupe-a - bert-a"]["verdict"] == "holds"
+    record = json.loads((study / "claims.json").read_text())
+    assert record["loss"]["tupe-a - bert-a"]["verdict"] == "holds"
+    assert render(record) == md  # the JSON record alone regenerates the report
     capsys.readouterr()
     assert main([str(tmp_path / "nothing")]) == 2
     assert "no runs/ folder" in capsys.readouterr().err

@@ -177,8 +177,16 @@ def read_glue(
 
 
 def _unigram(study: Path, reference: str, seeds: Sequence[int]) -> float | None:
+    """The unigram loss `tupe compare` recorded for the study's runs, else that of the reference's first finished
+    run (its data cache must still exist), else None."""
     from tupe.analysis.baseline import run_unigram
 
+    try:
+        recorded = json.loads((study / "runs" / "compare_summary.json").read_text())["stats"]["unigram_loss"]
+        if recorded is not None:
+            return float(recorded)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     for k in seeds:
         run = study / "runs" / reference / f"seed-{k}"
         if (run / "model.safetensors").exists():
@@ -355,6 +363,7 @@ def judge(
             "last_step": v[-1]["step"],
             "last_loss": v[-1]["eval_loss"],
             "plateau_exit": exit_step,
+            "valid": [[r["step"], r["eval_loss"]] for r in v],  # the curve: claims.json is the whole record
         }
     loss = {
         f"{a} - {b}": loss_pair(by_scheme[a], by_scheme[b], steps)
@@ -489,10 +498,10 @@ def _glue_md(result: dict[str, Any]) -> list[str]:
         lines += ["", f"### {task} ({found['metric']})", "", "| scheme | per seed | mean ± std | paper |"]
         lines.append("|---|---|---:|---:|")
         for s, by_seed in found["scores"].items():
-            vals = [by_seed[k] for k in sorted(by_seed)]
+            vals = [by_seed[k] for k in sorted(by_seed, key=int)]
             m, sd = mean_std(vals)
             pm = f"{m:.2f}" if sd is None else f"{m:.2f} ± {sd:.2f}"
-            per = ", ".join(f"{k}: {by_seed[k]:.2f}" for k in sorted(by_seed))
+            per = ", ".join(f"{k}: {by_seed[k]:.2f}" for k in sorted(by_seed, key=int))
             lines.append(f"| {s} | {per} | {pm} | {paper.get(s, '-')} |")
         lines += ["", *_pairs_md(result["glue_pairs"].get(task, {}))]
     average = result["glue_pairs"].get(AVERAGE)
