@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -191,8 +192,8 @@ def test_a_damaged_stage_file_is_done_again_on_resume_and_named_by_the_summary(
         ),
         (["--stages", "train,ood,train"], "--stages: train given more than once"),
         (["--glue-data", "NOPE"], "--glue-data"),
-        (["--glue-tasks", "SST-2,COLA"], "(unknown: COLA)"),
-        (["--glue-tasks", "SST-2,SST-2"], "each once"),
+        (["--glue-tasks", "SST-2,CoLB"], "(unknown: CoLB)"),
+        (["--glue-tasks", "SST-2,sst2"], "each once"),
         (["--glue-train-samples", "0"], "give a number of examples >= 1, or all"),
         (["--preset", "base"], "--preset: invalid choice: 'base'"),
     ],
@@ -209,3 +210,12 @@ def test_flags_are_checked_before_the_train_stage(
     err = capsys.readouterr().err.strip()
     assert err.startswith("study: error:") and "\n" not in err and needle in err, err
     assert not (out / "runs").exists()  # nothing trained
+
+
+def test_glue_tasks_take_any_spelling_tupe_glue_takes() -> None:
+    """--glue-tasks names the study's GLUE folders by each task's canonical name, whatever spelling was given."""
+    from tupe.comparison.study import glue_tasks
+
+    assert glue_tasks("sst2, cola,MRPC") == ["SST-2", "CoLA", "MRPC"]
+    with pytest.raises(argparse.ArgumentTypeError, match="each once"):
+        glue_tasks("CoLA,cola")

@@ -550,6 +550,7 @@ def render(result: dict[str, Any]) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from tupe.comparison.compare import parse_schemes, parse_seeds
+    from tupe.comparison.study import glue_tasks
     from tupe.scripts import ScriptParser
 
     p = ScriptParser(
@@ -567,7 +568,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2", type=parse_seeds, help="pre-training seeds (default 0,1,2)")
     p.add_argument("--reference", default="bert-a", help="the scheme the stages' readings are paired against")
     p.add_argument(
-        "--glue-tasks", default=",".join(GLUE_TASKS), help="GLUE tasks to read (default CoLA,SST-2,MRPC)"
+        "--glue-tasks",
+        default=",".join(GLUE_TASKS),
+        type=glue_tasks,
+        help="GLUE tasks to read, any spelling tupe glue takes (default CoLA,SST-2,MRPC)",
     )
     p.add_argument(
         "--steps",
@@ -582,7 +586,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.steps = sorted({int(x) for x in args.steps.split(",")})
     except ValueError:
         p.error(f"--steps: {args.steps!r} is not a comma-separated list of steps")
-    args.glue_tasks = [t.strip() for t in args.glue_tasks.split(",") if t.strip()]
     if args.reference not in args.schemes:
         p.error(f"--reference {args.reference!r} is not one of --schemes ({', '.join(args.schemes)})")
     return args

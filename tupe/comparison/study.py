@@ -53,12 +53,18 @@ EXTEND = ("none", "interpolate", "pi", "ntk", "yarn")  # the default --extend-me
 PRESETS = ("mini", "small")  # the train stage's recipes (tupe pretrain's presets of this size)
 
 
-def _glue_tasks(value: str) -> list[str]:
-    """`--glue-tasks`: known GLUE task names, each once, in the given order."""
-    from tupe.finetuning.glue.tasks import TASKS
+def glue_tasks(value: str) -> list[str]:
+    """`--glue-tasks`: GLUE tasks in any spelling `tupe glue --task` takes (`sst2`, `cola`), each once, in the given
+    order, as their canonical names (`SST-2`, `CoLA`: the names of the study's GLUE folders)."""
+    from tupe.finetuning.glue.tasks import TASKS, get_task
 
-    tasks = [t.strip() for t in value.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in TASKS]
+    names = [t.strip() for t in value.split(",") if t.strip()]
+    tasks, unknown = [], []
+    for name in names:
+        try:
+            tasks.append(get_task(name).name)
+        except TupeError:
+            unknown.append(name)
     if not tasks or unknown or len(set(tasks)) != len(tasks):
         raise argparse.ArgumentTypeError(
             f"{value!r}: give GLUE tasks, each once, from {', '.join(TASKS)}"
@@ -156,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--glue-tasks",
-        type=_glue_tasks,
+        type=glue_tasks,
         default=["SST-2"],
         help="comma-separated GLUE tasks fine-tuned in the glue stage (default SST-2), e.g. CoLA,SST-2,MRPC",
     )
