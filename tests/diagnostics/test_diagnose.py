@@ -211,6 +211,58 @@ def test_a_checkpoint_is_fine_tuned_on_the_tasks_with_its_own_weights_and_scheme
     assert "two folders called 'rope-ckpt'" in capsys.readouterr().err
 
 
+def test_folders_made_outside_tupe_are_taken_and_a_short_one_is_refused_first(tmp_path, capsys):
+    """`--model` on models trained by other code: a TupeForMaskedLM saved without a tokenizer (its config's special
+    ids are left out of the tasks' tokens), a `transformers` BertForMaskedLM folder (converted exactly to bert-a, so
+    `interpolate`/`repeat` apply), and a folder trained at fewer positions than --train-length, refused before
+    --out is made."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from tupe.diagnostics.run import checkpoint_model
+    from tupe.modeling import TupeConfig, TupeForMaskedLM
+
+    size = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    TupeForMaskedLM(
+        TupeConfig(position_scheme="nope", vocab_size=400, max_position_embeddings=64, **size)
+    ).save_pretrained(tmp_path / "nope-bare")
+    BertForMaskedLM(BertConfig(vocab_size=400, max_position_embeddings=64, **size)).save_pretrained(
+        tmp_path / "bert"
+    )
+    model, vocab = checkpoint_model(str(tmp_path / "bert"), SETTINGS)
+    assert model.config.position_scheme == "bert-a" and model.training
+    config = model.config
+    specials = {config.pad_token_id, config.cls_token_id, config.sep_token_id, config.mask_token_id}
+    used = {*vocab.symbols.tolist(), *vocab.task.values(), vocab.marker, *vocab.answers}
+    assert not used & specials and vocab.cls == config.cls_token_id
+    out = tmp_path / "diag"
+    argv = ["diagnose", "--out", str(out), "--model", str(tmp_path / "nope-bare"), str(tmp_path / "bert")]
+    argv += ["--seeds", "0", "--steps", "3", "--multiples", "1,2", "--test-examples", "8", "--parallel", "1"]
+    assert main([*argv, "--no-progress"]) == 0
+    runs = {r["name"]: r for r in json.loads((out / "diagnostics.json").read_text())["runs"]}
+    assert runs["nope-bare/seed-0"]["scheme"] == "nope" and runs["bert/seed-0"]["scheme"] == "bert-a"
+    assert {e["method"] for e in runs["bert/seed-0"]["tasks"]} == {"none", "interpolate", "repeat"}
+    capsys.readouterr()
+    short = [
+        "diagnose",
+        "--out",
+        str(tmp_path / "d2"),
+        "--model",
+        str(tmp_path / "bert"),
+        "--train-length",
+        "128",
+    ]
+    assert main(short) == 2
+    assert "trained at 64 positions, fewer than --train-length 128" in capsys.readouterr().err
+    assert not (tmp_path / "d2").exists()
+    TupeForMaskedLM(
+        TupeConfig(position_scheme="rope", vocab_size=100, max_position_embeddings=64, **size)
+    ).save_pretrained(tmp_path / "small-vocab")
+    assert main(["diagnose", "--out", str(tmp_path / "d3"), "--model", str(tmp_path / "small-vocab")]) == 2
+    err = capsys.readouterr().err
+    assert "small-vocab: the tasks need 262 ordinary token ids; the vocabulary has 96" in err
+    assert not (tmp_path / "d3").exists()
+
+
 def test_the_committed_table_regenerates_from_the_committed_record():
     """docs/results/diagnostics: every job's accuracies (diagnostics.json, `runs`) give the summary over seeds and
     the Markdown table of RESULTS Part F, to the byte."""

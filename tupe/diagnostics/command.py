@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="+",
         type=V.nonempty_path,
         metavar="PATH",
-        help="instead of fresh models, fine-tune these tupe checkpoints on the tasks (their own weights and scheme)",
+        help="instead of fresh models, fine-tune these checkpoints on the tasks (their own weights and scheme): tupe "
+        "folders (a tokenizer is not needed) or transformers BERT folders (converted exactly to bert-a)",
     )
     p.add_argument("--seeds", type=V.seed_list, default=[0, 1, 2], help="seeds (default 0,1,2)")
     p.add_argument(
@@ -179,6 +180,13 @@ def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     out = Path(args.out)
     jobs = _jobs(args, out)
+    if args.model:
+        from .run import checkpoint_model
+
+        for (
+            path
+        ) in args.model:  # each read once first: a folder it cannot take is refused before --out is touched
+            checkpoint_model(path, settings)
     _prepare_out(out, args.resume)
     start = time.perf_counter()
     results = _run_all(jobs, settings, args.parallel, args.progress)

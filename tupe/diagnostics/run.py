@@ -70,25 +70,47 @@ def fresh_model(scheme: str, settings: Settings) -> tuple[torch.nn.Module, Vocab
 
 
 def checkpoint_model(path: str, settings: Settings) -> tuple[torch.nn.Module, Vocabulary]:
-    """A `tupe pretrain` folder's TupeForMaskedLM; the task tokens are ids of its vocabulary that are not special."""
-    from tupe.evaluation.evaluate import load_eval_model
-    from tupe.evaluation.lengths import trained_rows
+    """A checkpoint's TupeForMaskedLM, to fine-tune on the tasks: a `tupe pretrain` folder, any folder a
+    TupeForMaskedLM was saved to (`save_pretrained`, with or without a tokenizer), or a `transformers` BERT folder
+    (BertForMaskedLM), converted exactly to bert-a. The task tokens are ids of its vocabulary that are not special
+    (the config's special ids, and its tokenizer's where the folder has one)."""
+    from tupe.evaluation.evaluate import _checked_model_class, _load_masked_lm, training_length
+    from tupe.io.checkpoints import load_tokenizer
+    from tupe.modeling import TupeForMaskedLM
 
-    m = load_eval_model(path, device="cpu")
-    if m.kind != "tupe":
-        raise ValueError(f"{path}: tupe diagnose takes tupe checkpoints; this folder is a {m.kind} model")
-    if trained_rows(m) < settings.train_length:
-        raise ValueError(
-            f"{path}: trained at {trained_rows(m)} positions, fewer than --train-length {settings.train_length}"
-        )
-    config = m.model.config
-    special = {config.pad_token_id, config.cls_token_id, config.sep_token_id, config.mask_token_id}
-    special |= set(getattr(m.tokenizer, "all_special_ids", []) or [])
-    symbols = symbols_needed(settings.train_length * max(settings.multiples))
-    vocab = Vocabulary.build(
-        config.vocab_size, sorted(special), config.cls_token_id, config.mask_token_id, symbols
+    folder = Path(path).expanduser()
+    what = f"{folder}: not a masked-LM checkpoint"
+    cls, kind = _checked_model_class(folder, what)
+    has_tokenizer = any(
+        (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
     )
-    return m.model.train(), vocab
+    tokenizer = load_tokenizer(folder, explicit=False) if has_tokenizer else None
+    if kind == "tupe":
+        model = _load_masked_lm(cls, folder, what)
+    else:  # BERT: the special ids are its tokenizer's (Google's vocabulary: [CLS] 101, ...), or BERT's defaults
+        model = TupeForMaskedLM.from_bert(_load_masked_lm(cls, folder, what), tokenizer)
+    config = model.config
+    rows = min(config.max_position_embeddings, training_length(folder) or config.max_position_embeddings)
+    if rows < settings.train_length:
+        raise ValueError(
+            f"{path}: trained at {rows} positions, fewer than --train-length {settings.train_length}"
+        )
+    special = {config.pad_token_id, config.cls_token_id, config.sep_token_id, config.mask_token_id}
+    special |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    symbols = symbols_needed(settings.train_length * max(settings.multiples))
+    try:
+        vocab = Vocabulary.build(
+            config.vocab_size,
+            sorted(i for i in special if i is not None),
+            config.cls_token_id,
+            config.mask_token_id,
+            symbols,
+        )
+    except ValueError as err:  # the copy task's symbols grow with the longest test length
+        raise ValueError(
+            f"{path}: {err} (fewer --multiples or a shorter --train-length need fewer)"
+        ) from None
+    return model.train(), vocab
 
 
 def mixed_batch(rng: np.random.Generator, vocab: Vocabulary, settings: Settings) -> tuple[torch.Tensor, ...]:
