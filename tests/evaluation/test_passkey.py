@@ -364,3 +364,40 @@ def test_probe_inputs_are_refused_before_the_loss_evaluation(
     captured = capsys.readouterr()
     assert message in captured.err
     assert captured.out == ""  # the loss table was never printed: the error came first
+
+
+def test_a_model_of_ones_own_is_wrapped_by_kind_and_a_module_without_weights_runs(tokenizer):
+    """`EvalModel.of`: tupe's and BERT's masked LMs keep their own paths (and tables); any other module is called
+    as `forward(input_ids=, attention_mask=)`, its logits as `.logits` or the tensor itself; one without weights
+    runs on the CPU. A module that answers the next position's token everywhere (an exact copier of its input,
+    shifted) is read where the probe asks."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from tupe.evaluation.lengths import at_length, table_key
+    from tupe.modeling import TupeConfig, TupeForMaskedLM
+
+    size = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
+    tupe = EvalModel.of(
+        TupeForMaskedLM(TupeConfig(vocab_size=300, max_position_embeddings=64, **size)), tokenizer
+    )
+    bert = EvalModel.of(
+        BertForMaskedLM(BertConfig(vocab_size=300, max_position_embeddings=64, **size)), tokenizer
+    )
+    assert (tupe.kind, tupe.max_length, bert.kind, table_key(bert)) == (
+        "tupe",
+        64,
+        "bert",
+        "bert.embeddings.position_embeddings.weight",
+    )
+
+    class Shifted(torch.nn.Module):  # no weights: one-hot logits of the token one place to the right
+        def forward(self, input_ids, attention_mask=None):  # noqa: ANN001, ANN201
+            nxt = torch.roll(input_ids, -1, dims=1)
+            return torch.nn.functional.one_hot(nxt, 300).float()
+
+    own = EvalModel.of(Shifted(), tokenizer, name="shifted")
+    assert own.kind == "module" and own.num_parameters == 0 and own.device == torch.device("cpu")
+    assert at_length(own, 4096, "none") == (own, None)  # no table, no limit of its own
+    inputs = torch.tensor([[5, 6, 7, 8]])
+    selected = torch.tensor([[False, True, False, True]])
+    assert own.logits_at(inputs, selected).argmax(-1).tolist() == [7, 5]

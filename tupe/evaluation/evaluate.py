@@ -31,11 +31,15 @@ SHUFFLE_STREAM, PPPL_STREAM = 101, 102  # second seed word of each random stream
 # ---------------------------------------------------------------------------------------------------- models
 @dataclass
 class EvalModel:
-    """A masked-LM checkpoint ready for evaluation: the model (eval mode), its tokenizer, its block length."""
+    """A masked-LM checkpoint ready for evaluation: the model (eval mode), its tokenizer, its block length.
+
+    `load_eval_model` makes one from a folder; `EvalModel.of` wraps a model in memory, including one that is
+    neither tupe's nor BERT (kind "module": any module whose `forward(input_ids=, attention_mask=)` returns
+    masked-LM logits (rows, n, vocab), as `.logits` or as the tensor itself)."""
 
     path: Path
     name: str
-    kind: str  # "tupe" or "bert"
+    kind: str  # "tupe", "bert" or "module"
     description: str
     model: torch.nn.Module
     tokenizer: Any
@@ -43,12 +47,18 @@ class EvalModel:
     num_parameters: int
     train_length: int | None = None  # block length of pre-training, when the run recorded it (tupe_run.json)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (the CPU for a module without any)."""
+        first = next(self.model.parameters(), None)
+        return torch.device("cpu") if first is None else first.device
+
     def target_nll(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Per-row sum of -log p(label) over the positions whose label is not -100 (float64, shape (rows,)).
 
         The head runs on the labelled positions only (the hidden x vocab matmul dominates at small sizes).
         Inputs go to the model's device and the sums come back to the CPU."""
-        device = next(self.model.parameters()).device
+        device = self.device
         inputs, labels = inputs.to(device), labels.to(device)
         selected = labels != -100
         logits = self.logits_at(inputs, selected)
@@ -60,18 +70,59 @@ class EvalModel:
     def logits_at(self, inputs: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
         """(selected positions, vocab) float32 masked-LM logits of (rows, n) `inputs` (no padding) at the True
         positions of the (rows, n) `selected`, in row-major order, on the model's device."""
-        device = next(self.model.parameters()).device
+        device = self.device
         inputs, selected = inputs.to(device), selected.to(device)
         attention = torch.ones_like(inputs)
         if self.kind == "tupe":
             hidden = self.model.tupe(inputs, attention_mask=attention, return_dict=True).last_hidden_state
             head = self.model.lm_head
-        else:
+        elif self.kind == "bert":
             hidden = self.model.bert(
                 input_ids=inputs, attention_mask=attention, token_type_ids=torch.zeros_like(inputs)
             ).last_hidden_state
             head = self.model.cls
+        else:
+            out = self.model(input_ids=inputs, attention_mask=attention)
+            return getattr(out, "logits", out)[selected].float()
         return head(hidden[selected]).float()
+
+    @classmethod
+    def of(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: Any,  # noqa: ANN401 - a transformers tokenizer with [CLS], [SEP], [MASK] and padding
+        name: str = "model",
+        max_length: int | None = None,
+        train_length: int | None = None,
+    ) -> EvalModel:
+        """A model in memory, ready for `evaluate` and `passkey_probe`: a TupeForMaskedLM, a transformers
+        BertForMaskedLM, or any masked LM (kind "module"; see the class). `max_length`: the longest input it takes
+        (default: its config's `max_position_embeddings`, else no limit); `train_length`: its training length,
+        where rows beyond it were never trained (default: unknown)."""
+        from transformers import BertForMaskedLM
+
+        from tupe.modeling import TupeForMaskedLM
+
+        kind = (
+            "tupe"
+            if isinstance(model, TupeForMaskedLM)
+            else "bert"
+            if isinstance(model, BertForMaskedLM)
+            else "module"
+        )
+        if max_length is None:
+            max_length = int(getattr(getattr(model, "config", None), "max_position_embeddings", 0) or 1 << 30)
+        return cls(
+            path=Path(name),
+            name=name,
+            kind=kind,
+            description=f"{type(model).__name__} in memory",
+            model=model.eval(),
+            tokenizer=tokenizer,
+            max_length=max_length,
+            num_parameters=sum(p.numel() for p in model.parameters()),
+            train_length=train_length,
+        )
 
 
 _TIED = {"lm_head.decoder.weight", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"}

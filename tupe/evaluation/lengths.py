@@ -40,6 +40,8 @@ def table_key(m: EvalModel) -> str | None:
     """State-dict key of the model's learned row-per-position table, or None when it has none (any length)."""
     if m.kind == "bert":  # transformers' BertForMaskedLM: learned absolute positions
         return "bert.embeddings.position_embeddings.weight"
+    if m.kind != "tupe":  # a module of its own: its positions are its own business
+        return None
     from tupe.modeling.positional import scheme_class
 
     path = scheme_class(m.model.config.position_scheme).report.position_table
