@@ -263,6 +263,43 @@ def test_folders_made_outside_tupe_are_taken_and_a_short_one_is_refused_first(tm
     assert not (tmp_path / "d3").exists()
 
 
+def test_run_folders_of_one_scheme_form_one_group_over_their_pre_training_seeds(tmp_path, capsys):
+    """`--model runs/nope/seed-0 runs/nope/seed-1`: the layout `tupe compare` and the study write. Both runs are
+    named by their scheme, so the report has one row for nope over the two pre-training seeds; the same run
+    folder name under two roots is refused."""
+    from tupe.diagnostics.command import model_name
+    from tupe.modeling import TupeConfig, TupeForMaskedLM
+
+    size = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    for k in (0, 1):
+        torch.manual_seed(k)
+        TupeForMaskedLM(
+            TupeConfig(position_scheme="nope", vocab_size=400, max_position_embeddings=64, **size)
+        ).save_pretrained(tmp_path / "runs" / "nope" / f"seed-{k}")
+    assert model_name(tmp_path / "runs" / "nope" / "seed-1") == ("nope", 1)
+    assert model_name(tmp_path / "runs" / "nope") == ("nope", None)
+    out = tmp_path / "diag"
+    models = [str(tmp_path / "runs" / "nope" / f"seed-{k}") for k in (0, 1)]
+    argv = ["diagnose", "--out", str(out), "--model", *models, "--seeds", "0", "--steps", "3"]
+    argv += ["--multiples", "1", "--test-examples", "8", "--parallel", "1", "--no-progress"]
+    assert main(argv) == 0
+    record = json.loads((out / "diagnostics.json").read_text())
+    assert [r["name"] for r in record["runs"]] == ["nope/seed-0-0", "nope/seed-1-0"]
+    assert list(record["summary"]) == ["nope"]
+    assert record["summary"]["nope"]["pretrain_seeds"] == [0, 1] and record["summary"]["nope"]["seeds"] == [
+        0,
+        0,
+    ]
+    assert record["summary"]["nope"]["position_r2"]["seeds"] == 2
+    (tmp_path / "other" / "nope").mkdir(parents=True)
+    (tmp_path / "runs" / "nope" / "seed-0").rename(tmp_path / "other" / "nope" / "seed-0")
+    (tmp_path / "runs" / "nope" / "seed-1").rename(tmp_path / "runs" / "nope" / "seed-0")
+    twice = [str(tmp_path / "runs" / "nope" / "seed-0"), str(tmp_path / "other" / "nope" / "seed-0")]
+    capsys.readouterr()
+    assert main(["diagnose", "--out", str(tmp_path / "d2"), "--model", *twice]) == 2
+    assert "two folders called 'nope/seed-0'" in capsys.readouterr().err
+
+
 def test_the_committed_table_regenerates_from_the_committed_record():
     """docs/results/diagnostics: every job's accuracies (diagnostics.json, `runs`) give the summary over seeds and
     the Markdown table of RESULTS Part F, to the byte."""

@@ -100,16 +100,26 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[Any]:
             "--schemes goes with fresh models; --model fine-tunes the checkpoints under their own schemes"
         )
     if args.model:
+        seen: dict[str, str] = {}
         for path in args.model:
             if not Path(path).is_dir():
                 raise TupeError(f"--model {path} is not a folder")
-            name = Path(path).resolve().name
-            if any(j.name.startswith(f"{name}/") for j in jobs):
-                raise TupeError(
-                    f"--model names two folders called {name!r}; their results would share a name"
-                )
+            name, pretrain_seed = model_name(Path(path))
+            key = name if pretrain_seed is None else f"{name}/seed-{pretrain_seed}"
+            if key in seen:
+                raise TupeError(f"--model names two folders called {key!r}; their results would share a name")
+            seen[key] = path
+            # a run folder <scheme>/seed-<k>: its jobs join the scheme's group, one per pre-training and task seed
+            tag = "" if pretrain_seed is None else f"{pretrain_seed}-"
             jobs += [
-                Job(f"{name}/seed-{s}", None, str(path), s, str(out / "runs" / f"{name}-seed-{s}"))
+                Job(
+                    f"{name}/seed-{tag}{s}",
+                    None,
+                    str(path),
+                    s,
+                    str(out / "runs" / f"{name}-seed-{tag}{s}"),
+                    pretrain_seed,
+                )
                 for s in args.seeds
             ]
     else:
@@ -119,6 +129,19 @@ def _jobs(args: argparse.Namespace, out: Path) -> list[Any]:
                 for s in args.seeds
             ]
     return jobs
+
+
+def model_name(folder: Path) -> tuple[str, int | None]:
+    """The name a --model folder's results go by, and its pre-training seed: a `tupe compare`/study run folder
+    `<scheme>/seed-<k>` is (`<scheme>`, k), so the runs of one scheme over several seeds form one group of the
+    report; any other folder is (its name, None)."""
+    import re
+
+    resolved = folder.resolve()
+    found = re.fullmatch(r"seed-(\d+)", resolved.name)
+    if found and resolved.parent.name:
+        return resolved.parent.name, int(found[1])
+    return resolved.name, None
 
 
 def _prepare_out(out: Path, resume: bool) -> None:

@@ -19,13 +19,14 @@ def _cell(values: Sequence[float]) -> dict[str, Any]:
 
 def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """By scheme: for each `task@length/method` the per-seed accuracy minus chance and its mean and t interval
-    over seeds; the probe's R^2 likewise. A cell where some seed could not run is left out."""
+    over seeds (over the runs of a scheme's pre-training seeds too, where --model named run folders
+    `<scheme>/seed-<k>`); the probe's R^2 likewise. A cell where some seed could not run is left out."""
     by_scheme: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_scheme.setdefault(r["name"].split("/seed-")[0], []).append(r)
     out: dict[str, Any] = {}
     for scheme, runs in by_scheme.items():
-        runs = sorted(runs, key=lambda r: r["seed"])
+        runs = sorted(runs, key=lambda r: (r.get("pretrain_seed", -1), r["seed"]))
         cells: dict[str, Any] = {}
         for key in dict.fromkeys(f"{e['task']}@{e['length']}/{e['method']}" for e in runs[0]["tasks"]):
             found = [
@@ -42,6 +43,11 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         r2 = [r["position_probe"]["r2"] for r in runs]
         out[scheme] = {
             "seeds": [r["seed"] for r in runs],
+            **(
+                {"pretrain_seeds": [r["pretrain_seed"] for r in runs]}
+                if any("pretrain_seed" in r for r in runs)
+                else {}
+            ),
             "cells": cells,
             "position_r2": {"values": r2} | _cell(r2),
         }

@@ -47,6 +47,7 @@ class Job:
     checkpoint: str | None  # a checkpoint's weights
     seed: int
     folder: str
+    pretrain_seed: int | None = None  # a run folder <scheme>/seed-<k> given to --model: k
 
 
 def fresh_model(scheme: str, settings: Settings) -> tuple[torch.nn.Module, Vocabulary]:
@@ -249,6 +250,7 @@ def _run_job(job: Job, settings: Settings) -> dict[str, Any]:
         "name": job.name,
         "scheme": model.config.position_scheme,
         "seed": job.seed,
+        **({} if job.pretrain_seed is None else {"pretrain_seed": job.pretrain_seed}),
         "checkpoint": job.checkpoint,
         "parameters": m.num_parameters,
         "curve": curve,
