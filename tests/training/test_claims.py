@@ -161,6 +161,12 @@ def test_stage_readings_pair_by_seed_and_skip_missing(tmp_path: Path) -> None:
     assert ood["ci95"] == pytest.approx(_scipy_ci([5.0, 5.3], [6.0, 6.1]))
     wo = stages["word_order:news"]["tupe-a"]
     assert wo["mean"] == pytest.approx((1.0 + 1.0 + 0.5) / 3) and wo["value"] == pytest.approx(5.5 / 3)
+    # each scheme's own mean with its interval (the reference's too): is a reading above 0?
+    assert wo["own"]["ci95"] == pytest.approx(
+        stats.t.interval(0.95, 2, loc=5.5 / 3, scale=stats.sem([2.0, 2.5, 1.0]))
+    )
+    assert stages["ood:news"]["bert-a"] == {"own": pytest.approx(stages["ood:news"]["bert-a"]["own"])}
+    assert stages["ood:news"]["bert-a"]["own"]["mean"] == pytest.approx(6.1)
 
 
 @pytest.mark.parametrize(

@@ -299,8 +299,9 @@ def _average_pairs(glue: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_pairs(study: Path, reference: str, schemes: Sequence[str]) -> dict[str, Any]:
-    """Every per-seed reading of study.json (texts, word order, lengths, passkey) minus the reference's, paired by
-    seed (a seed missing in either is left out)."""
+    """Every per-seed reading of study.json (texts, word order, lengths, passkey): each scheme's own mean over
+    seeds with its t interval (`own`: is the passkey's copying above 0?), and minus the reference's, paired by seed
+    (a seed missing in either is left out)."""
     path = study / "study.json"
     if not path.exists():
         return {}
@@ -325,11 +326,14 @@ def stage_pairs(study: Path, reference: str, schemes: Sequence[str]) -> dict[str
         out[key] = {}
         for s in schemes:
             mine = rows.get(s, {}).get(key)
-            if s == reference or not isinstance(mine, list) or len(mine) != len(seeds):
+            if not isinstance(mine, list) or len(mine) != len(seeds):
+                continue
+            own = paired([x for x in mine if x is not None])  # the scheme's own mean and its interval
+            if s == reference:
+                out[key][s] = {"own": own}
                 continue
             diffs = [x - r for x, r in zip(mine, ref) if x is not None and r is not None]
-            means = [x for x in mine if x is not None]
-            out[key][s] = {"value": mean_std(means)[0], **paired(diffs)}
+            out[key][s] = {"own": own, "value": own["mean"], **paired(diffs)}
     return out
 
 
@@ -520,17 +524,18 @@ def _stages_md(result: dict[str, Any]) -> list[str]:
     if not result["stages"]:
         return []
     ref = result["reference"]
-    others = [s for s in result["schemes"] if s != ref]
-    lines = [
-        f"## The evaluation stages, minus {ref} (paired by seed [95% t])",
-        "",
-        "| reading | " + " | ".join(others) + " |",
-        "|---|" + "---:|" * len(others),
-    ]
+    schemes = result["schemes"]
+    others = [s for s in schemes if s != ref]
+    lines = ["## The evaluation stages", "", "Each scheme's own mean over seeds [95% t]:", ""]
+    lines += ["| reading | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
     for key, by_scheme in result["stages"].items():
-        lines.append(
-            f"| {key} | " + " | ".join(_ci(by_scheme[s]) if s in by_scheme else "" for s in others) + " |"
-        )
+        cells = [_ci(by_scheme[s]["own"], ".3f") if s in by_scheme else "" for s in schemes]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    lines += ["", f"Minus {ref}, paired by seed [95% t]:", ""]
+    lines += ["| reading | " + " | ".join(others) + " |", "|---|" + "---:|" * len(others)]
+    for key, by_scheme in result["stages"].items():
+        cells = [_ci(by_scheme[s]) if s in by_scheme and "diffs" in by_scheme[s] else "" for s in others]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -206,9 +206,8 @@ def run(args: argparse.Namespace) -> int:
     if args.model:
         from .run import checkpoint_model
 
-        for (
-            path
-        ) in args.model:  # each read once first: a folder it cannot take is refused before --out is touched
+        # each read once first: a folder it cannot take is refused before --out is touched
+        for path in args.model:
             checkpoint_model(path, settings)
     _prepare_out(out, args.resume)
     start = time.perf_counter()

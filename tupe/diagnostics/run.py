@@ -75,21 +75,21 @@ def checkpoint_model(path: str, settings: Settings) -> tuple[torch.nn.Module, Vo
     TupeForMaskedLM was saved to (`save_pretrained`, with or without a tokenizer), or a `transformers` BERT folder
     (BertForMaskedLM), converted exactly to bert-a. The task tokens are ids of its vocabulary that are not special
     (the config's special ids, and its tokenizer's where the folder has one)."""
-    from tupe.evaluation.evaluate import _checked_model_class, _load_masked_lm, training_length
+    from tupe.evaluation.evaluate import checked_model_class, load_masked_lm, training_length
     from tupe.io.checkpoints import load_tokenizer
     from tupe.modeling import TupeForMaskedLM
 
     folder = Path(path).expanduser()
     what = f"{folder}: not a masked-LM checkpoint"
-    cls, kind = _checked_model_class(folder, what)
+    cls, kind = checked_model_class(folder, what)
     has_tokenizer = any(
         (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
     )
     tokenizer = load_tokenizer(folder, explicit=False) if has_tokenizer else None
     if kind == "tupe":
-        model = _load_masked_lm(cls, folder, what)
+        model = load_masked_lm(cls, folder, what)
     else:  # BERT: the special ids are its tokenizer's (Google's vocabulary: [CLS] 101, ...), or BERT's defaults
-        model = TupeForMaskedLM.from_bert(_load_masked_lm(cls, folder, what), tokenizer)
+        model = TupeForMaskedLM.from_bert(load_masked_lm(cls, folder, what), tokenizer)
     config = model.config
     rows = min(config.max_position_embeddings, training_length(folder) or config.max_position_embeddings)
     if rows < settings.train_length:

@@ -138,8 +138,8 @@ def load_eval_model(
 
     path = Path(path).expanduser()
     what = f"{path}: not a masked-LM checkpoint"
-    cls, kind = _checked_model_class(path, what)
-    model = _load_masked_lm(cls, path, what)
+    cls, kind = checked_model_class(path, what)
+    model = load_masked_lm(cls, path, what)
     model.eval()
     model.to(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     config = model.config
@@ -168,7 +168,7 @@ def load_eval_model(
     )
 
 
-def _checked_model_class(path: Path, what: str) -> tuple[type, str]:
+def checked_model_class(path: Path, what: str) -> tuple[type, str]:
     """(model class, kind) of the folder `path`, whose files are checked: a tupe checkpoint or a transformers
     BERT folder, else a one-line error."""
     from transformers import BertForMaskedLM
@@ -200,7 +200,7 @@ def _checked_model_class(path: Path, what: str) -> tuple[type, str]:
     )
 
 
-def _load_masked_lm(cls: type, path: Path, what: str) -> Any:
+def load_masked_lm(cls: type, path: Path, what: str) -> Any:
     """`cls.from_pretrained(path)`, quietly; weights missing (other than the tied decoder) are one line."""
     from transformers.utils import logging as hf_logging
 
