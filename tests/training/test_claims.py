@@ -53,7 +53,10 @@ def _study(root: Path) -> Path:
                     "main_metric": metric,
                     "complete": True,
                     "best": {"main_median": score},
+                    "pretrain_steps": 1750 if scheme.endswith("-mid") else 400,
+                    "settings": {"lrs": [5e-5, 1e-4, 3e-4], "seeds": [1, 2, 3, 4, 5], "epochs": 3.0},
                 }
+                result["settings"]["max_train_samples"] = None
                 (folder / "results.json").write_text(json.dumps(result))
     # an unfinished grid is not read
     (root / "glue" / "CoLA-tupe-r-seed-0").mkdir()
@@ -192,6 +195,15 @@ def test_cli_writes_both_files_and_refuses_bad_input(
     md = (study / "claims.md").read_text()
     assert "| tupe-a - bert-a | 0, 1, 2 | y, y, n | 1.00, 1.00, 0.75 | 100, 100, 200 |" in md
     assert "| tupe-r - bert-a | 0 r |" in md and "(no seed with both runs finished)" in md
+    grid = (
+        "learning rates 5e-05, 0.0001, 0.0003; fine-tuning seeds 1, 2, 3, 4, 5; 3 epochs; whole training set"
+    )
+    assert (
+        f"- {grid}; checkpoint at step 400: bert-a/seed-0, bert-a/seed-1, bert-a/seed-2, tupe-a/seed-0" in md
+    )
+    assert (
+        f"- {grid}; checkpoint at step 1,750: tupe-a-mid/seed-0, tupe-a-mid/seed-1, tupe-a-mid/seed-2" in md
+    )
     assert "### CoLA (mcc)" in md and "| bert-a | 0: 10.00, 1: 12.00, 2: 8.00 | 10.00 ± 2.00 | 55.19 |" in md
     assert "### The tasks' average" in md and "| tupe-a - bert-a (CoLA, MRPC) | +3.25 [" in md
     record = json.loads((study / "claims.json").read_text())
@@ -204,6 +216,9 @@ def test_cli_writes_both_files_and_refuses_bad_input(
     assert "--reference 'rope' is not one of --schemes" in capsys.readouterr().err
     assert main([str(study), "--steps", "10,x"]) == 2
     assert "--steps" in capsys.readouterr().err
+    (study / "glue" / "CoLA-bert-a-seed-1" / "results.json").write_text("[1, 2]")
+    assert main([str(study), "--unigram", "6.9"]) == 2
+    assert "CoLA-bert-a-seed-1/results.json: not a `tupe glue` results.json" in capsys.readouterr().err
     (study / "glue" / "CoLA-bert-a-seed-1" / "results.json").write_text("{cut")
     assert main([str(study), "--unigram", "6.9"]) == 2
     assert "CoLA-bert-a-seed-1/results.json: not a readable results.json" in capsys.readouterr().err

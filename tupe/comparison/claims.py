@@ -150,12 +150,14 @@ def read_curves(
 def read_glue(
     study: Path, schemes: Sequence[str], seeds: Sequence[int], tasks: Sequence[str]
 ) -> dict[str, Any]:
-    """{task: {"metric": name, "scores": {scheme: {seed: score x 100}}}} of the complete GLUE grids of the study
-    (a TUPE scheme's 30%-of-steps checkpoint as `<scheme>-mid`, where its grids exist)."""
+    """{task: {"metric": name, "scores": {scheme: {seed: score x 100}}, "grids": {protocol: [runs]}}} of the
+    complete GLUE grids of the study (a TUPE scheme's 30%-of-steps checkpoint as `<scheme>-mid`, where its grids
+    exist); a results.json that is not one is an error naming it."""
     out: dict[str, Any] = {}
     names = [*schemes, *(s + MID for s in schemes if s.startswith("tupe"))]
     for task in tasks:
         scores: dict[str, dict[int, float]] = {}
+        grids: dict[str, list[str]] = {}  # each protocol and the runs fine-tuned with it
         metric = None
         for s in names:
             for k in seeds:
@@ -166,14 +168,34 @@ def read_glue(
                     result = json.loads(path.read_text())
                 except (OSError, ValueError) as err:
                     raise TupeError(f"{path}: not a readable results.json ({err})") from None
-                best = result.get("best") if isinstance(result, dict) else None
-                if not (result.get("complete") and best and best.get("main_median") is not None):
+                if not isinstance(result, dict):
+                    raise TupeError(f"{path}: not a `tupe glue` results.json (a JSON object)")
+                best = result.get("best")
+                if not (
+                    result.get("complete") and isinstance(best, dict) and best.get("main_median") is not None
+                ):
                     continue
                 metric = result.get("main_metric")
                 scores.setdefault(s, {})[k] = 100 * float(best["main_median"])
+                grids.setdefault(_grid_text(result), []).append(f"{s}/seed-{k}")
         if scores:
-            out[task] = {"metric": metric, "scores": scores}
+            out[task] = {"metric": metric, "scores": scores, "grids": grids}
     return out
+
+
+def _grid_text(result: dict[str, Any]) -> str:
+    """A grid's protocol in one line: its learning rates, fine-tuning seeds, epochs and training examples, and the
+    checkpoint's pre-training steps (what differs between two grids of one task shows there)."""
+    settings = result.get("settings") or {}
+    lrs = ", ".join(f"{lr:g}" for lr in settings.get("lrs") or [])
+    seeds = ", ".join(map(str, settings.get("seeds") or []))
+    samples = settings.get("max_train_samples")
+    epochs = settings.get("epochs")
+    epochs = f"{epochs:g}" if isinstance(epochs, int | float) else "?"
+    text = f"learning rates {lrs or '?'}; fine-tuning seeds {seeds or '?'}; {epochs} epochs"
+    text += "; whole training set" if samples is None else f"; {samples:,} training examples"
+    steps = result.get("pretrain_steps")
+    return text + ("" if steps is None else f"; checkpoint at step {steps:,}")
 
 
 def _unigram(study: Path, reference: str, seeds: Sequence[int]) -> float | None:
@@ -499,7 +521,10 @@ def _glue_md(result: dict[str, Any]) -> list[str]:
     ]
     for task, found in result["glue"].items():
         paper = PAPER_GLUE.get(task, {})
-        lines += ["", f"### {task} ({found['metric']})", "", "| scheme | per seed | mean ± std | paper |"]
+        lines += ["", f"### {task} ({found['metric']})", ""]
+        for grid, runs in found.get("grids", {}).items():
+            lines.append(f"- {grid}: {', '.join(runs)}")
+        lines += ["", "| scheme | per seed | mean ± std | paper |"]
         lines.append("|---|---|---:|---:|")
         for s, by_seed in found["scores"].items():
             vals = [by_seed[k] for k in sorted(by_seed, key=int)]
