@@ -168,3 +168,19 @@ def test_packing_report_regenerates(tmp_path):
     made, kept = (json.loads((d / "packing.json").read_text()) for d in (tmp_path, RESULTS / "packing"))
     made.pop("command"), kept.pop("command")
     assert made == kept
+
+
+def test_regime_claims_regenerate_from_their_record():
+    """docs/results/regime/paper6k/claims.md (RESULTS G.4), from the claims.json beside it, which holds every run's
+    validation curve; and by that record every bert-a seed of the regime recipe has left the plateau (G.3)."""
+    from tupe.comparison.claims import PLATEAU_MARGIN, render
+
+    folder = RESULTS / "regime" / "paper6k"
+    record = json.loads((folder / "claims.json").read_text())
+    assert render(record) == (folder / "claims.md").read_text()
+    threshold = record["unigram_loss"] - PLATEAU_MARGIN
+    for k in (0, 1, 2):
+        run = record["runs"][f"bert-a/seed-{k}"]
+        assert run["finished"] and run["last_step"] == 6000
+        exit_step = next(step for step, loss in run["valid"] if loss <= threshold)
+        assert exit_step == run["plateau_exit"] and exit_step <= 4700

@@ -398,7 +398,7 @@ def judge(
     }
     glue = read_glue(study, schemes, seeds, tasks)
     return {
-        "study": study.name,
+        "study": study.resolve().name,
         "schemes": list(schemes),
         "seeds": list(seeds),
         "reference": reference,
