@@ -15,14 +15,20 @@ summary of the evaluation stages (`study.json`), and writes `claims.md` and `cla
 3. **Table 1, GLUE dev**: per task each scheme's score per pre-training seed (the paper's protocol: the best
    learning rate's median over the fine-tuning seeds, x 100), and each of the paper's orderings as a difference
    paired by pre-training seed with its t interval, beside the paper's own difference.
-4. The evaluation stages' readings (loss on each text, word-order delta, passkey copying at each distance), each
-   scheme minus the reference, paired by seed.
+   Also Table 1's "TUPE at 30% of the steps" rows, from grids of a TUPE run's checkpoint fine-tuned as
+   `glue/<task>-<scheme>-mid-seed-<k>`, each pair's average over the tasks both schemes have, and each grid's
+   protocol (learning rates, fine-tuning seeds, epochs, the checkpoint's step).
+4. The evaluation stages' readings (loss on each text, word-order delta, each length, passkey token use and
+   copying at each distance): each scheme's own mean over seeds with its t interval, and minus the reference,
+   paired by seed.
 
 A difference is judged against the paper's sign: **holds** (same sign, interval excludes 0), **direction** (same
 sign, interval holds 0), **not found** (opposite sign, interval holds 0), **reversed** (opposite sign, interval
 excludes 0), **one seed** (no interval). With 3 seeds the t interval uses t = 4.30 (2 degrees of freedom): only a
-difference large against its spread across seeds excludes 0. The unigram baseline (for "left the plateau") is that
-of the first finished run of the reference scheme (`tupe.analysis.baseline.run_unigram`), or `--unigram`.
+difference large against its spread across seeds excludes 0. The unigram baseline (for "left the plateau") is the
+one `tupe compare` recorded (`runs/compare_summary.json`), else that of the reference's first finished run
+(`tupe.analysis.baseline.run_unigram`), or `--unigram`. `claims.json` holds every run's validation curve and is
+enough to write `claims.md` again (`render`).
 """
 
 from __future__ import annotations
