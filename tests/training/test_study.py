@@ -219,3 +219,25 @@ def test_glue_tasks_take_any_spelling_tupe_glue_takes() -> None:
     assert glue_tasks("sst2, cola,MRPC") == ["SST-2", "CoLA", "MRPC"]
     with pytest.raises(argparse.ArgumentTypeError, match="each once"):
         glue_tasks("CoLA,cola")
+
+
+def test_the_summary_reads_final_losses_from_the_runs_without_a_covering_comparison(tmp_path: Path) -> None:
+    """A study folder whose runs/ holds the runs of several comparisons (RESULTS G's rope and deberta beside the
+    paper's four) has no `tupe compare` record of them all: each scheme's final losses come from its runs, for a
+    scheme whose runs have all finished."""
+    from tupe.comparison.study import summarize
+
+    for scheme, seeds in (("bert-a", (0, 1)), ("rope", (0, 1))):
+        for k in seeds:
+            run = tmp_path / "runs" / scheme / f"seed-{k}"
+            run.mkdir(parents=True)
+            curve = [{"step": 10, "eval_loss": 7.0}, {"step": 20, "eval_loss": 6.0 - k}]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
+            if not (scheme == "rope" and k == 1):  # rope seed 1 still training
+                (run / "pretrain_summary.json").write_text(json.dumps({"steps": 20}))
+    # a record of another comparison (other seeds) is not used
+    (tmp_path / "runs" / "compare_summary.json").write_text(
+        json.dumps({"seeds": [0], "stats": {"schemes": {}}})
+    )
+    rows = summarize(tmp_path, ["bert-a", "rope"], [0, 1], texts=[])["rows"]
+    assert rows["bert-a"]["final_losses"] == [6.0, 5.0] and "final_losses" not in rows["rope"]

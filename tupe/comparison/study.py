@@ -591,6 +591,41 @@ def _glue_columns(
     return cols, majority
 
 
+def _pretraining_rows(
+    out: Path, schemes: list[str], seeds: list[int], rows: dict[str, dict[str, Any]]
+) -> None:
+    """Each scheme's final validation loss and plateau exit per seed: from `tupe compare`'s record of the runs when
+    it covers the study's seeds, else read from the runs themselves (a study folder whose runs/ holds the runs of
+    several comparisons), for a scheme whose runs have all finished."""
+    from tupe.analysis.baseline import run_unigram
+    from tupe.analysis.curves import read_metrics
+    from tupe.analysis.seeds import plateau_exit_step
+    from tupe.training.run_folder import SUMMARY_FILE
+
+    compare_file = out / "runs" / "compare_summary.json"
+    record = json.loads(compare_file.read_text()) if compare_file.exists() else {}
+    if record.get("seeds") == seeds:
+        stats = record["stats"]["schemes"]
+        for s in schemes:
+            if s in stats:
+                rows[s]["final_losses"] = stats[s]["final_losses"]
+                rows[s]["plateau_exit_steps"] = stats[s].get("plateau_exit_steps")
+        return
+    unigram = None
+    for s in schemes:
+        dirs = [out / "runs" / s / f"seed-{k}" for k in seeds]
+        if not all((d / SUMMARY_FILE).is_file() for d in dirs):
+            continue
+        valid = [read_metrics(d)[1] for d in dirs]
+        if not all(valid):
+            continue
+        if unigram is None:
+            unigram = (run_unigram(dirs[0]) or {}).get("unigram_loss")
+        rows[s]["final_losses"] = [v[-1]["eval_loss"] for v in valid]
+        if unigram is not None:
+            rows[s]["plateau_exit_steps"] = [plateau_exit_step(v, unigram) for v in valid]
+
+
 def summarize(
     out: Path,
     schemes: list[str],
@@ -601,13 +636,7 @@ def summarize(
 ) -> dict[str, Any]:
     """`study.md` / `study.json` from the stages' files (each section only where its stage has run)."""
     rows: dict[str, dict[str, Any]] = {s: {} for s in schemes}
-    compare_file = out / "runs" / "compare_summary.json"
-    if compare_file.exists():
-        stats = json.loads(compare_file.read_text())["stats"]["schemes"]
-        for s in schemes:
-            if s in stats:
-                rows[s]["final_losses"] = stats[s]["final_losses"]
-                rows[s]["plateau_exit_steps"] = stats[s].get("plateau_exit_steps")
+    _pretraining_rows(out, schemes, seeds, rows)
     for text in texts:
         path = out / f"ood-{text}.json"
         if path.exists():
