@@ -599,7 +599,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--schemes",
         default="bert-a,tupe-a,tupe-r,bert-r",
         type=parse_schemes,
-        help="default: the paper's four",
+        help="comma-separated schemes of the study to read (default: the paper's four, bert-a,tupe-a,tupe-r,bert-r)",
     )
     p.add_argument("--seeds", default="0,1,2", type=parse_seeds, help="pre-training seeds (default 0,1,2)")
     p.add_argument("--reference", default="bert-a", help="the scheme the stages' readings are paired against")
@@ -615,7 +615,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="pre-training steps at which the loss difference is tabled (default %(default)s)",
     )
     p.add_argument(
-        "--unigram", type=float, default=None, help="the unigram loss (default: from the reference's run)"
+        "--unigram",
+        type=float,
+        default=None,
+        help="the unigram loss for the plateau exits (default: tupe compare's record, else the reference's first "
+        "finished run)",
     )
     args = p.parse_args(argv)
     try:
