@@ -12,6 +12,7 @@ from tests.glue.fixtures import write_task
 from tests.training.conftest import tiny_cli_args
 from tupe.cli import main as cli
 from tupe.comparison.study import main
+from tupe.errors import TupeError
 
 
 @pytest.mark.slow
@@ -241,3 +242,6 @@ def test_the_summary_reads_final_losses_from_the_runs_without_a_covering_compari
     )
     rows = summarize(tmp_path, ["bert-a", "rope"], [0, 1], texts=[])["rows"]
     assert rows["bert-a"]["final_losses"] == [6.0, 5.0] and "final_losses" not in rows["rope"]
+    (tmp_path / "runs" / "compare_summary.json").write_text('{"seeds": [0')  # cut short: named, no traceback
+    with pytest.raises(TupeError, match="compare_summary.json: not a tupe compare record"):
+        summarize(tmp_path, ["bert-a", "rope"], [0, 1], texts=[])

@@ -603,8 +603,13 @@ def _pretraining_rows(
     from tupe.training.run_folder import SUMMARY_FILE
 
     compare_file = out / "runs" / "compare_summary.json"
-    record = json.loads(compare_file.read_text()) if compare_file.exists() else {}
-    if record.get("seeds") == seeds:
+    try:
+        record = json.loads(compare_file.read_text()) if compare_file.exists() else {}
+    except ValueError as err:
+        raise TupeError(
+            f"{compare_file}: not a tupe compare record ({err}); run the train stage with --resume"
+        ) from None
+    if isinstance(record, dict) and record.get("seeds") == seeds:
         stats = record["stats"]["schemes"]
         for s in schemes:
             if s in stats:
