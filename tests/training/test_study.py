@@ -245,3 +245,16 @@ def test_the_summary_reads_final_losses_from_the_runs_without_a_covering_compari
     (tmp_path / "runs" / "compare_summary.json").write_text('{"seeds": [0')  # cut short: named, no traceback
     with pytest.raises(TupeError, match="compare_summary.json: not a tupe compare record"):
         summarize(tmp_path, ["bert-a", "rope"], [0, 1], texts=[])
+
+
+def test_glue_data_folders_are_found_as_tupe_glue_finds_them(tmp_path: Path) -> None:
+    """--glue-data: a task's folder under any spelling `tupe glue` takes (`cola/`) is accepted before the train
+    stage; a root without one of the tasks is refused naming it."""
+    from tupe.comparison.study import check_inputs, parse_args
+
+    (tmp_path / "glue" / "cola").mkdir(parents=True)
+    (tmp_path / "glue" / "SST-2").mkdir()
+    base = ["--out", str(tmp_path / "study"), "--glue-data", str(tmp_path / "glue"), "--stages", "glue"]
+    check_inputs(parse_args([*base, "--glue-tasks", "CoLA,sst2"]), ["glue"], [0, 1])
+    with pytest.raises(TupeError, match=r"no folder for MRPC in it \(e.g. MRPC/\)"):
+        check_inputs(parse_args([*base, "--glue-tasks", "CoLA,MRPC"]), ["glue"], [0, 1])

@@ -413,7 +413,7 @@ def read_tsv(task: GlueTask, path: str | Path) -> Split:
     return read_delimited(task, path, "\t")
 
 
-def _find_task_dir(task: GlueTask, root: Path) -> Path | None:
+def find_task_dir(task: GlueTask, root: Path) -> Path | None:
     """`root/TASK` under any common spelling, or `root` itself if it holds the task's train.tsv."""
     if root.is_dir():
         for child in sorted(root.iterdir()):
@@ -543,7 +543,7 @@ def load_task(task: GlueTask | str, data_dir: str | Path) -> TaskData:
     root = Path(data_dir)
     if not root.exists():
         raise TupeError(f"{root}: no such directory (expected a GLUE data directory)")
-    candidates = [c for c in (_find_task_dir(task, root), root) if c is not None]
+    candidates = [c for c in (find_task_dir(task, root), root) if c is not None]
     for cand in candidates:
         if (cand / task.train_file).is_file():
             train = read_split_file(task, cand / task.train_file)
