@@ -40,7 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tupe.analysis.seeds import PLATEAU_MARGIN, mean_std, t_interval
+from tupe.analysis.curves import steps_to_reach
+from tupe.analysis.seeds import PLATEAU_MARGIN, mean_std, plateau_exit_step, t_interval
 from tupe.errors import TupeError
 
 # The paper's pairs for Fig. 5a: each TUPE variant against each baseline.
@@ -242,7 +243,7 @@ def loss_pair(
             continue
         below = [la[st] < lb[st] for st in common]
         done = a[k]["finished"] and b[k]["finished"]
-        reach = next((st for st in sorted(la) if la[st] <= lb[max(lb)]), None) if done else None
+        reach = steps_to_reach(a[k]["valid"], lb[max(lb)]) if done else None
         per_seed[str(k)] = {
             "finished": done,
             "steps_compared": len(common),
@@ -387,9 +388,7 @@ def judge(
     runs = {}
     for (s, k), run in sorted(curves.items()):
         v = run["valid"]
-        exit_step = None
-        if unigram is not None:
-            exit_step = next((r["step"] for r in v if r["eval_loss"] <= unigram - PLATEAU_MARGIN), None)
+        exit_step = None if unigram is None else plateau_exit_step(v, unigram)
         runs[f"{s}/seed-{k}"] = {
             "finished": run["finished"],
             "last_step": v[-1]["step"],

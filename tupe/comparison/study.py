@@ -324,9 +324,8 @@ def check_inputs(args: argparse.Namespace, stages: list[str], seeds: list[int]) 
         from tupe.finetuning.glue.tasks import find_task_dir, get_task
 
         check_path_kind("--glue-data", Path(args.glue_data), "folder")
-        for (
-            task
-        ) in args.glue_tasks:  # as tupe glue finds it: ROOT/<task> under any common spelling (cola/, CoLA/)
+        # as tupe glue finds it: ROOT/<task> under any common spelling (cola/, CoLA/)
+        for task in args.glue_tasks:
             if find_task_dir(get_task(task), Path(args.glue_data)) is None:
                 raise TupeError(f"--glue-data {args.glue_data}: no folder for {task} in it (e.g. {task}/)")
     if args.glue_pretrain_seeds:

@@ -125,10 +125,8 @@ class TupeConfig(PretrainedConfig):
         for field in scheme.config_fields:
             value = kwargs.pop(field.name, field.default)
             setattr(self, field.name, value if field.resolve is None else field.resolve(value, self))
-        for (
-            name,
-            field,
-        ) in scheme_fields().items():  # the scheme's own are taken above: what is left, another's
+        # the scheme's own fields are taken above: what is left in kwargs is another scheme's
+        for name, field in scheme_fields().items():
             if name not in kwargs:
                 continue
             value = kwargs.pop(name)
