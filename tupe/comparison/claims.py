@@ -159,7 +159,9 @@ def read_glue(
 ) -> dict[str, Any]:
     """{task: {"metric": name, "scores": {scheme: {seed: score x 100}}, "grids": {protocol: [runs]}}} of the
     complete GLUE grids of the study (a TUPE scheme's 30%-of-steps checkpoint as `<scheme>-mid`, where its grids
-    exist); a results.json that is not one is an error naming it."""
+    exist; `study.complete_grid`: a results.json that is not one is an error naming it)."""
+    from tupe.comparison.study import complete_grid
+
     out: dict[str, Any] = {}
     names = [*schemes, *(s + MID for s in schemes if s.startswith("tupe"))]
     for task in tasks:
@@ -168,22 +170,11 @@ def read_glue(
         metric = None
         for s in names:
             for k in seeds:
-                path = study / "glue" / f"{task}-{s}-seed-{k}" / "results.json"
-                if not path.exists():
-                    continue
-                try:
-                    result = json.loads(path.read_text())
-                except (OSError, ValueError) as err:
-                    raise TupeError(f"{path}: not a readable results.json ({err})") from None
-                if not isinstance(result, dict):
-                    raise TupeError(f"{path}: not a `tupe glue` results.json (a JSON object)")
-                best = result.get("best")
-                if not (
-                    result.get("complete") and isinstance(best, dict) and best.get("main_median") is not None
-                ):
+                result = complete_grid(study / "glue" / f"{task}-{s}-seed-{k}" / "results.json")
+                if result is None:
                     continue
                 metric = result.get("main_metric")
-                scores.setdefault(s, {})[k] = 100 * float(best["main_median"])
+                scores.setdefault(s, {})[k] = 100 * float(result["best"]["main_median"])
                 grids.setdefault(_grid_text(result), []).append(f"{s}/seed-{k}")
         if scores:
             out[task] = {"metric": metric, "scores": scores, "grids": grids}

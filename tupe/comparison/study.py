@@ -563,6 +563,24 @@ def _stage_columns(
     return [col for group in cols for col in group]
 
 
+def complete_grid(path: Path) -> dict[str, Any] | None:
+    """The `tupe glue` results.json at `path` when its grid is complete with a best learning rate (the study's and
+    the claims' GLUE readings); None where there is no such file or the grid is not finished; a file that is not a
+    results record is an error naming it."""
+    if not path.exists():
+        return None
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TupeError(f"{path}: not a readable results.json ({err})") from None
+    if not isinstance(result, dict):
+        raise TupeError(f"{path}: not a `tupe glue` results.json (a JSON object)")
+    best = result.get("best")
+    if not (result.get("complete") and isinstance(best, dict) and best.get("main_median") is not None):
+        return None
+    return result
+
+
 def _glue_columns(
     out: Path, schemes: list[str], seeds: list[int], tasks: Sequence[str], rows: dict[str, dict[str, Any]]
 ) -> tuple[list[str], dict[str, float | None]]:
@@ -579,9 +597,8 @@ def _glue_columns(
         for s in schemes:
             found: list[float | None] = []  # one per pre-training seed, None where its grid is not complete
             for k in seeds:
-                path = out / "glue" / f"{task}-{s}-seed-{k}" / "results.json"
-                result = json.loads(path.read_text()) if path.exists() else None
-                if not (result and result.get("complete") and result.get("best")):
+                result = complete_grid(out / "glue" / f"{task}-{s}-seed-{k}" / "results.json")
+                if result is None:
                     found.append(None)
                     continue
                 metric = result["main_metric"]

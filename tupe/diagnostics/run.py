@@ -76,16 +76,13 @@ def checkpoint_model(path: str, settings: Settings) -> tuple[torch.nn.Module, Vo
     (BertForMaskedLM), converted exactly to bert-a. The task tokens are ids of its vocabulary that are not special
     (the config's special ids, and its tokenizer's where the folder has one)."""
     from tupe.evaluation.evaluate import checked_model_class, load_masked_lm, training_length
-    from tupe.io.checkpoints import load_tokenizer
+    from tupe.io.checkpoints import has_tokenizer_files, load_tokenizer
     from tupe.modeling import TupeForMaskedLM
 
     folder = Path(path).expanduser()
     what = f"{folder}: not a masked-LM checkpoint"
     cls, kind = checked_model_class(folder, what)
-    has_tokenizer = any(
-        (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
-    )
-    tokenizer = load_tokenizer(folder, explicit=False) if has_tokenizer else None
+    tokenizer = load_tokenizer(folder, explicit=False) if has_tokenizer_files(folder) else None
     if kind == "tupe":
         model = load_masked_lm(cls, folder, what)
     else:  # BERT: the special ids are its tokenizer's (Google's vocabulary: [CLS] 101, ...), or BERT's defaults

@@ -134,7 +134,7 @@ def load_eval_model(
     """Load a `tupe pretrain` checkpoint (TupeForMaskedLM) or a `transformers` BERT folder (BertForMaskedLM, run
     with transformers' own code), each with its tokenizer; a one-line `TupeError` naming the folder and what is
     missing otherwise. `device` None: the GPU when there is one (evaluation is float32 either way)."""
-    from tupe.io.checkpoints import load_tokenizer
+    from tupe.io.checkpoints import has_tokenizer_files, load_tokenizer
 
     path = Path(path).expanduser()
     what = f"{path}: not a masked-LM checkpoint"
@@ -143,10 +143,7 @@ def load_eval_model(
     model.eval()
     model.to(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     config = model.config
-    has_tokenizer = any(
-        (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
-    )
-    source = path if has_tokenizer or tokenizer_dir is None else Path(tokenizer_dir).expanduser()
+    source = path if has_tokenizer_files(path) or tokenizer_dir is None else Path(tokenizer_dir).expanduser()
     tokenizer = load_tokenizer(source, config)
     for role in ("cls", "sep", "mask", "pad"):
         if getattr(tokenizer, f"{role}_token_id") is None:

@@ -245,6 +245,11 @@ def read_config(model_dir: str | os.PathLike) -> dict:
     return check_model_folder(path)  # regular files, no custom code, every config field typed and in range
 
 
+def has_tokenizer_files(folder: str | os.PathLike) -> bool:
+    """Whether a folder holds a saved tokenizer (`tokenizer.json`, `tokenizer_config.json` or `vocab.txt`)."""
+    return any((Path(folder) / f).is_file() for f in _TOKENIZER_FILES)
+
+
 def load_tokenizer(source: str | os.PathLike, config: Any = None, explicit: bool = True) -> Any:
     """The tokenizer saved in a folder (a model's, or one given with --tokenizer), with one-line errors.
 
@@ -257,7 +262,7 @@ def load_tokenizer(source: str | os.PathLike, config: Any = None, explicit: bool
     path = Path(source)
     if not path.is_dir():
         raise TupeError(f"tokenizer directory {str(path)!r} does not exist")
-    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+    if not has_tokenizer_files(path):
         hint = "" if explicit else "; save the tokenizer with the model or pass --tokenizer DIR"
         raise TupeError(f"{path}: no tokenizer files ({' / '.join(_TOKENIZER_FILES)}){hint}")
     check_tokenizer_folder(path)  # regular files only, and no code of its own (auto_map): never a prompt
