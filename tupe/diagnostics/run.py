@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .tasks import TASKS, Batch, Vocabulary, make_batch, symbols_needed, task_rng
+from .tasks import BUCKETS, TASKS, Batch, Vocabulary, make_batch, symbols_needed, task_rng
 
 SPECIAL = (0, 1, 2, 3, 4)  # [PAD] [CLS] [SEP] [MASK] [UNK]: tupe's own layout for a fresh model
 
@@ -50,14 +51,22 @@ class Job:
     pretrain_seed: int | None = None  # a run folder <scheme>/seed-<k> given to --model: k
 
 
+def fresh_vocabulary(settings: Settings = Settings()) -> Vocabulary:
+    """The tasks' token ids for a model made for them: tupe's special ids 0-4 ([CLS] 1, [MASK] 3, as a fresh
+    `TupeConfig`), then the three task tokens, the marker, the four answers and as many symbols as the copy task
+    needs at the longest test length; `vocab.size` ids in all (the vocabulary size to give a model of your own)."""
+    symbols = symbols_needed(settings.train_length * max(settings.multiples))
+    size = len(SPECIAL) + len(TASKS) + 1 + BUCKETS + symbols
+    return Vocabulary.build(size, SPECIAL, cls_id=1, mask_id=3, symbols=symbols)
+
+
 def fresh_model(scheme: str, settings: Settings) -> tuple[torch.nn.Module, Vocabulary]:
     from tupe.modeling import TupeConfig, TupeForMaskedLM
 
-    symbols = symbols_needed(settings.train_length * max(settings.multiples))
-    vocab_size = len(SPECIAL) + len(TASKS) + 5 + symbols
+    vocab = fresh_vocabulary(settings)
     config = TupeConfig(
         position_scheme=scheme,
-        vocab_size=vocab_size,
+        vocab_size=vocab.size,
         hidden_size=settings.hidden_size,
         num_hidden_layers=settings.num_layers,
         num_attention_heads=settings.num_heads,
@@ -66,8 +75,8 @@ def fresh_model(scheme: str, settings: Settings) -> tuple[torch.nn.Module, Vocab
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    model = TupeForMaskedLM(config)
-    return model, Vocabulary.build(vocab_size, SPECIAL, config.cls_token_id, config.mask_token_id, symbols)
+    assert (config.cls_token_id, config.mask_token_id) == (vocab.cls, vocab.mask)
+    return TupeForMaskedLM(config), vocab
 
 
 def checkpoint_model(path: str, settings: Settings) -> tuple[torch.nn.Module, Vocabulary]:
@@ -111,8 +120,13 @@ def checkpoint_model(path: str, settings: Settings) -> tuple[torch.nn.Module, Vo
     return model.train(), vocab
 
 
-def mixed_batch(rng: np.random.Generator, vocab: Vocabulary, settings: Settings) -> tuple[torch.Tensor, ...]:
-    """A training batch: `batch_size` sequences of the training length, the three tasks in equal shares."""
+def training_batch(
+    vocab: Vocabulary, settings: Settings = Settings(), seed: int = 0, step: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training batch `step` of seed `seed`, as `tupe diagnose` trains on: `batch_size` sequences of the training
+    length, the three tasks in equal shares. (inputs, labels), each (rows, L) int64; labels are -100 except at the
+    questions. A loop of your own can train on these and `diagnose_model` score the result."""
+    rng = task_rng(seed, 0, step)
     per = -(-settings.batch_size // len(TASKS))
     parts = [make_batch(t, rng, vocab, per, settings.train_length, settings.train_length) for t in TASKS]
     inputs = torch.from_numpy(np.concatenate([p.inputs for p in parts]))
@@ -130,7 +144,7 @@ def train(model: torch.nn.Module, vocab: Vocabulary, settings: Settings, seed: i
     model.train()
     curve = []
     for step in range(total):
-        inputs, labels = mixed_batch(task_rng(seed, 0, step), vocab, settings)
+        inputs, labels = training_batch(vocab, settings, seed, step)
         loss = model(input_ids=inputs, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -188,10 +202,22 @@ def score_tasks(m: Any, vocab: Vocabulary, settings: Settings) -> list[dict[str,
     return out
 
 
-def position_probe(m: Any, vocab: Vocabulary, settings: Settings) -> dict[str, float]:  # noqa: ANN401
-    """R^2 of a ridge regression from the last hidden state to the absolute position (2 .. L-1), fitted on
-    `probe_examples` random sequences of the training length and scored on as many others (positions 0 and 1,
-    [CLS] and the task token, left out)."""
+def encoder_states(m: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:  # noqa: ANN401 - EvalModel
+    """(rows, n) ids -> (rows, n, width) last hidden states of tupe's and BERT's encoders; None for another
+    module."""
+    if m.kind == "tupe":
+        return lambda ids: m.model.tupe(ids, return_dict=True).last_hidden_state
+    if m.kind == "bert":
+        return lambda ids: m.model.bert(input_ids=ids, token_type_ids=torch.zeros_like(ids)).last_hidden_state
+    return None
+
+
+def position_probe(
+    states: Callable[[torch.Tensor], torch.Tensor], vocab: Vocabulary, settings: Settings
+) -> dict[str, float]:
+    """R^2 of a ridge regression from the last hidden state (`states`: (rows, n) ids -> (rows, n, width)) to the
+    absolute position (2 .. L-1), fitted on `probe_examples` random sequences of the training length and scored on
+    as many others (positions 0 and 1, [CLS] and the task token, left out)."""
     from sklearn.linear_model import Ridge
     from sklearn.metrics import r2_score
 
@@ -202,11 +228,43 @@ def position_probe(m: Any, vocab: Vocabulary, settings: Settings) -> dict[str, f
         inputs = rng.choice(vocab.symbols, size=(settings.probe_examples, n)).astype(np.int64)
         inputs[:, 0], inputs[:, 1] = vocab.cls, vocab.task["copy"]
         with torch.inference_mode():
-            hidden = m.model.tupe(torch.from_numpy(inputs), return_dict=True).last_hidden_state[:, 2:]
+            hidden = states(torch.from_numpy(inputs))[:, 2:].cpu()
         features.append(hidden.reshape(-1, hidden.shape[-1]).double().numpy())
         targets.append(np.tile(np.arange(2, n, dtype=np.float64), settings.probe_examples))
     fit = Ridge(alpha=1.0).fit(features[0], targets[0])
     return {"r2": float(r2_score(targets[1], fit.predict(features[1]))), "positions": n - 2}
+
+
+def diagnose_model(
+    model: torch.nn.Module | Any,  # noqa: ANN401 - or an EvalModel
+    vocab: Vocabulary,
+    settings: Settings = Settings(),
+    hidden: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    name: str = "model",
+) -> dict[str, Any]:
+    """Score a model already trained on the tasks, by `tupe diagnose` or by a loop of your own (on
+    `training_batch`): its accuracy (bootstrap interval over test sequences) and chance on every task at each
+    length `k * settings.train_length` of `settings.multiples`, without extension and with each extension method
+    that applies, and the position probe's R^2.
+
+    `model`: a TupeForMaskedLM, a transformers BertForMaskedLM, any module whose `forward(input_ids=,
+    attention_mask=)` returns masked-LM logits (rows, n, vocab) (as `.logits` or the tensor), or an `EvalModel`.
+    `hidden`: (rows, n) ids -> (rows, n, width) states for the position probe; by default the encoder's last
+    hidden states of tupe's and BERT's models, and no probe (`position_probe` None) for another module.
+    Returns {"tasks": [...], "position_probe": {"r2", "positions"} or None}, as a `tupe diagnose` job's result."""
+    from tupe.evaluation.evaluate import EvalModel
+
+    m = (
+        model
+        if isinstance(model, EvalModel)
+        else EvalModel.of(model, None, name, train_length=settings.train_length)
+    )
+    m.model.eval()
+    states = hidden or encoder_states(m)
+    return {
+        "tasks": score_tasks(m, vocab, settings),
+        "position_probe": None if states is None else position_probe(states, vocab, settings),
+    }
 
 
 def run_job(job: Job, settings: Settings) -> dict[str, Any]:
@@ -221,8 +279,6 @@ def run_job(job: Job, settings: Settings) -> dict[str, Any]:
 
 
 def _run_job(job: Job, settings: Settings) -> dict[str, Any]:
-    from tupe.evaluation.evaluate import EvalModel
-
     start = time.perf_counter()
     torch.manual_seed(job.seed)
     if job.checkpoint is not None:
@@ -231,28 +287,16 @@ def _run_job(job: Job, settings: Settings) -> dict[str, Any]:
         model, vocab = fresh_model(job.scheme, settings)
     curve = train(model, vocab, settings, job.seed)
     trained = time.perf_counter() - start
-    model.eval()
-    m = EvalModel(
-        path=Path(job.folder),
-        name=job.name,
-        kind="tupe",
-        description=job.name,
-        model=model,
-        tokenizer=None,
-        max_length=model.config.max_position_embeddings,
-        num_parameters=sum(p.numel() for p in model.parameters()),
-        train_length=settings.train_length,
-    )
+    scored = diagnose_model(model, vocab, settings, name=job.name)
     result = {
         "name": job.name,
         "scheme": model.config.position_scheme,
         "seed": job.seed,
         **({} if job.pretrain_seed is None else {"pretrain_seed": job.pretrain_seed}),
         "checkpoint": job.checkpoint,
-        "parameters": m.num_parameters,
+        "parameters": sum(p.numel() for p in model.parameters()),
         "curve": curve,
-        "tasks": score_tasks(m, vocab, settings),
-        "position_probe": position_probe(m, vocab, settings),
+        **scored,
         "train_seconds": round(trained, 1),
         "seconds": round(time.perf_counter() - start, 1),
     }

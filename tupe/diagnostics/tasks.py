@@ -46,6 +46,7 @@ class Vocabulary:
     marker: int
     answers: tuple[int, ...]  # order uses the first two, distance all four
     symbols: np.ndarray  # (V,)
+    size: int  # the model's vocabulary size (every id above is below it)
 
     @classmethod
     def build(
@@ -57,7 +58,7 @@ class Vocabulary:
         if len(free) < need:
             raise ValueError(f"the tasks need {need} ordinary token ids; the vocabulary has {len(free)}")
         task = dict(zip(TASKS, free[:3]))
-        return cls(cls_id, mask_id, task, free[3], tuple(free[4:8]), np.asarray(free[8:need]))
+        return cls(cls_id, mask_id, task, free[3], tuple(free[4:8]), np.asarray(free[8:need]), vocab_size)
 
 
 def symbols_needed(max_length: int) -> int:
