@@ -184,3 +184,20 @@ def test_a_scheme_of_another_distribution_saves_and_loads_in_a_fresh_process(tmp
         assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "loaded toy_scheme"
     assert json.loads((folder / "config.json").read_text())["position_scheme"] == "toy-distance"
+
+
+def test_a_schemes_field_given_to_from_pretrained_is_taken_as_the_constructor_takes_it(tmp_path):
+    """`from_pretrained(path, field=value)`: the checkpoint's own scheme's field is resolved and checked as in the
+    constructor (deberta's -1 becomes the length, as stored); another scheme's is dropped with
+    the constructor's warning, and the model loads (transformers would hand it to the model's __init__)."""
+    TupeForMaskedLM(tiny_config("tupe-a", max_position_embeddings=40)).save_pretrained(tmp_path / "tupe-a")
+    TupeForMaskedLM(tiny_config("deberta", max_position_embeddings=40)).save_pretrained(tmp_path / "deberta")
+    with CaptureLogger(configuration_tupe.logger) as said:
+        loaded = TupeForMaskedLM.from_pretrained(tmp_path / "tupe-a", rope_theta=500.0)
+    assert "rope_theta=500.0 is a setting of rope" in said.out and "'tupe-a'" in said.out
+    assert "rope_theta" not in loaded.config.to_dict()
+    deberta = TupeForMaskedLM.from_pretrained(tmp_path / "deberta", max_relative_positions=-1)
+    assert deberta.config.max_relative_positions == 40
+    config, unused = TupeConfig.from_pretrained(tmp_path / "deberta", max_relative_positions=8, foo=1,
+                                                return_unused_kwargs=True)  # fmt: skip
+    assert config.max_relative_positions == 8 and unused == {"foo": 1}

@@ -66,9 +66,8 @@ class KeySentence:
 
     ids: np.ndarray  # (t,) the sentence's token ids with the key d d ... d, d = digits[0]
     positions: np.ndarray  # (k,) indices into `ids` of the key's digit tokens
-    digits: (
-        np.ndarray
-    )  # (A,) the digits keys are drawn from (0..9, or those the tokenizer writes as one token)
+    # (A,) the digits keys are drawn from (0..9, or those the tokenizer writes as one token)
+    digits: np.ndarray
     candidates: np.ndarray  # (k, A): the token id of digit digits[a] at key place j
 
     def with_key(self, key: np.ndarray) -> np.ndarray:

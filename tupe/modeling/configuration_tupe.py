@@ -213,6 +213,17 @@ class TupeConfig(PretrainedConfig):
         output["attn_implementation"] = AUTO if auto else self._attn_implementation
         return output
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> TupeConfig | tuple[TupeConfig, dict]:
+        """transformers' `from_dict` (what `from_pretrained` builds the config with), where a positional scheme's
+        field given as a keyword (`from_pretrained(path, rope_theta=1e5)`) goes through the constructor as the
+        file's own fields do: resolved and checked for the checkpoint's scheme, and dropped with a warning where
+        that scheme does not read it. transformers would set it as a plain attribute, or hand one the config lacks
+        to the model's `__init__`, which fails on it."""
+        fields = scheme_fields()
+        given = {name: kwargs.pop(name) for name in list(kwargs) if name in fields}
+        return super().from_dict({**config_dict, **given}, **kwargs)
+
     def convert_rope_params_to_dict(self, **kwargs):
         """transformers' RoPE standardisation, which would give every config a default `rope_parameters`: tupe
         standardises them itself, for the rope scheme only (`_take_rope_parameters`)."""

@@ -104,14 +104,12 @@ class AttentionInputs:
     """Per-forward tensors shared by all layers: the positional context, the masks built from it once, the kernel."""
 
     ctx: PositionalContext
-    padding: (
-        torch.Tensor | None
-    )  # (b, 1, 1, n) additive: 0 for tokens, dtype-min for padding; None: no padding. Documents in a row and a
-    # kernel that takes them in its mask (`AttentionKernel.documents == "mask"`): (b, 1, n, n), 0 inside a document
-    # for real keys, dtype-min elsewhere
-    mask: (
-        torch.Tensor | None
-    )  # what every layer's kernel gets: `kernel.prepare(ctx, padding, dtype)`, else padding
+    # (b, 1, 1, n) additive: 0 for tokens, dtype-min for padding; None: no padding. Documents in a row and a kernel
+    # that takes them in its mask (`AttentionKernel.documents == "mask"`): (b, 1, n, n), 0 inside a document for
+    # real keys, dtype-min elsewhere
+    padding: torch.Tensor | None
+    # what every layer's kernel gets: `kernel.prepare(ctx, padding, dtype)`, else padding
+    mask: torch.Tensor | None
     kernel: AttentionKernel  # the registry entry this pass runs (`kernel_for_pass`: the setting's, as a rule)
     probabilities: bool = False  # output_attentions
     # documents run as rows of their own (`DocumentRows`): `ctx` is then that of positions 0..rows.length-1 (its
