@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tupe.comparison.claims import PAPER_GLUE, judge, main, render, verdict
+from tupe.comparison.claims import PAPER_GLUE, _grid_text, judge, main, render, verdict
 
 STEPS = [100, 200, 300, 400]
 # validation loss by scheme and seed at STEPS; tupe-a is above bert-a at step 100 in seed 2 only
@@ -222,3 +222,20 @@ def test_cli_writes_both_files_and_refuses_bad_input(
     (study / "glue" / "CoLA-bert-a-seed-1" / "results.json").write_text("{cut")
     assert main([str(study), "--unigram", "6.9"]) == 2
     assert "CoLA-bert-a-seed-1/results.json: not a readable results.json" in capsys.readouterr().err
+
+
+def test_a_grids_protocol_names_its_training_data() -> None:
+    """The task's own files (whole, or a subset), or the files given with --train-file / --dev-file by name."""
+    settings = {"lrs": [1e-4], "seeds": [1, 2], "epochs": 3.0, "max_train_samples": None}
+    head = "learning rates 0.0001; fine-tuning seeds 1, 2; 3 epochs"
+    given = {"source": "/d/MNLI/train_subset.json + /d/MNLI/heldout_subset.json", "train_examples": 8999}
+    assert _grid_text({"settings": settings, "data": given}) == (
+        f"{head}; all of the files train_subset.json + heldout_subset.json (8,999 examples)"
+    )
+    glue = {"source": "/d/glue/CoLA", "train_examples": 8551}
+    assert _grid_text({"settings": settings, "data": glue, "pretrain_steps": 1750}) == (
+        f"{head}; whole training set (8,551 examples); checkpoint at step 1,750"
+    )
+    assert _grid_text({"settings": {**settings, "max_train_samples": 500}, "data": glue}) == (
+        f"{head}; 500 training examples"
+    )

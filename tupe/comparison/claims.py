@@ -1,6 +1,6 @@
 """The paper's claims judged on a study folder, each paired by seed (RESULTS Part G; issue 47 item 3).
 
-    python -m tupe.comparison.claims runs/paper6k [--glue-tasks CoLA,MRPC,SST-2] [--steps 1000,2000,4000,6000]
+    python -m tupe.comparison.claims runs/paper6k [--glue-tasks CoLA,MRPC,SST-2,MNLI] [--steps 1000,2000,4000,6000]
 
 Reads what `python -m tupe.comparison.study` left in the folder, finished or not: the pre-training curves
 (`runs/<scheme>/seed-<k>/metrics.jsonl`), the GLUE grids (`glue/<task>-<scheme>-seed-<k>/results.json`) and the
@@ -17,7 +17,8 @@ summary of the evaluation stages (`study.json`), and writes `claims.md` and `cla
    paired by pre-training seed with its t interval, beside the paper's own difference.
    Also Table 1's "TUPE at 30% of the steps" rows, from grids of a TUPE run's checkpoint fine-tuned as
    `glue/<task>-<scheme>-mid-seed-<k>`, each pair's average over the tasks both schemes have, and each grid's
-   protocol (learning rates, fine-tuning seeds, epochs, the checkpoint's step).
+   protocol (learning rates, fine-tuning seeds, epochs, the training examples, the files where the grid was given
+   `--train-file`/`--dev-file`, as MNLI's training sample is, the checkpoint's step).
 4. The evaluation stages' readings (loss on each text, word-order delta, each length, passkey token use and
    copying at each distance): each scheme's own mean over seeds with its t interval, and minus the reference,
    paired by seed.
@@ -100,7 +101,7 @@ PAPER_GLUE: dict[str, dict[str, float]] = {
     },
 }
 AVERAGE = "average"  # the tasks' mean per pre-training seed, over the tasks every scheme of a pair has
-GLUE_TASKS = ("CoLA", "SST-2", "MRPC")
+GLUE_TASKS = ("CoLA", "SST-2", "MRPC", "MNLI")
 DEFAULT_STEPS = (500, 1000, 2000, 3000, 4000, 5000, 6000)
 
 
@@ -191,7 +192,15 @@ def _grid_text(result: dict[str, Any]) -> str:
     epochs = settings.get("epochs")
     epochs = f"{epochs:g}" if isinstance(epochs, int | float) else "?"
     text = f"learning rates {lrs or '?'}; fine-tuning seeds {seeds or '?'}; {epochs} epochs"
-    text += "; whole training set" if samples is None else f"; {samples:,} training examples"
+    data = result.get("data") or {}
+    source, examples = str(data.get("source") or ""), data.get("train_examples")
+    count = "" if examples is None else f" ({examples:,} examples)"
+    if samples is not None:
+        text += f"; {samples:,} training examples"
+    elif " + " in source:  # --train-file + --dev-file: the files, by name (e.g. MNLI's training sample)
+        text += "; all of the files " + " + ".join(Path(part).name for part in source.split(" + ")) + count
+    else:
+        text += "; whole training set" + count
     steps = result.get("pretrain_steps")
     return text + ("" if steps is None else f"; checkpoint at step {steps:,}")
 
