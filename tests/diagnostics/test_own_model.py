@@ -138,3 +138,20 @@ def test_a_weightless_copier_answers_every_copy_question_and_the_probe_finds_a_w
 
     probed = diagnose_model(ShiftCopier(vocab.size), vocab, SETTINGS, hidden=positions)
     assert probed["position_probe"]["r2"] > 0.999 and probed["position_probe"]["positions"] == 30
+
+
+def test_a_model_with_too_small_a_vocabulary_is_named():
+    vocab = fresh_vocabulary(SETTINGS)
+    with pytest.raises(
+        ValueError, match=rf"small cannot read the tasks' token ids .* at least {vocab.size} ids"
+    ):
+        diagnose_model(BagOfWords(vocab.size - 10), vocab, SETTINGS, name="small")
+
+    class NarrowHead(BagOfWords):  # reads every id, answers over fewer
+        def forward(self, input_ids, attention_mask=None):
+            return super().forward(input_ids)[..., :-10]
+
+    with pytest.raises(
+        ValueError, match=rf"narrow: its logits at the questions are \(\d+, {vocab.size - 10}\)"
+    ):
+        diagnose_model(NarrowHead(vocab.size), vocab, SETTINGS, name="narrow")

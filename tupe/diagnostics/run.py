@@ -159,8 +159,17 @@ def train(model: torch.nn.Module, vocab: Vocabulary, settings: Settings, seed: i
 def correct_per_example(m: Any, batch: Batch) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN401 - EvalModel
     """(answers right, answers) per sequence: the answer is the candidate with the highest logit."""
     selected = torch.from_numpy(batch.labels != -100)
-    with torch.inference_mode():
-        logits = m.logits_at(torch.from_numpy(batch.inputs), selected).cpu()
+    need = f"a vocabulary of at least {int(batch.inputs.max()) + 1} ids (`fresh_vocabulary(settings).size`)"
+    try:
+        with torch.inference_mode():
+            logits = m.logits_at(torch.from_numpy(batch.inputs), selected).cpu()
+    except IndexError as err:  # an embedding smaller than the tasks' ids
+        raise ValueError(f"{m.name} cannot read the tasks' token ids ({err}): they need {need}") from err
+    if logits.ndim != 2 or logits.shape[-1] <= int(batch.candidates.max()):
+        raise ValueError(
+            f"{m.name}: its logits at the questions are {tuple(logits.shape)}; the tasks need (questions, "
+            f"vocabulary) with {need}"
+        )
     picked = torch.from_numpy(batch.candidates)[logits[:, torch.from_numpy(batch.candidates)].argmax(-1)]
     right = (picked == torch.from_numpy(batch.labels)[selected]).double()
     rows = selected.nonzero()[:, 0]
