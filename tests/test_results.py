@@ -151,6 +151,47 @@ def test_a_stripped_record_comes_back_whole_from_history(tmp_path):
     assert arrays[one["array"]].dtype == np.float64
 
 
+def test_a_passkey_rerun_replaces_the_passkey_columns(tmp_path):
+    """`combine_length.py --passkey RERUN`: the re-run's token use and copying replace the chunks' passkey columns
+    (a scheme the re-run lacks has none), the verdict gains a copying column, and the re-run's final losses are
+    set beside the originals', paired by seed."""
+    folder, rerun = tmp_path / "length", tmp_path / "rerun"
+    shutil.copytree(RESULTS / "length", folder, ignore=shutil.ignore_patterns("*.png"))
+    for path in sorted(folder.glob("length-*/study.json")):
+        study = json.loads(path.read_text())
+        for scheme, row in study["schemes"].items():
+            row["final_losses"] = [x + 0.01 for x in row["final_losses"]]
+            for col in [c for c in row if c.startswith("passkey d=")]:
+                row[col] = [0.25] * len(row[col]) if scheme == "rope" else [0.0] * len(row[col])
+                row[col.replace("passkey", "copying")] = (
+                    [0.2, 0.21, 0.19, 0.2, 0.2] if scheme == "rope" else [0] * 5
+                )
+        study["schemes"].pop("nope", None)
+        (rerun / path.parent.name).mkdir(parents=True)
+        (rerun / path.parent.name / "study.json").write_text(json.dumps(study))
+    load_script("scripts/results/combine_length.py").main([str(folder), "--passkey", str(rerun)])
+    md = (folder / "length.md").read_text()
+    assert (
+        "| rope | 4.731 ± 0.048 | 4.677, 4.732, 4.739, 4.702, 4.804 | +0.010 [+0.010, +0.010] * | +0.010 |"
+        in md
+    )
+    assert "| nope | not in the re-run | | | |" in md
+    assert "token use above 0 at | copies the key at |" in md
+    verdict = md.split("## Verdict per scheme")[1].splitlines()
+    rope = next(line for line in verdict if line.startswith("| rope | yarn | 5.212"))
+    assert rope.endswith("| 16: +0.250 [+0.250, +0.250], 64: +0.250 [+0.250, +0.250], 128: +0.250 [+0.250, +0.250]"
+                         ", 256: +0.250 [+0.250, +0.250], 512: +0.250 [+0.250, +0.250], 1,024: +0.250 [+0.250, +0.250]"
+                         " | 16: +0.200 [+0.191, +0.209], 64: +0.200 [+0.191, +0.209], 128: +0.200 [+0.191, +0.209], "
+                         "256: +0.200 [+0.191, +0.209], 512: +0.200 [+0.191, +0.209], 1,024: +0.200 [+0.191, +0.209] |")  # fmt: skip
+    nope = next(line for line in verdict if line.startswith("| nope | none | 6.543"))
+    assert nope.endswith("| none | none |")  # not in the re-run: no passkey reading at all
+    rows = json.loads((folder / "length.json").read_text())["schemes"]
+    assert (
+        not any(k.startswith(("passkey", "copying")) for k in rows["nope"])
+        and rows["nope"]["rerun_final_losses"] == []
+    )
+
+
 def test_length_report_regenerates(tmp_path):
     """docs/results/length/length.md and length.json, from the chunks' committed study.json and lengths-*.json."""
     folder = tmp_path / "length"

@@ -12,12 +12,19 @@ so differences between schemes are paired by seed across chunks. This script rea
    interval, the step each seed left the plateau;
 2. every out-of-domain text: loss, tokens per word, word order, minus bert-a;
 3. loss at each length and each extension method that applies to the scheme, and at 8x minus bert-a's;
-4. passkey: accuracy of recovering the masked key minus the same blocks' guess without the key, per distance and
-   method, mean +- std over seeds and the 95% t interval of the mean (is it above 0?);
+4. passkey: accuracy of recovering the masked key minus the same blocks' guess without the key (token use), per
+   distance and method, mean over seeds with the 95% t interval of the mean (is it above 0?), and where the chunks
+   ran the order-aware probe, copying (accuracy minus accuracy with the key's digits deranged) likewise;
 5. the verdict per scheme at the longest length, with the method that does best there: its loss minus its own loss
    at the shortest (does it keep its loss?) and minus bert-a's, paired by seed, and the passkey distances where the
-   model recovers the key beyond its guess (does it use distant context?); and `length.png`, loss against length
-   for every scheme with that method.
+   model uses the key beyond its guess, and copies it in order (does it use distant context?); and `length.png`,
+   loss against length for every scheme with that method.
+
+    python scripts/results/combine_length.py docs/results/length --passkey docs/results/length-passkey
+
+takes the passkey columns from a re-run of that stage instead (the same chunks and seeds, models trained again by
+the same commands; Part E's re-run with the order-aware probe), and reports how far its models' final losses are
+from the originals', paired by seed.
 """
 
 from __future__ import annotations
@@ -173,20 +180,72 @@ def report(
     if pk_cols:
         methods = sorted({m for m, _ in pk_cols})
         distances = sorted({d for _, d in pk_cols})
+        copying = any(COPYING.fullmatch(k) for r in rows.values() for k in r)
         out += ["", "## Passkey", ""]
+        if _rerun(rows):
+            out += _rerun_section(rows, seeds)
         out += ["Accuracy of the masked key's digits minus the same blocks' accuracy with the first key replaced "
-                "(the guess), mean over seeds [95% t interval of the mean].", ""]  # fmt: skip
-        out += ["| scheme | method | " + " | ".join(f"d={d:,}" for d in distances) + " |",
-                "|---|---|" + "---:|" * len(distances)]  # fmt: skip
-        for s in schemes:
-            for m in methods:
-                cells = [_values(rows[s].get(f"passkey d={d} ({m})", [])) for d in distances]
-                if not any(cells):
-                    continue
-                out.append(f"| {s} | {m} | " + " | ".join(fmt_interval(t_interval(c)) for c in cells) + " |")
+                "(the guess), mean over seeds [95% t interval of the mean]"
+                + (": *token use*, the key's digits used somewhere in the block." if copying else "."), ""]  # fmt: skip
+        out += _passkey_table(rows, schemes, methods, distances, "passkey")
+        if copying:
+            out += ["", "*Copying*: accuracy with the key minus accuracy with the key's own digits deranged (none "
+                    "in its place), paired by block; 0 for a model that knows which digits occur but not where "
+                    "(a model without positions), 1 for an exact copier. Mean over seeds [95% t interval].", ""]  # fmt: skip
+            out += _passkey_table(rows, schemes, methods, distances, "copying")
     if length_cols:
         out += _verdict(rows, lengths, unigram)
     return "\n".join(out) + "\n"
+
+
+def _passkey_table(
+    rows: dict[str, dict[str, Any]], schemes: list[str], methods: list[str], distances: list[int], what: str
+) -> list[str]:
+    """One row per scheme and method: the `what d=<distance> (<method>)` columns, mean [95% t] over seeds."""
+    out = ["| scheme | method | " + " | ".join(f"d={d:,}" for d in distances) + " |",
+           "|---|---|" + "---:|" * len(distances)]  # fmt: skip
+    for s in schemes:
+        for m in methods:
+            cells = [_values(rows[s].get(f"{what} d={d} ({m})", [])) for d in distances]
+            if any(cells):
+                out.append(f"| {s} | {m} | " + " | ".join(fmt_interval(t_interval(c)) for c in cells) + " |")
+    return out
+
+
+def merge_passkey(rows: dict[str, dict[str, Any]], rerun: dict[str, dict[str, Any]]) -> None:
+    """Every scheme's passkey columns replaced by those of a re-run of the stage (`--passkey`), whose models were
+    trained again by the same commands; their final losses kept as `rerun_final_losses` beside the original's."""
+    for s, r in rows.items():
+        for k in [k for k in r if PASSKEY.fullmatch(k) or COPYING.fullmatch(k)]:
+            del r[k]
+        again = rerun.get(s, {})
+        r.update({k: v for k, v in again.items() if PASSKEY.fullmatch(k) or COPYING.fullmatch(k)})
+        r["rerun_final_losses"] = again.get("final_losses", [])
+
+
+def _rerun(rows: dict[str, dict[str, Any]]) -> bool:
+    return any("rerun_final_losses" in r for r in rows.values())
+
+
+def _rerun_section(rows: dict[str, dict[str, Any]], seeds: list[int]) -> list[str]:
+    """How close the re-run's models are to the ones the other sections evaluated: final validation loss, paired
+    by seed."""
+    out = ["The probe ran on models trained again by the same commands (`--passkey`); their final validation loss "
+           "against the originals', paired by seed:", "",
+           f"| scheme | re-run final loss | seeds {', '.join(map(str, seeds))} | minus the original [95% t] "
+           "| largest difference |", "|---|---:|---|---:|---:|"]  # fmt: skip
+    for s, r in rows.items():
+        again, before = r.get("rerun_final_losses", []), r.get("final_losses", [])
+        if not _values(again):
+            out.append(f"| {s} | not in the re-run | | | |")
+            continue
+        diffs = [a - b for a, b in zip(again, before) if a is not None and b is not None]
+        largest = f"{max(diffs, key=abs):+.3f}" if diffs else ""
+        out.append(
+            f"| {s} | {mean_std(again)} | {', '.join(f'{x:.3f}' for x in _values(again))} | "
+            f"{fmt_interval(paired(again, before))} | {largest} |"
+        )
+    return out + [""]
 
 
 def lengths_of(rows: dict[str, dict[str, Any]]) -> list[int]:
@@ -218,29 +277,40 @@ def _verdict(rows: dict[str, dict[str, Any]], lengths: list[int], unigram: dict[
         else ""
     )
     ref_long = rows.get(REFERENCE, {}).get(f"L={longest} (interpolate)", [])
+    copying = any(COPYING.fullmatch(k) for r in rows.values() for k in r)
     out = ["", f"## Verdict per scheme at {longest:,} tokens", ""]
     out += [f"Each scheme with the method that does best at {longest:,} (a scheme whose every method stops at the "
             f"training length has no row). Change: the loss at {longest:,} minus the same model's at {shortest:,}, "
             "paired by seed (a model that keeps its loss has an interval around 0 or below). Passkey: the distances "
-            f"whose interval of accuracy minus guess lies above 0 with that method.{drift}", ""]  # fmt: skip
+            f"whose interval of accuracy minus guess lies above 0 with that method"
+            + (" (token use), and those whose interval of copying does (copies the key in order)"
+               if copying else "") + f".{drift}", ""]  # fmt: skip
     out += [f"| scheme | method | {shortest:,} | {longest:,} | change [95% t] | minus {REFERENCE} [95% t] | "
-            "passkey above the guess at |", "|---|---|---:|---:|---:|---:|---|"]  # fmt: skip
+            + ("token use above 0 at | copies the key at |" if copying else "passkey above the guess at |"),
+            "|---|---|---:|---:|---:|---:|---|" + ("---|" if copying else "")]  # fmt: skip
     for s, m in best_methods(rows, lengths).items():
         r = rows[s]
         first, last = r.get(f"L={shortest} ({m})", []), r.get(f"L={longest} ({m})", [])
-        above = [
-            f"{d:,}: {fmt_interval(ci).removesuffix(' *')}"
-            for col in r
-            if PASSKEY.fullmatch(col) and _column_key(PASSKEY, col)[0] == m
-            for d in [_column_key(PASSKEY, col)[1]]
-            if (ci := t_interval(_values(r[col]))) is not None and ci[1] > 0
-        ]
         diff = "" if s == REFERENCE else fmt_interval(paired(last, ref_long))
+        cells = [_above(r, PASSKEY, m)] + ([_above(r, COPYING, m)] if copying else [])
         out.append(
             f"| {s} | {m} | {mean_std(first)} | {mean_std(last)} | {fmt_interval(paired(last, first))} | {diff} | "
-            f"{', '.join(above) or 'none'} |"
+            + " | ".join(cells)
+            + " |"
         )
     return out
+
+
+def _above(r: dict[str, Any], pattern: re.Pattern[str], method: str) -> str:
+    """The distances whose column (`pattern`, with `method`) has a 95% t interval above 0, with the interval."""
+    above = [
+        f"{d:,}: {fmt_interval(ci).removesuffix(' *')}"
+        for col in r
+        if pattern.fullmatch(col) and _column_key(pattern, col)[0] == method
+        for d in [_column_key(pattern, col)[1]]
+        if (ci := t_interval(_values(r[col]))) is not None and ci[1] > 0
+    ]
+    return ", ".join(above) or "none"
 
 
 def plot(rows: dict[str, dict[str, Any]], path: Path, unigram: dict[int, float] | None = None) -> None:
@@ -275,9 +345,11 @@ def plot(rows: dict[str, dict[str, Any]], path: Path, unigram: dict[int, float] 
     plt.close(fig)
 
 
-# the study's column names (tupe.comparison.study.summarize): "L=<length> (<method>)", "passkey d=<distance> (<method>)"
+# the study's column names (tupe.comparison.study.summarize): "L=<length> (<method>)", "passkey d=<distance> (<method>)",
+# "copying d=<distance> (<method>)" (the order-aware probe's, since 2026-12-07)
 LENGTH = re.compile(r"L=(\d+) \((.+)\)")
-PASSKEY = re.compile(r"passkey d=(\d+) \((.+)\)")
+PASSKEY = re.compile(r"passkey d=(\d+) \((.+)\)")  # token use: accuracy minus the guess
+COPYING = re.compile(r"copying d=(\d+) \((.+)\)")  # accuracy minus accuracy with the key deranged
 
 
 def _column_key(pattern: re.Pattern[str], col: str) -> tuple[str, int]:
@@ -293,12 +365,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "folder", type=Path, help="the folder holding length-1/, length-2/, ... (each with study.json)"
     )
+    p.add_argument(
+        "--passkey",
+        type=Path,
+        metavar="FOLDER",
+        help="a re-run of the passkey stage, chunked the same way (FOLDER/length-*/study.json, models trained again "
+        "by the same commands): its token use and copying replace the chunks' passkey columns, and its models' "
+        "final losses are compared with the originals'",
+    )
     args = p.parse_args(argv)
-    if not sorted(args.folder.glob("length-*/study.json")):
-        from tupe.errors import TupeError
+    for folder in [args.folder] + ([args.passkey] if args.passkey else []):
+        if not sorted(folder.glob("length-*/study.json")):
+            from tupe.errors import TupeError
 
-        raise TupeError(f"{args.folder} holds no length-*/study.json (the study's chunks, collected)")
+            raise TupeError(f"{folder} holds no length-*/study.json (the study's chunks, collected)")
     seeds, rows, chunks = read_chunks(args.folder)
+    if args.passkey:
+        again_seeds, again, _ = read_chunks(args.passkey)
+        if again_seeds != seeds:
+            raise SystemExit(f"{args.passkey}: seeds {again_seeds}, the chunks' {seeds}")
+        merge_passkey(rows, again)
     unigram = read_unigram(args.folder)
     (args.folder / "length.md").write_text(report(seeds, rows, chunks, unigram))
     (args.folder / "length.json").write_text(json.dumps({"seeds": seeds, "schemes": rows}, indent=1) + "\n")
