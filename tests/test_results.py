@@ -225,3 +225,15 @@ def test_regime_claims_regenerate_from_their_record():
         assert run["finished"] and run["last_step"] == 6000
         exit_step = next(step for step, loss in run["valid"] if loss <= threshold)
         assert exit_step == run["plateau_exit"] and exit_step <= 4700
+
+
+def test_regime_figures_regenerate_from_the_analyses():
+    """docs/results/regime/paper6k/analysis/figures.md (RESULTS G.5), from the committed analysis.json files; the
+    records hold no machine paths, and the decomposition they report adds up (the four terms sum to the logits)."""
+    folder = RESULTS / "regime" / "paper6k" / "analysis"
+    made = load_script("scripts/results/paper_figures.py").table(folder)
+    assert made == (folder / "figures.md").read_text()
+    for path in folder.glob("*/analysis.json"):
+        text = path.read_text()
+        assert "/work/" not in text and "/root/" not in text, path
+        assert json.loads(text)["decomposition"]["max_abs_error"] < 1e-9, path
