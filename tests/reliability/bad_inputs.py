@@ -1228,7 +1228,31 @@ API_CASES: list[ApiCase] = [
     ApiCase("rope-parameters-set-after-build", "`config.rope_parameters` set on a built model, then saved",
             lambda c: _save_claiming_yarn(c), "model.save_pretrained(DIR)", ValueError,
             ("is not what this model applies", "changed after the model was built")),
+    ApiCase("diagnose-a-too-small-vocabulary", "a model of one's own whose embedding is smaller than the tasks' ids",
+            lambda c: _diagnose_small_model(), "tupe.diagnostics.run.diagnose_model(model, vocab)", ValueError,
+            ("cannot read the tasks' token ids", "they need a vocabulary of at least", "fresh_vocabulary(settings).size")),
 ]  # fmt: skip
+
+
+def _diagnose_small_model() -> object:
+    import torch
+
+    from tupe.diagnostics.run import Settings, diagnose_model, fresh_vocabulary
+
+    settings = Settings(multiples=(1,), test_examples=8)
+    vocab = fresh_vocabulary(settings)
+
+    class Small(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab.size - 8, vocab.size)
+
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            return self.embed(input_ids)
+
+    return diagnose_model(Small(), vocab, settings, name="small")
 
 
 def _from_pretrained(folder: Path, **kwargs: object) -> object:

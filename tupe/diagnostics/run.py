@@ -159,17 +159,8 @@ def train(model: torch.nn.Module, vocab: Vocabulary, settings: Settings, seed: i
 def correct_per_example(m: Any, batch: Batch) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN401 - EvalModel
     """(answers right, answers) per sequence: the answer is the candidate with the highest logit."""
     selected = torch.from_numpy(batch.labels != -100)
-    need = f"a vocabulary of at least {int(batch.inputs.max()) + 1} ids (`fresh_vocabulary(settings).size`)"
-    try:
-        with torch.inference_mode():
-            logits = m.logits_at(torch.from_numpy(batch.inputs), selected).cpu()
-    except IndexError as err:  # an embedding smaller than the tasks' ids
-        raise ValueError(f"{m.name} cannot read the tasks' token ids ({err}): they need {need}") from err
-    if logits.ndim != 2 or logits.shape[-1] <= int(batch.candidates.max()):
-        raise ValueError(
-            f"{m.name}: its logits at the questions are {tuple(logits.shape)}; the tasks need (questions, "
-            f"vocabulary) with {need}"
-        )
+    with torch.inference_mode():
+        logits = m.logits_at(torch.from_numpy(batch.inputs), selected).cpu()
     picked = torch.from_numpy(batch.candidates)[logits[:, torch.from_numpy(batch.candidates)].argmax(-1)]
     right = (picked == torch.from_numpy(batch.labels)[selected]).double()
     rows = selected.nonzero()[:, 0]
@@ -244,6 +235,23 @@ def position_probe(
     return {"r2": float(r2_score(targets[1], fit.predict(features[1]))), "positions": n - 2}
 
 
+def _check_vocabulary(m: Any, vocab: Vocabulary) -> None:  # noqa: ANN401 - EvalModel
+    """One short sequence holding the tasks' largest id: a model that cannot read it, or answers over fewer ids
+    than the tasks use, is refused in one line naming the vocabulary it needs."""
+    ids = torch.tensor([[vocab.cls, vocab.task["copy"], vocab.mask, int(vocab.symbols.max())]])
+    need = f"a vocabulary of at least {vocab.size} ids (`fresh_vocabulary(settings).size`)"
+    try:
+        with torch.inference_mode():
+            logits = m.logits_at(ids, ids == vocab.mask)
+    except IndexError as err:  # an embedding smaller than the tasks' ids
+        raise ValueError(f"{m.name} cannot read the tasks' token ids ({err}): they need {need}") from err
+    if logits.ndim != 2 or logits.shape[-1] < vocab.size:
+        raise ValueError(
+            f"{m.name}: its logits at a question are {tuple(logits.shape)}; the tasks need (questions, vocabulary) "
+            f"with {need}"
+        )
+
+
 def diagnose_model(
     model: torch.nn.Module | Any,  # noqa: ANN401 - or an EvalModel
     vocab: Vocabulary,
@@ -269,6 +277,7 @@ def diagnose_model(
         else EvalModel.of(model, None, name, train_length=settings.train_length)
     )
     m.model.eval()
+    _check_vocabulary(m, vocab)
     states = hidden or encoder_states(m)
     return {
         "tasks": score_tasks(m, vocab, settings),
