@@ -1,6 +1,6 @@
 """The paper's Fig. 2 and Fig. 6 readings of several `tupe analyze` outputs as one table (docs/RESULTS.md G.5).
 
-    # copy each analysis (analysis.json with its paths made relative; seed 0's figures as 8-bit palette PNGs)
+    # copy each analysis (analysis.json with its paths made relative; two figures as 8-bit palette PNGs)
     python scripts/results/paper_figures.py collect runs/paper6k/analysis docs/results/regime/paper6k/analysis
     # the tables, from the collected analysis.json files alone
     python scripts/results/paper_figures.py table docs/results/regime/paper6k/analysis
@@ -19,18 +19,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-FIGURES = ("decomposition.png", "patterns_zoom.png", "offset_profile.png")
+# the figures RESULTS G.5 shows: Fig. 2 of a BERT-A, Fig. 6 of a TUPE-A (the numbers of every model are in its JSON)
+DEFAULT_FIGURES = ("bert-a-s0-6000/decomposition.png", "tupe-a-s0-6000/patterns_zoom.png")
 TERMS = ("word_word", "word_pos", "pos_word", "pos_pos")
 NAMES = {"word_word": "word->word", "word_pos": "word->pos", "pos_word": "pos->word", "pos_pos": "pos->pos"}
 
 
-def collect(src: Path, dest: Path, figures_for: str = "-s0-") -> int:
+def collect(src: Path, dest: Path, figures: Sequence[str] = DEFAULT_FIGURES) -> int:
     """Every `tupe analyze` folder under `src` (one holding analysis.json) into `dest/<its name>/`: analysis.json
-    with machine paths made relative (`tupe.io.results.anonymise_paths`) and, for the folders whose name holds
-    `figures_for` (seed 0's), the figures re-encoded as 8-bit palette PNGs (the colour maps need no more).
-    Returns the folders."""
+    with machine paths made relative (`tupe.io.results.anonymise_paths`), and the figures named in `figures`
+    (`<folder>/<file>.png`: docs/results stays small) re-encoded as 8-bit palette PNGs (the colour maps need no
+    more); any other figure in `dest` is removed. Returns the folders."""
     from PIL import Image
 
     from tupe.io.results import anonymise_paths
@@ -40,12 +42,11 @@ def collect(src: Path, dest: Path, figures_for: str = "-s0-") -> int:
         out = dest / folder.name
         out.mkdir(parents=True, exist_ok=True)
         (out / "analysis.json").write_text(anonymise_paths((folder / "analysis.json").read_text()))
-        for name in FIGURES:
-            if figures_for in folder.name and (folder / name).exists():
-                with Image.open(folder / name) as image:
-                    image.convert("RGB").quantize(256).save(out / name, optimize=True)
-            elif (out / name).exists():
-                (out / name).unlink()
+        for png in out.glob("*.png"):
+            png.unlink()
+        for name in (f.split("/", 1)[1] for f in figures if f.split("/", 1)[0] == folder.name):
+            with Image.open(folder / name) as image:
+                image.convert("RGB").quantize(256).save(out / name, optimize=True)
     return len(folders)
 
 
@@ -105,12 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     c.add_argument("src", type=Path)
     c.add_argument("dest", type=Path)
-    c.add_argument("--figures-for", default="-s0-", help="copy the figures of folders whose name holds this")
+    c.add_argument(
+        "--figure",
+        action="append",
+        metavar="FOLDER/FILE.png",
+        help=f"a figure to copy (repeatable; default: {', '.join(DEFAULT_FIGURES)})",
+    )
     t = sub.add_parser("table", help="figures.md from a results folder's analysis.json files")
     t.add_argument("folder", type=Path)
     args = p.parse_args(argv)
     if args.command == "collect":
-        print(f"collected {collect(args.src, args.dest, args.figures_for)} analyses into {args.dest}")
+        print(
+            f"collected {collect(args.src, args.dest, args.figure or DEFAULT_FIGURES)} analyses into {args.dest}"
+        )
     else:
         (args.folder / "figures.md").write_text(table(args.folder))
         print(f"wrote {args.folder / 'figures.md'}")
