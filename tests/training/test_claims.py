@@ -108,6 +108,11 @@ def test_fig5a_and_steps_claims_pair_by_seed(tmp_path: Path) -> None:
     assert running["final"]["mean"] is None and running["verdict"] == "no data"
     assert running["per_seed"]["0"]["reaches_baseline_final_at"] is None
     assert "tupe-a - bert-r" not in result["loss"]  # no bert-r runs
+    # the paper's other ordering: tupe-r (still training) against tupe-a, below at both its evaluations
+    order = result["order"]
+    assert list(order) == ["tupe-r - tupe-a"]  # no bert-r runs for bert-r - bert-a
+    assert order["tupe-r - tupe-a"]["per_seed"]["0"]["diffs_at"] == {"200": pytest.approx(4.8 - 5.05)}
+    assert order["tupe-r - tupe-a"]["per_seed"]["0"]["share_below"] == 1.0
     # plateau exit at 1 nat below the unigram (5.9): bert-a seed 2 never gets there
     assert result["runs"]["bert-a/seed-0"]["plateau_exit"] == 400
     assert result["runs"]["bert-a/seed-2"]["plateau_exit"] is None
@@ -195,6 +200,7 @@ def test_cli_writes_both_files_and_refuses_bad_input(
     md = (study / "claims.md").read_text()
     assert "| tupe-a - bert-a | 0, 1, 2 | y, y, n | 1.00, 1.00, 0.75 | 100, 100, 200 |" in md
     assert "| tupe-r - bert-a | 0 r |" in md and "(no seed with both runs finished)" in md
+    assert "## The paper's other orderings in pre-training" in md and "| tupe-r - tupe-a | 0 r | y | 1.00 |" in md
     grid = (
         "learning rates 5e-05, 0.0001, 0.0003; fine-tuning seeds 1, 2, 3, 4, 5; 3 epochs; whole training set"
     )

@@ -9,7 +9,8 @@ summary of the evaluation stages (`study.json`), and writes `claims.md` and `cla
 1. **Fig. 5a, "TUPE's validation loss is below the baselines' at every step"**: for each pair (tupe-a, tupe-r
    against bert-a, bert-r) and seed, whether the TUPE run is below at every evaluation both runs have, the
    share of evaluations where it is, and the step from which it stays below; the paired difference at chosen
-   steps and at the end, mean over seeds with its 95% Student-t interval.
+   steps and at the end, mean over seeds with its 95% Student-t interval; the same for TUPE-R against TUPE-A and
+   BERT-R against BERT-A, the paper's other orderings.
 2. **"TUPE reaches the baselines' result in about 30% of the steps"** (pre-training loss): per seed the first
    evaluation at or below the baseline's final loss of the same seed, as a share of the baseline's steps.
 3. **Table 1, GLUE dev**: per task each scheme's score per pre-training seed (the paper's protocol: the best
@@ -47,6 +48,8 @@ from tupe.errors import TupeError
 
 # The paper's pairs for Fig. 5a: each TUPE variant against each baseline.
 LOSS_PAIRS = (("tupe-a", "bert-a"), ("tupe-r", "bert-a"), ("tupe-a", "bert-r"), ("tupe-r", "bert-r"))
+# The paper's other orderings in pre-training (Fig. 5a's curves, Table 1's rows): relative below absolute.
+ORDER_PAIRS = (("tupe-r", "tupe-a"), ("bert-r", "bert-a"))
 # The paper's comparisons in Table 1: the untied model against its tied baseline, relative against absolute, and
 # the best against the worst (Table 1's rows are ordered TUPE-R, TUPE-A, BERT-R, BERT-A on the average).
 GLUE_PAIRS = (
@@ -401,6 +404,11 @@ def judge(
         for a, b in LOSS_PAIRS
         if a in by_scheme and b in by_scheme
     }
+    order = {
+        f"{a} - {b}": loss_pair(by_scheme[a], by_scheme[b], steps)
+        for a, b in ORDER_PAIRS
+        if a in by_scheme and b in by_scheme
+    }
     glue = read_glue(study, schemes, seeds, tasks)
     return {
         "study": study.resolve().name,
@@ -411,6 +419,7 @@ def judge(
         "plateau_margin": PLATEAU_MARGIN,
         "runs": runs,
         "loss": loss,
+        "order": order,
         "glue": glue,
         "glue_pairs": glue_pairs(glue),
         "stages": stage_pairs(study, reference, schemes),
@@ -453,6 +462,33 @@ def _runs_md(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _curve_pairs_md(pairs: dict[str, Any]) -> list[str]:
+    """Per pair and seed: below at every evaluation, the share below, from which step; the final difference and
+    its verdict; then the difference at each step."""
+    lines = [
+        "| pair | seeds | below at every step | share below | stays below from | final difference | verdict |",
+        "|---|---|---|---|---|---:|---|",
+    ]
+    for name, p in pairs.items():
+        ps = p["per_seed"].values()
+        every = ", ".join("y" if v["below_at_every_step"] else "n" for v in ps)
+        share = ", ".join(f"{v['share_below']:.2f}" for v in ps)
+        stays = ", ".join("-" if v["below_from_step"] is None else f"{v['below_from_step']:,}" for v in ps)
+        seeds = ", ".join(f"{k}" + ("" if v["finished"] else " r") for k, v in p["per_seed"].items())
+        lines.append(
+            f"| {name} | {seeds} | {every} | {share} | {stays} | {_ci(p['final'])} | {p['verdict']} |"
+        )
+    steps = sorted({int(s) for p in pairs.values() for s in p["at_steps"]})
+    if steps:
+        lines += ["", "The difference at each step, mean over the seeds that have it [95% t]:", ""]
+        lines += ["| pair | " + " | ".join(f"{s:,}" for s in steps) + " |", "|---|" + "---:|" * len(steps)]
+        for name, p in pairs.items():
+            n = len(p["seeds"])
+            cells = [_ci(p["at_steps"][str(s)], seeds=n) if str(s) in p["at_steps"] else "" for s in steps]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _loss_md(result: dict[str, Any]) -> list[str]:
     lines = [
         "## Fig. 5a: TUPE's validation loss below the baselines' at every step",
@@ -462,26 +498,8 @@ def _loss_md(result: dict[str, Any]) -> list[str]:
         "final difference (TUPE minus baseline) over the seeds whose two runs have finished, mean [95% t]; `*`: the",
         "interval excludes 0.",
         "",
-        "| pair | seeds | below at every step | share below | stays below from | final difference | verdict |",
-        "|---|---|---|---|---|---:|---|",
+        *_curve_pairs_md(result["loss"]),
     ]
-    for name, p in result["loss"].items():
-        ps = p["per_seed"].values()
-        every = ", ".join("y" if v["below_at_every_step"] else "n" for v in ps)
-        share = ", ".join(f"{v['share_below']:.2f}" for v in ps)
-        stays = ", ".join("-" if v["below_from_step"] is None else f"{v['below_from_step']:,}" for v in ps)
-        seeds = ", ".join(f"{k}" + ("" if v["finished"] else " r") for k, v in p["per_seed"].items())
-        lines.append(
-            f"| {name} | {seeds} | {every} | {share} | {stays} | {_ci(p['final'])} | {p['verdict']} |"
-        )
-    steps = sorted({int(s) for p in result["loss"].values() for s in p["at_steps"]})
-    if steps:
-        lines += ["", "The difference at each step, mean over the seeds that have it [95% t]:", ""]
-        lines += ["| pair | " + " | ".join(f"{s:,}" for s in steps) + " |", "|---|" + "---:|" * len(steps)]
-        for name, p in result["loss"].items():
-            n = len(p["seeds"])
-            cells = [_ci(p["at_steps"][str(s)], seeds=n) if str(s) in p["at_steps"] else "" for s in steps]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "## TUPE reaches the baselines' final loss in about 30% of the steps",
@@ -503,6 +521,16 @@ def _loss_md(result: dict[str, Any]) -> list[str]:
             "-" if v["reach_share"] is None else f"{100 * v['reach_share']:.0f}%" for v in done.values()
         )
         lines.append(f"| {name} | {at} | {share} |")
+    if result.get("order"):  # records written before 2026-12-07 17:45 UTC have none
+        lines += [
+            "",
+            "## The paper's other orderings in pre-training: TUPE-R below TUPE-A, BERT-R below BERT-A",
+            "",
+            "The same readings for each relative variant against its absolute one, which the paper finds below it",
+            "(Fig. 5a's curves; Table 1's rows).",
+            "",
+            *_curve_pairs_md(result["order"]),
+        ]
     return lines
 
 
