@@ -200,7 +200,10 @@ def test_cli_writes_both_files_and_refuses_bad_input(
     md = (study / "claims.md").read_text()
     assert "| tupe-a - bert-a | 0, 1, 2 | y, y, n | 1.00, 1.00, 0.75 | 100, 100, 200 |" in md
     assert "| tupe-r - bert-a | 0 r |" in md and "(no seed with both runs finished)" in md
-    assert "## The paper's other orderings in pre-training" in md and "| tupe-r - tupe-a | 0 r | y | 1.00 |" in md
+    assert (
+        "## The paper's other orderings in pre-training" in md
+        and "| tupe-r - tupe-a | 0 r | y | 1.00 |" in md
+    )
     grid = (
         "learning rates 5e-05, 0.0001, 0.0003; fine-tuning seeds 1, 2, 3, 4, 5; 3 epochs; whole training set"
     )
