@@ -153,3 +153,24 @@ def test_a_model_with_too_small_a_vocabulary_is_named():
 
     with pytest.raises(ValueError, match=rf"narrow: its logits at a question are \(1, {vocab.size - 10}\)"):
         diagnose_model(NarrowHead(vocab.size), vocab, SETTINGS, name="narrow")
+
+
+def test_results_of_ones_own_models_aggregate_over_seeds_as_the_commands_do():
+    """`report.aggregate` and `report.markdown` take `diagnose_model` results named `<group>/seed-<s>`: one row
+    per group with its interval over seeds; a group without hidden states has no probe cell."""
+    from tupe.diagnostics.report import aggregate, markdown
+
+    vocab = fresh_vocabulary(SETTINGS)
+    results = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = BagOfWords(vocab.size)
+        _own_loop(model, vocab, 20)
+        results.append(diagnose_model(model, vocab, SETTINGS) | {"name": f"bag/seed-{seed}", "seed": seed})
+    summary = aggregate(results)
+    assert list(summary) == ["bag"] and summary["bag"]["seeds"] == [0, 1]
+    order = summary["bag"]["cells"]["order@32/none"]
+    assert order["above_chance"] == [0.0, 0.0] and order["mean"] == 0.0 and order["seeds"] == 2
+    assert summary["bag"]["position_r2"] == {"values": []}
+    text = markdown(summary, [32, 64], {})
+    assert "| bag | +0.00 [+0.00, +0.00] |" in text and "| bag | - |" in text  # order; no probe

@@ -20,7 +20,9 @@ def _cell(values: Sequence[float]) -> dict[str, Any]:
 def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """By scheme: for each `task@length/method` the per-seed accuracy minus chance and its mean and t interval
     over seeds (over the runs of a scheme's pre-training seeds too, where --model named run folders
-    `<scheme>/seed-<k>`); the probe's R^2 likewise. A cell where some seed could not run is left out."""
+    `<scheme>/seed-<k>`); the probe's R^2 likewise. A cell where some seed could not run is left out, and so is
+    the probe where some run has none. `results`: `tupe diagnose` jobs' results, or `diagnose_model`'s with a
+    `name` ("<group>/seed-<s>") and a `seed` added."""
     by_scheme: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_scheme.setdefault(r["name"].split("/seed-")[0], []).append(r)
@@ -40,7 +42,9 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 } | _cell([e["accuracy"]["value"] - e["chance"] for e in found])
             else:
                 cells[key] = {"note": next((e["note"] for e in found if "accuracy" not in e), None)}
-        r2 = [r["position_probe"]["r2"] for r in runs]
+        r2 = [
+            r["position_probe"]["r2"] for r in runs if r.get("position_probe")
+        ]  # None: a module's, unprobed
         out[scheme] = {
             "seeds": [r["seed"] for r in runs],
             **(
@@ -49,7 +53,7 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 else {}
             ),
             "cells": cells,
-            "position_r2": {"values": r2} | _cell(r2),
+            "position_r2": {"values": r2} | (_cell(r2) if len(r2) == len(runs) else {}),
         }
     return out
 
