@@ -237,3 +237,25 @@ def test_regime_figures_regenerate_from_the_analyses():
         text = path.read_text()
         assert "/work/" not in text and "/root/" not in text, path
         assert json.loads(text)["decomposition"]["max_abs_error"] < 1e-9, path
+
+
+def test_paper_figures_collect_keeps_the_named_figures_and_no_machine_paths(tmp_path):
+    """`paper_figures.py collect`: analysis.json with its machine paths made relative, the named figures as palette
+    PNGs, and no other figure (one left from an earlier collection is removed)."""
+    from PIL import Image
+
+    script = load_script("scripts/results/paper_figures.py")
+    src, dest = tmp_path / "runs", tmp_path / "results"
+    for name in ("bert-a-s0-6000", "bert-a-s1-6000"):
+        (src / name).mkdir(parents=True)
+        (src / name / "analysis.json").write_text(json.dumps({"model": f"/work/runs/paper6k/runs/{name}"}))
+        Image.new("RGB", (40, 20), (10, 200, 30)).save(src / name / "decomposition.png")
+    (dest / "bert-a-s1-6000").mkdir(parents=True)
+    Image.new("RGB", (4, 4)).save(dest / "bert-a-s1-6000" / "decomposition.png")  # a figure no longer named
+    assert script.collect(src, dest, ["bert-a-s0-6000/decomposition.png"]) == 2
+    assert json.loads((dest / "bert-a-s0-6000" / "analysis.json").read_text()) == {
+        "model": "runs/paper6k/runs/bert-a-s0-6000"
+    }
+    with Image.open(dest / "bert-a-s0-6000" / "decomposition.png") as image:
+        assert image.mode == "P" and image.size == (40, 20)
+    assert not (dest / "bert-a-s1-6000" / "decomposition.png").exists()
