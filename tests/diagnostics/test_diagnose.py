@@ -21,14 +21,6 @@ L = 32
 SETTINGS = Settings(train_length=L, multiples=(1, 2), test_examples=64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def vocab() -> Vocabulary:
     return fresh_model("nope", SETTINGS)[1]

@@ -15,14 +15,6 @@ from tupe.modeling import TupeConfig, TupeForMaskedLM
 SETTINGS = Settings(train_length=32, multiples=(1, 2), test_examples=64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class BagOfWords(torch.nn.Module):
     """Each position's own token and the mean of the sequence's tokens, never where anything is."""
 
