@@ -215,6 +215,7 @@ def test_cli_writes_both_files_and_refuses_bad_input(
     )
     assert "### CoLA (mcc)" in md and "| bert-a | 0: 10.00, 1: 12.00, 2: 8.00 | 10.00 ± 2.00 | 55.19 |" in md
     assert "### The tasks' average" in md and "| tupe-a - bert-a (CoLA, MRPC) | +3.25 [" in md
+    assert "| 1/2 | +0.08 | direction (2 seeds) |" in md  # MRPC: two pre-training seeds only
     record = json.loads((study / "claims.json").read_text())
     assert record["loss"]["tupe-a - bert-a"]["verdict"] == "holds"
     assert render(record) == md  # the JSON record alone regenerates the report

@@ -462,6 +462,16 @@ def _runs_md(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _verdict_cell(verdict_: str, diffs: Sequence[float]) -> str:
+    """A verdict, with its number of seeds where there are two: a t interval on one degree of freedom can
+    exclude 0 only because two seeds happen to agree, so such a *holds* is weaker than three seeds' (t = 4.30)."""
+    return (
+        f"{verdict_} (2 seeds)"
+        if len(diffs) == 2 and verdict_ in ("holds", "reversed", "direction", "not found")
+        else verdict_
+    )
+
+
 def _curve_pairs_md(pairs: dict[str, Any]) -> list[str]:
     """Per pair and seed: below at every evaluation, the share below, from which step; the final difference and
     its verdict; then the difference at each step."""
@@ -476,7 +486,8 @@ def _curve_pairs_md(pairs: dict[str, Any]) -> list[str]:
         stays = ", ".join("-" if v["below_from_step"] is None else f"{v['below_from_step']:,}" for v in ps)
         seeds = ", ".join(f"{k}" + ("" if v["finished"] else " r") for k, v in p["per_seed"].items())
         lines.append(
-            f"| {name} | {seeds} | {every} | {share} | {stays} | {_ci(p['final'])} | {p['verdict']} |"
+            f"| {name} | {seeds} | {every} | {share} | {stays} | {_ci(p['final'])} | "
+            f"{_verdict_cell(p['verdict'], p['final']['diffs'])} |"
         )
     steps = sorted({int(s) for p in pairs.values() for s in p["at_steps"]})
     if steps:
@@ -539,7 +550,9 @@ def _pairs_md(pairs: dict[str, Any]) -> list[str]:
     for name, p in pairs.items():
         above = f"{sum(d > 0 for d in p['diffs'])}/{len(p['diffs'])}"
         ppr = "-" if p["paper"] is None else f"{p['paper']:+.2f}"
-        lines.append(f"| {name} | {_ci(p, '+.2f')} | {above} | {ppr} | {p['verdict']} |")
+        lines.append(
+            f"| {name} | {_ci(p, '+.2f')} | {above} | {ppr} | {_verdict_cell(p['verdict'], p['diffs'])} |"
+        )
     return lines
 
 
@@ -604,7 +617,8 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"Schemes {', '.join(result['schemes'])}; seeds {', '.join(map(str, result['seeds']))}. Verdicts against the "
         "paper's sign: holds (interval excludes 0), direction (interval holds 0), not found, reversed; one seed: "
-        "no interval. Written by `python -m tupe.comparison.claims`.",
+        "no interval; (2 seeds): an interval on one degree of freedom, weaker than three seeds'. Written by "
+        "`python -m tupe.comparison.claims`.",
         "",
     ]
     parts = [_runs_md(result), _loss_md(result), _glue_md(result), _stages_md(result)]
