@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch on `n` threads inside the block, the caller's count restored after (tiny models: more threads only add
+    synchronisation, and are slow on a shared machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def train_test_tokenizer(lines: list[str], vocab_size: int):  # noqa: ANN201 - a PreTrainedTokenizerFast

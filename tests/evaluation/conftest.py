@@ -11,6 +11,8 @@ import torch
 
 from tupe import TupeConfig, TupeForMaskedLM
 
+from ..helpers import torch_threads
+
 TOPICS = tuple(
     tuple(pair.split())
     for pair in (
@@ -151,7 +153,5 @@ def _cache(tmp_path, monkeypatch):
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """These models are tiny: a second thread only adds synchronisation (and is slow on a shared machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield

@@ -42,9 +42,8 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 } | _cell([e["accuracy"]["value"] - e["chance"] for e in found])
             else:
                 cells[key] = {"note": next((e["note"] for e in found if "accuracy" not in e), None)}
-        r2 = [
-            r["position_probe"]["r2"] for r in runs if r.get("position_probe")
-        ]  # None: a module's, unprobed
+        # a module of one's own without hidden states has no probe (position_probe None)
+        r2 = [r["position_probe"]["r2"] for r in runs if r.get("position_probe")]
         out[scheme] = {
             "seeds": [r["seed"] for r in runs],
             **(
