@@ -116,6 +116,12 @@ def test_stream_run_refuses_documents_resume_and_keeps_its_identity(tiny_run, tm
     b = [t for i in doc_blocks.split(20)[1] for t in doc_blocks.block(int(i)).tolist() if t > 4]
     assert sorted(a) == sorted(b) and a
     assert run_unigram(out) == run_unigram(docs)  # same training text: the same baseline
+    # a comparison's baseline: its record's, else its first finished run's (claims and the study read it so)
+    from tupe.analysis.baseline import study_unigram
+
+    assert study_unigram(tmp_path, [tmp_path / "absent", docs]) == run_unigram(docs)["unigram_loss"]
+    (tmp_path / "compare_summary.json").write_text('{"stats": {"unigram_loss": 6.25}}')
+    assert study_unigram(tmp_path, [docs]) == 6.25
 
 
 def test_hf_bert_with_documents_is_refused(tiny_run, tmp_path: Path) -> None:  # noqa: ANN001

@@ -90,3 +90,21 @@ def run_unigram(run_dir: str | Path) -> dict[str, float | int] | None:
     except TupeError:
         return None
     return train_valid_unigram(packed, int(run["data"]["valid_every"]), int(run["model"]["vocab_size"]))
+
+
+def study_unigram(runs: str | Path, run_dirs: list[Path]) -> float | None:
+    """The unigram loss of a comparison's runs (all share one training text): the one `tupe compare` recorded in
+    `runs/compare_summary.json`, else that of the first finished run in `run_dirs` whose data cache still exists,
+    else None."""
+    try:
+        recorded = json.loads((Path(runs) / "compare_summary.json").read_text())["stats"]["unigram_loss"]
+        if recorded is not None:
+            return float(recorded)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for run in run_dirs:
+        if (Path(run) / "model.safetensors").exists():
+            found = run_unigram(run)
+            if found is not None:
+                return float(found["unigram_loss"])
+    return None

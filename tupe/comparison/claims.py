@@ -29,7 +29,7 @@ sign, interval holds 0), **not found** (opposite sign, interval holds 0), **reve
 excludes 0), **one seed** (no interval). With 3 seeds the t interval uses t = 4.30 (2 degrees of freedom): only a
 difference large against its spread across seeds excludes 0. The unigram baseline (for "left the plateau") is the
 one `tupe compare` recorded (`runs/compare_summary.json`), else that of the reference's first finished run
-(`tupe.analysis.baseline.run_unigram`), or `--unigram`. `claims.json` holds every run's validation curve and is
+(`tupe.analysis.baseline.study_unigram`), or `--unigram`. `claims.json` holds every run's validation curve and is
 enough to write `claims.md` again (`render`).
 """
 
@@ -208,26 +208,6 @@ def _grid_text(result: dict[str, Any]) -> str:
     return text + ("" if steps is None else f"; checkpoint at step {steps:,}")
 
 
-def _unigram(study: Path, reference: str, seeds: Sequence[int]) -> float | None:
-    """The unigram loss `tupe compare` recorded for the study's runs, else that of the reference's first finished
-    run (its data cache must still exist), else None."""
-    from tupe.analysis.baseline import run_unigram
-
-    try:
-        recorded = json.loads((study / "runs" / "compare_summary.json").read_text())["stats"]["unigram_loss"]
-        if recorded is not None:
-            return float(recorded)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    for k in seeds:
-        run = study / "runs" / reference / f"seed-{k}"
-        if (run / "model.safetensors").exists():
-            found = run_unigram(run)
-            if found is not None:
-                return float(found["unigram_loss"])
-    return None
-
-
 # ------------------------------------------------------------------------------------------------ judging
 
 
@@ -387,7 +367,10 @@ def judge(
     by_scheme: dict[str, dict[int, dict[str, Any]]] = {}
     for (s, k), v in curves.items():
         by_scheme.setdefault(s, {})[k] = v
-    unigram = unigram if unigram is not None else _unigram(study, reference, seeds)
+    if unigram is None:
+        from tupe.analysis.baseline import study_unigram
+
+        unigram = study_unigram(study / "runs", [study / "runs" / reference / f"seed-{k}" for k in seeds])
     runs = {}
     for (s, k), run in sorted(curves.items()):
         v = run["valid"]

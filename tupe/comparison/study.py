@@ -619,7 +619,7 @@ def _pretraining_rows(
     """Each scheme's final validation loss and plateau exit per seed: from `tupe compare`'s record of the runs when
     it covers the study's seeds, else read from the runs themselves (a study folder whose runs/ holds the runs of
     several comparisons), for a scheme whose runs have all finished."""
-    from tupe.analysis.baseline import run_unigram
+    from tupe.analysis.baseline import study_unigram
     from tupe.analysis.curves import read_metrics
     from tupe.analysis.seeds import plateau_exit_step
     from tupe.training.run_folder import SUMMARY_FILE
@@ -647,7 +647,7 @@ def _pretraining_rows(
         if not all(valid):
             continue
         if unigram is None:
-            unigram = (run_unigram(dirs[0]) or {}).get("unigram_loss")
+            unigram = study_unigram(out / "runs", dirs)
         rows[s]["final_losses"] = [v[-1]["eval_loss"] for v in valid]
         if unigram is not None:
             rows[s]["plateau_exit_steps"] = [plateau_exit_step(v, unigram) for v in valid]
