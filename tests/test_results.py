@@ -259,3 +259,24 @@ def test_paper_figures_collect_keeps_the_named_figures_and_no_machine_paths(tmp_
     with Image.open(dest / "bert-a-s0-6000" / "decomposition.png") as image:
         assert image.mode == "P" and image.size == (40, 20)
     assert not (dest / "bert-a-s1-6000" / "decomposition.png").exists()
+
+
+def test_part_h_demo_column_regenerates(tmp_path, capsys):
+    """RESULTS Part H's demo-recipe column: scripts/results/final_pairs.py on Part E's committed study.json files
+    gives every pair's mean and interval that the table shows, with its verdict."""
+    out = tmp_path / "pairs.md"
+    assert (
+        load_script("scripts/results/final_pairs.py").main([str(RESULTS / "length"), "--out", str(out)]) == 0
+    )
+    rows = [
+        line.split(" | ")
+        for line in out.read_text().splitlines()
+        if line.startswith("| tupe-") or line.startswith("| bert-")
+    ]
+    assert len(rows) == 6 and capsys.readouterr().out == out.read_text()
+    part_h = (ROOT / "docs" / "RESULTS.md").read_text().split("# Part H")[1].split("\n# ")[0]
+    for row in rows:
+        assert row[2] in part_h, row  # e.g. "-0.874 [-1.161, -0.586]"
+    assert {row[3].rstrip(" |") for row in rows} == {"holds", "direction"}
+    with pytest.raises(SystemExit, match="no study.json"):
+        load_script("scripts/results/final_pairs.py").main([str(tmp_path)])
