@@ -280,3 +280,18 @@ def test_part_h_demo_column_regenerates(tmp_path, capsys):
     assert {row[3].rstrip(" |") for row in rows} == {"holds", "direction"}
     with pytest.raises(SystemExit, match="no study.json"):
         load_script("scripts/results/final_pairs.py").main([str(tmp_path)])
+
+
+def test_part_h_regime_column_is_the_record():
+    """RESULTS Part H's regime column: every pre-training pair's final difference there is the one in the committed
+    record's claims.md (G.4), which regenerates from claims.json."""
+    claims = (RESULTS / "regime" / "paper6k" / "claims.md").read_text()
+    part_h = (ROOT / "docs" / "RESULTS.md").read_text().split("# Part H")[1].split("\n# ")[0]
+    finals = [
+        line.split(" | ")[5]
+        for line in claims.splitlines()
+        if line.startswith("| ") and line.count(" | ") == 6 and line.split(" | ")[1] == "0, 1, 2"
+    ]  # the pair tables' rows (pair | seeds | ... | final difference | verdict), not the per-step ones
+    assert len(finals) == 6  # 4 Fig. 5a pairs, 2 orderings
+    for final in finals:
+        assert final.rstrip(" *") in part_h, final
