@@ -153,7 +153,7 @@ def test_a_stripped_record_comes_back_whole_from_history(tmp_path):
 
 def test_a_passkey_rerun_replaces_the_passkey_columns(tmp_path):
     """`combine_length.py --passkey RERUN`: the re-run's token use and copying replace the chunks' passkey columns
-    (a scheme the re-run lacks has none), the verdict gains a copying column, and the re-run's final losses are
+    (a scheme the re-run lacks has none, and says so), the verdict gains a copying column, and the re-run's final losses are
     set beside the originals', paired by seed."""
     folder, rerun = tmp_path / "length", tmp_path / "rerun"
     shutil.copytree(RESULTS / "length", folder, ignore=shutil.ignore_patterns("*.png"))
@@ -184,7 +184,7 @@ def test_a_passkey_rerun_replaces_the_passkey_columns(tmp_path):
                          " | 16: +0.200 [+0.191, +0.209], 64: +0.200 [+0.191, +0.209], 128: +0.200 [+0.191, +0.209], "
                          "256: +0.200 [+0.191, +0.209], 512: +0.200 [+0.191, +0.209], 1,024: +0.200 [+0.191, +0.209] |")  # fmt: skip
     nope = next(line for line in verdict if line.startswith("| nope | none | 6.543"))
-    assert nope.endswith("| none | none |")  # not in the re-run: no passkey reading at all
+    assert nope.endswith("| not in the re-run | not in the re-run |")  # no passkey reading at all, not "none"
     rows = json.loads((folder / "length.json").read_text())["schemes"]
     assert (
         not any(k.startswith(("passkey", "copying")) for k in rows["nope"])

@@ -293,6 +293,8 @@ def _verdict(rows: dict[str, dict[str, Any]], lengths: list[int], unigram: dict[
         first, last = r.get(f"L={shortest} ({m})", []), r.get(f"L={longest} ({m})", [])
         diff = "" if s == REFERENCE else fmt_interval(paired(last, ref_long))
         cells = [_above(r, PASSKEY, m)] + ([_above(r, COPYING, m)] if copying else [])
+        if "rerun_final_losses" in r and not _values(r["rerun_final_losses"]):
+            cells = ["not in the re-run"] * len(cells)  # "none" would read as "probed, above 0 nowhere"
         out.append(
             f"| {s} | {m} | {mean_std(first)} | {mean_std(last)} | {fmt_interval(paired(last, first))} | {diff} | "
             + " | ".join(cells)
