@@ -278,7 +278,7 @@ def test_part_h_demo_column_regenerates(tmp_path, capsys):
     for row in rows:
         assert row[2] in part_h, row  # e.g. "-0.874 [-1.161, -0.586]"
     assert {row[3].rstrip(" |") for row in rows} == {"holds", "direction"}
-    with pytest.raises(SystemExit, match="no study.json"):
+    with pytest.raises(SystemExit, match=r"no length-\*/study\.json"):
         load_script("scripts/results/final_pairs.py").main([str(tmp_path)])
 
 

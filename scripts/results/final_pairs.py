@@ -1,11 +1,12 @@
-"""The paper's pre-training pairs on the final validation losses a study summary records, paired by seed
+"""The paper's pre-training pairs on the final validation losses a chunked study records, paired by seed
 (docs/RESULTS.md Part H's demo-recipe column).
 
     python scripts/results/final_pairs.py docs/results/length          # Part E: its four chunks' study.json
     python scripts/results/final_pairs.py FOLDER --pairs tupe-a:bert-a,rope:bert-a
 
-Every `study.json` below FOLDER (`python -m tupe.comparison.study`'s summary; one per chunk of schemes) gives each
-scheme's `final_losses`, one per seed in the study's `seeds`; the chunks must share their seeds. For each pair
+The chunks' `FOLDER/length-*/study.json` (`python -m tupe.comparison.study`'s summaries), read as
+`combine_length.py` reads them (the chunks share their seeds, a scheme is in one chunk), give each scheme's
+`final_losses`, one per seed. For each pair
 `A:B` (default: `tupe.comparison.claims`' Fig. 5a pairs and the paper's other orderings) the table has A - B per
 seed, the mean with its 95% t interval, and the verdict against the paper's sign (A below B) as `claims` judges
 it. Prints the table (markdown); `--out FILE` also writes it.
@@ -14,30 +15,20 @@ it. Prints the table (markdown); `--out FILE` also writes it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from tupe.comparison.claims import LOSS_PAIRS, ORDER_PAIRS, paired, verdict
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, as when run as a script
+from combine_length import read_chunks  # noqa: E402
+
 
 def final_losses(folder: Path) -> tuple[list[int], dict[str, list[float]]]:
-    """The seeds and each scheme's final validation losses of every study.json below `folder`."""
-    files = sorted(folder.rglob("study.json"))
-    if not files:
-        raise SystemExit(f"{folder}: no study.json below it (a python -m tupe.comparison.study --out folder)")
-    seeds: list[int] | None = None
-    losses: dict[str, list[float]] = {}
-    for f in files:
-        record = json.loads(f.read_text())
-        if seeds is not None and record["seeds"] != seeds:
-            raise SystemExit(f"{f}: seeds {record['seeds']}, where the other studies have {seeds}")
-        seeds = record["seeds"]
-        for scheme, row in record["schemes"].items():
-            if row.get("final_losses"):
-                losses[scheme] = [float(v) for v in row["final_losses"]]
-    return seeds or [], losses
+    """The seeds and each scheme's final validation losses of the chunks in `folder`."""
+    seeds, rows, _ = read_chunks(folder)
+    return seeds, {s: [float(v) for v in r["final_losses"]] for s, r in rows.items() if r.get("final_losses")}
 
 
 def table(seeds: Sequence[int], losses: dict[str, list[float]], pairs: Sequence[tuple[str, str]]) -> str:
@@ -63,7 +54,7 @@ def table(seeds: Sequence[int], losses: dict[str, list[float]], pairs: Sequence[
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folder", type=Path, help="a folder holding study.json files (searched recursively)")
+    ap.add_argument("folder", type=Path, help="a folder of length-*/study.json chunks")
     ap.add_argument(
         "--pairs",
         default=",".join(f"{a}:{b}" for a, b in (*LOSS_PAIRS, *ORDER_PAIRS)),
