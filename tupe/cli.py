@@ -260,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     previous_hook = threading.excepthook
     if not getattr(args, "debug", False):
         threading.excepthook = _thread_failed(args.command)
+    finished = False
     try:
-        return int(importlib.import_module(args._module_name).run(args) or 0)
+        code = int(importlib.import_module(args._module_name).run(args) or 0)
+        finished = code == 0
+        return code
     except (TupeError, ValueError, OSError) as err:
         # OSError: a file the user named cannot be read or written (missing, permissions, disk full)
         if getattr(args, "debug", False):
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         threading.excepthook = previous_hook
-        _end_process_group()
+        _end_process_group(finished)
 
 
 _STDERR_LOCK = threading.Lock()
@@ -311,13 +314,34 @@ def _thread_failed(command: str):  # noqa: ANN202 - a threading.excepthook
     return hook
 
 
-def _end_process_group() -> None:
-    """Destroy the process group a torchrun launch created (the Trainer opens it, nobody closes it): left to
-    interpreter teardown, gloo's worker threads can abort the process ("terminate called without an active
-    exception", exit -6) after a run that finished correctly."""
+def _end_process_group(finished: bool) -> None:
+    """Close the process group a torchrun launch created (the Trainer opens it, nobody closes it). Left to
+    interpreter teardown, gloo's worker threads can abort a process ("terminate called without an active
+    exception", exit -6) after a run that finished correctly; destroying the group alone did not stop it in CI
+    (2026-12-07). So after a finished command every rank first frees what it no longer holds (`gc.collect`: the
+    Trainer and its DDP wrapper, whose reducer holds gloo work, can sit in reference cycles until the interpreter's
+    last collection), waits for the others (no rank tears down while another is still in a collective), then
+    destroys the group. After a failure nothing is torn down here: a barrier or a destroy could wait for ever on a
+    rank still in a collective, and torchrun stops the others anyway."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return
+    if not finished:
+        return
+    import gc
+    from datetime import timedelta
+
+    gc.collect()
+    if torch.distributed.get_backend() == "gloo":
+        # a rank that failed never arrives: after 10 minutes (a final save of a large model is well inside it) the
+        # others report it and exit instead of waiting for ever
+        try:
+            torch.distributed.monitored_barrier(timeout=timedelta(minutes=10))
+        except RuntimeError as err:
+            _say(f"tupe: warning: another process did not finish ({_one_line(err)[:200]})")
+            return
+    else:
+        torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
