@@ -3,12 +3,13 @@
 # x seeds 0-4. Each chunk retrains E.1's models from their command (the retrained losses equal E.2's to the last
 # digit) and probes them. Every step resumes what it finds: rerun the same command after an interruption.
 #
-#   git worktree add --detach /work/wt-eval e19f6c3
-#   setsid nohup scripts/campaign/partE_passkey.sh /work/wt-eval /work/runs/partE 2 3 4 > partE.log 2>&1 &
+#   W=$(realpath ..)                               # worktrees and run folders beside the checkout
+#   git worktree add --detach $W/wt-eval e19f6c3
+#   setsid nohup scripts/campaign/partE_passkey.sh $W/wt-eval $W/runs/partE 2 3 4 > partE.log 2>&1 &
 #
 # Copy this file outside the worktree before running it if you may edit it meanwhile (bash reads it as it runs).
 set -euo pipefail
-code=$1; runs=$2; shift 2
+code=$(realpath "$1"); runs=$(realpath -m "$2"); shift 2
 export PYTHONPATH=$code TOKENIZERS_PARALLELISM=false
 cd "$code"
 for k in "$@"; do

@@ -3,16 +3,18 @@
 # in the order RESULTS G.4 gives. Every step resumes what it finds, so after an interruption (a session's end) the
 # same command goes on; a step already done costs seconds.
 #
-#   git worktree add --detach /work/wt-pre e1cb602     # the pre-training code of every G.4 run
-#   git worktree add --detach /work/wt-reg COMMIT      # the evaluation code: the commit that added this script or later
-#   setsid nohup scripts/campaign/regime.sh /work/wt-pre /work/wt-reg /work/runs/paper6k \
+#   W=$(realpath ..)                               # worktrees and run folders beside the checkout
+#   git worktree add --detach $W/wt-pre e1cb602     # the pre-training code of every G.4 run
+#   git worktree add --detach $W/wt-reg COMMIT      # the evaluation code: the commit that added this script or later
+#   setsid nohup scripts/campaign/regime.sh $W/wt-pre $W/wt-reg $W/runs/paper6k \
 #       DATA/glue DATA/conll2003/train.txt > regime.log 2>&1 &
 #
 # The runs reproduce the committed curves (docs/results/regime/paper6k/claims.json) to the last digit: the
 # pre-training is deterministic on a CPU at a fixed commit, thread count and seed (RESULTS G.4). Two jobs at a time,
 # one thread each. Copy this file outside the worktree before running it if you may edit it meanwhile.
 set -euo pipefail
-pre=$1; code=$2; study=$3; glue=$4; conll=$5
+pre=$(realpath "$1"); code=$(realpath "$2"); study=$(realpath -m "$3"); glue=$(realpath "$4")
+conll=$(realpath "$5")
 schemes=bert-a,tupe-a,tupe-r,bert-r
 mkdir -p "$study"
 export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
