@@ -27,6 +27,9 @@ say "pre-training: $schemes x seeds 0-2, 6,000 steps (code $(git -C "$pre" rev-p
 cd "$code"
 export PYTHONPATH=$code
 git rev-parse HEAD > "$study/eval.commit"
+record=$code/docs/results/regime/paper6k/claims.json
+say "the retrained curves against the committed record (claims.md: 'Against the record')"
+python -m tupe.comparison.claims "$study" --steps 1000,2000,3000,4000,5000,6000 --against "$record" > /dev/null
 texts=$study/texts
 mkdir -p "$texts"
 [ -s "$texts/conll-news.txt" ] || python benchmarks/texts/conll_news.py "$conll" "$texts/conll-news.txt"
@@ -85,5 +88,6 @@ for k in 0 1 2; do for s in ${schemes//,/ }; do
 done; done | pairs || true
 
 say "claims"
-python -m tupe.comparison.claims "$study" --steps 1000,2000,3000,4000,5000,6000 --glue-tasks CoLA,MRPC,SST-2,MNLI
+python -m tupe.comparison.claims "$study" --steps 1000,2000,3000,4000,5000,6000 --glue-tasks CoLA,MRPC,SST-2,MNLI \
+  --against "$record"
 say "done"

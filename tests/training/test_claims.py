@@ -249,3 +249,41 @@ def test_a_grids_protocol_names_its_training_data() -> None:
     assert _grid_text({"settings": {**settings, "max_train_samples": 500}, "data": glue}) == (
         f"{head}; 500 training examples"
     )
+
+
+def test_against_a_record_finds_the_first_step_that_differs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A retrained study compared with an earlier claims.json: equal runs have no differing step, a changed
+    validation loss is found at its step, a run the record lacks is new, one the study lacks is missing."""
+    study = _study(tmp_path / "study")
+    record = json.loads(json.dumps(judge(study, seeds=(0, 1, 2), unigram=6.9)))
+    record["runs"]["tupe-a/seed-1"]["valid"][2][1] += 1e-9  # step 300 differs, by a billionth
+    record["runs"]["rope/seed-0"] = {"valid": [[100, 6.0]]}
+    del record["runs"]["bert-a/seed-2"]
+    path = tmp_path / "old_claims.json"
+    path.write_text(json.dumps(record))
+    assert main([str(study), "--unigram", "6.9", "--against", str(path)]) == 0
+    written = json.loads((study / "claims.json").read_text())
+    rows = written["against"]["runs"]
+    assert rows["bert-a/seed-0"] == {
+        "in_record": True,
+        "steps_compared": 4,
+        "record_steps": 4,
+        "last_step_compared": 400,
+        "max_abs_difference": 0.0,
+        "first_step_differing": None,
+    }
+    assert rows["tupe-a/seed-1"]["first_step_differing"] == 300
+    assert 0 < rows["tupe-a/seed-1"]["max_abs_difference"] < 2e-9
+    assert rows["tupe-r/seed-0"]["steps_compared"] == 2  # still training: the steps it has
+    assert rows["bert-a/seed-2"] == {"in_record": False}
+    assert written["against"]["missing"] == ["rope/seed-0"]
+    md = (study / "claims.md").read_text()
+    assert "| bert-a/seed-0 | 4 (4) | 0 | - |" in md and "| tupe-a/seed-1 | 4 (4) | 1e-09 | 300 |" in md
+    assert "| bert-a/seed-2 | not in the record | | |" in md
+    assert render(written) == md
+    capsys.readouterr()
+    (tmp_path / "bad.json").write_text('{"runs": [1]}')
+    assert main([str(study), "--unigram", "6.9", "--against", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json: not a claims.json" in capsys.readouterr().err

@@ -409,6 +409,44 @@ def judge(
     }
 
 
+def against_record(runs: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """Each run of `runs` (judge's "runs") beside the same run of an earlier claims.json `record`: the steps both
+    evaluated, the largest |difference| of validation loss over them and the first step where they differ (None:
+    equal at every shared step, the retrained run reproduces the record so far). Runs of the record that the study
+    lacks are listed as missing, runs the record lacks as new."""
+    theirs = record["runs"]
+    rows = {}
+    for key, run in runs.items():
+        if key not in theirs:
+            rows[key] = {"in_record": False}
+            continue
+        old = dict((int(step), loss) for step, loss in theirs[key]["valid"])
+        shared = [(step, loss, old[step]) for step, loss in run["valid"] if step in old]
+        differ = [step for step, a, b in shared if a != b]
+        rows[key] = {
+            "in_record": True,
+            "steps_compared": len(shared),
+            "record_steps": len(old),
+            "last_step_compared": shared[-1][0] if shared else None,
+            "max_abs_difference": max((abs(a - b) for _, a, b in shared), default=None),
+            "first_step_differing": differ[0] if differ else None,
+        }
+    missing = sorted(set(theirs) - set(runs))
+    return {"runs": rows, "missing": missing}
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """An earlier claims.json; a file that is not one is a TupeError naming it."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise TupeError(f"--against {path}: cannot read it as JSON ({err})") from err
+    runs = record.get("runs") if isinstance(record, dict) else None
+    if not isinstance(runs, dict) or not all(isinstance(r, dict) and "valid" in r for r in runs.values()):
+        raise TupeError(f'--against {path}: not a claims.json (no "runs" with validation curves)')
+    return record
+
+
 # ---------------------------------------------------------------------------------------------- rendering
 
 
@@ -593,6 +631,33 @@ def _stages_md(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _against_md(result: dict[str, Any]) -> list[str]:
+    against = result.get("against")
+    if not against:
+        return []
+    lines = [
+        f"## Against the record `{against['record']}`",
+        "",
+        "Each run's validation loss at the steps both evaluated; first differing step `-`: equal to the last digit.",
+        "",
+        "| run | steps compared (of the record's) | largest difference | first step differing |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, row in against["runs"].items():
+        if not row["in_record"]:
+            lines.append(f"| {key} | not in the record | | |")
+            continue
+        biggest = row["max_abs_difference"]
+        first = row["first_step_differing"]
+        lines.append(
+            f"| {key} | {row['steps_compared']} ({row['record_steps']}) | "
+            f"{'-' if biggest is None else f'{biggest:.3g}'} | {'-' if first is None else first} |"
+        )
+    if against["missing"]:
+        lines += ["", f"In the record, not in the study: {', '.join(against['missing'])}."]
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
     """claims.md: every section of `judge`'s result as Markdown."""
     head = [
@@ -604,7 +669,7 @@ def render(result: dict[str, Any]) -> str:
         "`python -m tupe.comparison.claims`.",
         "",
     ]
-    parts = [_runs_md(result), _loss_md(result), _glue_md(result), _stages_md(result)]
+    parts = [_runs_md(result), _against_md(result), _loss_md(result), _glue_md(result), _stages_md(result)]
     return "\n".join(head + [line for part in parts if part for line in [*part, ""]]).rstrip() + "\n"
 
 
@@ -645,6 +710,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the unigram loss for the plateau exits (default: tupe compare's record, else the reference's first "
         "finished run)",
     )
+    p.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="CLAIMS_JSON",
+        help="an earlier claims.json: each run's curve is compared with the record's, step by step (a retrained "
+        "run reproduces it when no step differs)",
+    )
     args = p.parse_args(argv)
     try:
         args.steps = sorted({int(x) for x in args.steps.split(",")})
@@ -659,7 +732,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tupe.io.files import atomic_write_text
 
     study = Path(args.study)
+    record = read_record(args.against) if args.against is not None else None
     result = judge(study, args.schemes, args.seeds, args.reference, args.glue_tasks, args.steps, args.unigram)
+    if record is not None:
+        result["against"] = {"record": args.against.name, **against_record(result["runs"], record)}
     markdown = render(result)
     atomic_write_text(study / "claims.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(study / "claims.md", markdown)
