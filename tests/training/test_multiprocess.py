@@ -10,14 +10,46 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.training.conftest import tiny_cli_args
+from tupe import POSITION_SCHEMES
+from tupe.modeling import TupeConfig, TupeForMaskedLM
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("scheme", POSITION_SCHEMES)
+def test_every_parameter_gets_a_gradient(scheme: str) -> None:
+    """Pre-training tells DDP that no parameter is unused (ddp_find_unused_parameters=False, no graph search each
+    step); true only if the masked-LM loss reaches every parameter of every scheme, with and without documents."""
+    torch.manual_seed(0)
+    config = TupeConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=32, position_scheme=scheme,
+    )  # fmt: skip
+    model = TupeForMaskedLM(config)
+    ids = torch.randint(5, 64, (2, 16))
+    labels = torch.where(torch.rand(2, 16) < 0.3, ids, -100)
+    labels[:, 0] = ids[:, 0]  # at least one target a row
+    documents = torch.tensor([list(range(8)) * 2, list(range(16))])  # row 0: two packed documents
+    for position_ids in (None, documents):
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=labels, position_ids=position_ids).loss.backward()
+        unused = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        assert not unused, (scheme, position_ids is not None, unused)
+
+
+def test_pretraining_tells_ddp_no_parameter_is_unused(tmp_path: Path) -> None:
+    from tupe.cli import build_parser
+    from tupe.training.arguments import config_from_args, pretrain_training_arguments
+
+    args = build_parser("pretrain").parse_args(["pretrain", "--out", str(tmp_path / "o")])
+    assert pretrain_training_arguments(config_from_args(args).resolve()).ddp_find_unused_parameters is False
 
 
 def _records(run: Path) -> list[dict]:

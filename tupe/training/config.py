@@ -335,6 +335,9 @@ class ResolvedConfig:
             include_num_input_tokens_seen="non_padding",
             average_tokens_across_devices=True,
             use_cpu=not torch.cuda.is_available(),  # also what makes accelerate run data-parallel on CPU (gloo)
+            # every parameter of every scheme gets a gradient from the masked-LM loss (tests/training/
+            # test_multiprocess.py checks it): DDP need not search the graph for unused ones at every step
+            ddp_find_unused_parameters=False,
             **precision_flags(optim.precision),
             **checkpointing_argument(optim.gradient_checkpointing),
             torch_compile=optim.torch_compile,
