@@ -22,6 +22,7 @@ def test_study_stages_on_tiny_runs(
     cache_dir: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ):
     out = tmp_path / "study"
     args = tiny_cli_args(tiny_corpus, tiny_tokenizer_dir, cache_dir) + ["--max-steps", "2"]
@@ -74,6 +75,35 @@ def test_study_stages_on_tiny_runs(
     mtime = (out / "ood-built-in.json").stat().st_mtime_ns
     assert main([*common, "--stages", "ood,summary", "--resume"]) == 0
     assert (out / "ood-built-in.json").stat().st_mtime_ns == mtime
+
+    # a passkey stage cut short after two of four models resumes after them: the partial file keeps each finished
+    # model's entries, and the finished file equals the uninterrupted one
+    from tupe.evaluation import passkey as passkey_module
+
+    whole = json.loads((out / "passkey-none.json").read_text())["by_distance"]
+    (out / "passkey-none.json").unlink()
+    probe = passkey_module.passkey_probe
+
+    def cut_after_two(models, corpus, settings, log, on_model):  # noqa: ANN001, ANN202
+        def stop(name, entries):  # noqa: ANN001, ANN202
+            on_model(name, entries)
+            if len(json.loads((out / "passkey-none.partial.json").read_text())["models"]) == 2:
+                raise KeyboardInterrupt
+
+        return probe(models, corpus, settings, log=log, on_model=stop)
+
+    monkeypatch.setattr(passkey_module, "passkey_probe", cut_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        main([*common, "--stages", "passkey", "--resume", "--extend-methods", "none"])
+    monkeypatch.undo()
+    assert not (out / "passkey-none.json").exists()
+    kept = json.loads((out / "passkey-none.partial.json").read_text())["models"]
+    assert list(kept) == ["bert-a/seed-0", "bert-a/seed-1"]
+    capsys.readouterr()
+    assert main([*common, "--stages", "passkey", "--resume", "--extend-methods", "none"]) == 0
+    assert "2 run(s) (2 kept from passkey-none.partial.json)" in capsys.readouterr().out
+    assert json.loads((out / "passkey-none.json").read_text())["by_distance"] == whole
+    assert not (out / "passkey-none.partial.json").exists()
 
     # CoLA and SST-2 for the seed-0 runs only, whole training sets, one learning rate and two fine-tuning seeds
     # (time), two `tupe glue` processes at a time; the summary gains a column per task. It starts while a seed-1
@@ -258,3 +288,21 @@ def test_glue_data_folders_are_found_as_tupe_glue_finds_them(tmp_path: Path) -> 
     check_inputs(parse_args([*base, "--glue-tasks", "CoLA,sst2"]), ["glue"], [0, 1])
     with pytest.raises(TupeError, match=r"no folder for MRPC in it \(e.g. MRPC/\)"):
         check_inputs(parse_args([*base, "--glue-tasks", "CoLA,MRPC"]), ["glue"], [0, 1])
+
+
+def test_a_passkey_partial_file_is_kept_only_when_whole_and_made_with_the_same_settings(tmp_path: Path) -> None:
+    from tupe.comparison.study import _partial_models
+
+    said: list[str] = []
+    key = {"distances": [16, 64], "blocks": 100, "extend": "none", "text": "built-in"}
+    partial = tmp_path / "passkey-none.partial.json"
+    assert _partial_models(partial, key, said.append) == {} and said == []  # none yet: nothing to say
+    models = {"rope/seed-0": [{"model": "rope/seed-0", "distance": 16}]}
+    partial.write_text(json.dumps({"key": key, "models": models}))
+    assert _partial_models(partial, key, said.append) == models
+    assert _partial_models(partial, {**key, "blocks": 50}, said.append) == {}
+    assert "made with other settings or text; the method is probed again" in said[-1]
+    for damaged in ('{"key": {}, "models": [1]}', '{"key": ', ""):
+        partial.write_text(damaged)
+        assert _partial_models(partial, key, said.append) == {}
+        assert "is unreadable; the method is probed again from the first model" in said[-1]

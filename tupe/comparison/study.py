@@ -498,20 +498,72 @@ def _lengths(args: argparse.Namespace, stage_models: _StageModels, log: Any) -> 
 
 
 def _passkey(args: argparse.Namespace, stage_models: _StageModels, log: Any) -> None:
-    """The passkey stage: the probe at --probe-distances, per method."""
+    """The passkey stage: the probe at --probe-distances, per method (`_passkey_method`)."""
+    for ext, path, models in stage_models.per_method("passkey"):
+        _passkey_method(args, ext, path, models, log)
+
+
+def _passkey_method(args: argparse.Namespace, ext: str, path: Path, models: list[Any], log: Any) -> None:
+    """The probe with one --extend-positions method. Each finished model's entries go to
+    `passkey-<method>.partial.json` at once, and `--resume` probes only the models it lacks (same settings and
+    filler text, else it starts over), so a stage cut short by a session's end loses one model's work, not the
+    method's."""
     from tupe.evaluation.passkey import PasskeySettings, passkey_probe
     from tupe.evaluation.runs import resolve_text
+    from tupe.io.files import atomic_write_text
 
-    for ext, path, models in stage_models.per_method("passkey"):
-        log(f"passkey at distances {args.probe_distances}, --extend-positions {ext}: {len(models)} run(s)")
-        settings = PasskeySettings(
-            distances=args.probe_distances,
-            blocks=args.probe_blocks,
-            extend=ext,
-            cache_dir=args.cache_dir,
-            progress=args.progress,
-        )
-        _write(path, passkey_probe(models, resolve_text(args.probe_text), settings, log=log))
+    settings = PasskeySettings(
+        distances=args.probe_distances,
+        blocks=args.probe_blocks,
+        extend=ext,
+        cache_dir=args.cache_dir,
+        progress=args.progress,
+    )
+    corpus = resolve_text(args.probe_text)
+    partial = path.with_name(f"{path.stem}.partial.json")
+    key = {
+        "distances": sorted({int(d) for d in settings.distances}),
+        "blocks": settings.blocks,
+        "seed": settings.seed,
+        "template": settings.template,
+        "key_digits": settings.key_digits,
+        "extend": ext,
+        "text": corpus.describe(),
+    }
+    kept = _partial_models(partial, key, log) if args.resume else {}
+    todo = [m for m in models if m.name not in kept]
+    log(
+        f"passkey at distances {args.probe_distances}, --extend-positions {ext}: {len(todo)} run(s)"
+        + (f" ({len(kept)} kept from {partial.name})" if kept else "")
+    )
+
+    def keep(name: str, entries: list[dict[str, Any]]) -> None:
+        kept[name] = entries
+        atomic_write_text(partial, json.dumps({"key": key, "models": kept}) + "\n")
+
+    result = passkey_probe(todo, corpus, settings, log=log, on_model=keep)
+    result["by_distance"] = [e for m in models for e in kept.get(m.name, [])]
+    _write(path, result)
+    partial.unlink(missing_ok=True)
+
+
+def _partial_models(partial: Path, key: dict[str, Any], log: Any) -> dict[str, list[dict[str, Any]]]:
+    """The models an interrupted passkey stage finished, by name; none if the file is absent, unreadable or made
+    with other settings (said in a line)."""
+    if not partial.exists():
+        return {}
+    try:
+        found = json.loads(partial.read_text(encoding="utf-8"))
+        models = found["models"]
+        if not isinstance(models, dict):
+            raise TypeError("models is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError):
+        log(f"--resume: {partial} is unreadable; the method is probed again from the first model")
+        return {}
+    if found.get("key") != key:
+        log(f"--resume: {partial} was made with other settings or text; the method is probed again")
+        return {}
+    return models
 
 
 def _mean_std(values: list[float | None], unit: str = "seed") -> str:

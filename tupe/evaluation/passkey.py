@@ -336,9 +336,12 @@ def passkey_probe(
     settings: PasskeySettings | None = None,
     log: Callable[[str], None] = print,
     prepared: Prepared | None = None,
+    on_model: Callable[[str, list[dict[str, Any]]], None] | None = None,
 ) -> dict[str, Any]:
     """The probe for every model at every distance; `by_distance` has one entry per model and distance (one the
-    model cannot run at says why, as `--lengths` does). `prepared`: `prepare_passkey`'s result, if already made."""
+    model cannot run at says why, as `--lengths` does). `prepared`: `prepare_passkey`'s result, if already made.
+    `on_model(name, entries)` is called as each model is done with its entries (the study keeps them, so that an
+    interrupted stage resumes after the last finished model)."""
     from .lengths import at_length
 
     settings = settings or PasskeySettings()
@@ -378,6 +381,8 @@ def passkey_probe(
                 continue
             log(f"passkey, distance {d} (blocks of {n}): {m.name}")
             entry |= score_distance(ready, blocks, sentence.candidates, settings)
+        if on_model is not None:
+            on_model(m.name, [e for e in entries if e["model"] == m.name])
     return {
         "text": {
             "description": corpus.describe(),
