@@ -290,7 +290,9 @@ def test_glue_data_folders_are_found_as_tupe_glue_finds_them(tmp_path: Path) -> 
         check_inputs(parse_args([*base, "--glue-tasks", "CoLA,MRPC"]), ["glue"], [0, 1])
 
 
-def test_a_passkey_partial_file_is_kept_only_when_whole_and_made_with_the_same_settings(tmp_path: Path) -> None:
+def test_a_passkey_partial_file_is_kept_only_when_whole_and_made_with_the_same_settings(
+    tmp_path: Path,
+) -> None:
     from tupe.comparison.study import _partial_models
 
     said: list[str] = []
