@@ -9,8 +9,9 @@
 #   setsid nohup scripts/campaign/regime.sh $W/wt-pre $W/wt-reg $W/runs/paper6k \
 #       DATA/glue DATA/conll2003/train.txt > regime.log 2>&1 &
 #
-# The runs reproduce the committed curves (docs/results/regime/paper6k/claims.json) to the last digit: the
-# pre-training is deterministic on a CPU at a fixed commit, thread count and seed (RESULTS G.4). Two jobs at a time,
+# On the kind of CPU that made them the runs reproduce the committed curves (docs/results/regime/paper6k/claims.json)
+# to the last digit; on another (AVX2 against AVX-512) they start equal and drift apart (RESULTS H.2): `claims
+# --against` shows where. Two jobs at a time,
 # one thread each. Copy this file outside the worktree before running it if you may edit it meanwhile.
 set -euo pipefail
 pre=$(realpath "$1"); code=$(realpath "$2"); study=$(realpath -m "$3"); glue=$(realpath "$4")
