@@ -97,7 +97,7 @@ def test_the_card_is_a_hub_card(ner_run, tiny_model):  # noqa: ANN001
     for row in (
         "| learning rate | 0.003 |", "| max steps | 7 |", "| optimizer steps | 7 |",
         "| batch size | 8 (2 accumulated forward passes of 4) |", "| weight decay | 0.01 |",
-        "| learning-rate schedule | linear |", "| optimizer | adamw_torch (betas 0.9, 0.999; epsilon 1e-06) |",
+        "| learning-rate schedule | linear |", "| optimizer | adamw_torch_fused (betas 0.9, 0.999; epsilon 1e-06) |",
         "| warm-up | 0.06 of the steps (1 steps) |",
     ):  # fmt: skip
         assert row in body, row
