@@ -324,9 +324,12 @@ def _end_process_group(finished: bool) -> None:
     destroys the group. After a failure nothing is torn down here: a barrier or a destroy could wait for ever on a
     rank still in a collective, and torchrun stops the others anyway."""
     torch = sys.modules.get("torch")
-    if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return
-    if not finished:
+    if (
+        not finished
+        or torch is None
+        or not torch.distributed.is_available()
+        or not torch.distributed.is_initialized()
+    ):
         return
     import gc
     from datetime import timedelta

@@ -11,8 +11,8 @@
 #
 # On the kind of CPU that made them the runs reproduce the committed curves (docs/results/regime/paper6k/claims.json)
 # to the last digit; on another (AVX2 against AVX-512) they start equal and drift apart (RESULTS H.2): `claims
-# --against` shows where. Two jobs at a time,
-# one thread each. Copy this file outside the worktree before running it if you may edit it meanwhile.
+# --against` shows where. Two jobs at a time, one thread each. Copy this file outside the worktree before running
+# it if you may edit it meanwhile.
 set -euo pipefail
 pre=$(realpath "$1"); code=$(realpath "$2"); study=$(realpath -m "$3"); glue=$(realpath "$4")
 conll=$(realpath "$5")
@@ -30,7 +30,8 @@ export PYTHONPATH=$code
 git rev-parse HEAD > "$study/eval.commit"
 record=$code/docs/results/regime/paper6k/claims.json
 say "the retrained curves against the committed record (claims.md: 'Against the record')"
-python -m tupe.comparison.claims "$study" --steps 1000,2000,3000,4000,5000,6000 --against "$record" > /dev/null
+steps=1000,2000,3000,4000,5000,6000  # the steps claims tables, as for the committed record
+python -m tupe.comparison.claims "$study" --steps $steps --against "$record" > /dev/null
 texts=$study/texts
 mkdir -p "$texts"
 [ -s "$texts/conll-news.txt" ] || python benchmarks/texts/conll_news.py "$conll" "$texts/conll-news.txt"
@@ -89,6 +90,5 @@ for k in 0 1 2; do for s in ${schemes//,/ }; do
 done; done | pairs || true
 
 say "claims"
-python -m tupe.comparison.claims "$study" --steps 1000,2000,3000,4000,5000,6000 --glue-tasks CoLA,MRPC,SST-2,MNLI \
-  --against "$record"
+python -m tupe.comparison.claims "$study" --steps $steps --glue-tasks CoLA,MRPC,SST-2,MNLI --against "$record"
 say "done"

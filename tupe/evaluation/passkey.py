@@ -350,6 +350,7 @@ def passkey_probe(
     distances = sorted(dict.fromkeys(int(d) for d in settings.distances))
     entries: list[dict[str, Any]] = []
     for m in models:
+        start = len(entries)  # this model's entries follow
         tok = m.tokenizer
         sentence, stream = prepared[id(tok)]
         for d in distances:
@@ -382,7 +383,7 @@ def passkey_probe(
             log(f"passkey, distance {d} (blocks of {n}): {m.name}")
             entry |= score_distance(ready, blocks, sentence.candidates, settings)
         if on_model is not None:
-            on_model(m.name, [e for e in entries if e["model"] == m.name])
+            on_model(m.name, entries[start:])
     return {
         "text": {
             "description": corpus.describe(),
