@@ -172,7 +172,7 @@ def test_a_passkey_rerun_replaces_the_passkey_columns(tmp_path):
     load_script("scripts/results/combine_length.py").main([str(folder), "--passkey", str(rerun)])
     md = (folder / "length.md").read_text()
     assert (
-        "| rope | 4.731 ± 0.048 | 4.677, 4.732, 4.739, 4.702, 4.804 | +0.010 [+0.010, +0.010] * | +0.010 |"
+        "| rope | 4.731 ± 0.048 | 4.677, 4.732, 4.739, 4.702, 4.804 | +0.010 [+0.010, +0.010] * | +0.01 |"
         in md
     )
     assert "| nope | not in the re-run | | | |" in md

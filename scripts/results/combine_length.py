@@ -240,7 +240,7 @@ def _rerun_section(rows: dict[str, dict[str, Any]], seeds: list[int]) -> list[st
             out.append(f"| {s} | not in the re-run | | | |")
             continue
         diffs = [a - b for a, b in zip(again, before) if a is not None and b is not None]
-        largest = f"{max(diffs, key=abs):+.3f}" if diffs else ""
+        largest = f"{max(diffs, key=abs):+.2g}" if diffs else ""  # 2 significant digits: drift can be 1e-7
         out.append(
             f"| {s} | {mean_std(again)} | {', '.join(f'{x:.3f}' for x in _values(again))} | "
             f"{fmt_interval(paired(again, before))} | {largest} |"
