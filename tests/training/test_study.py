@@ -105,6 +105,44 @@ def test_study_stages_on_tiny_runs(
     assert json.loads((out / "passkey-none.json").read_text())["by_distance"] == whole
     assert not (out / "passkey-none.partial.json").exists()
 
+    # a lengths stage cut short after the first of its two lengths resumes at the second, and ends equal to the
+    # uninterrupted one (the kept length is not evaluated again)
+    from tupe.evaluation import lengths as lengths_module
+
+    whole = json.loads((out / "lengths-none.json").read_text())
+    (out / "lengths-none.json").unlink()
+    evaluate_lengths = lengths_module.evaluate_lengths
+
+    def cut_after_one(*args, on_length, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def stop(length, share):  # noqa: ANN001, ANN202
+            on_length(length, share)
+            raise KeyboardInterrupt
+
+        return evaluate_lengths(*args, on_length=stop, **kwargs)
+
+    monkeypatch.setattr(lengths_module, "evaluate_lengths", cut_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        main([*common, "--stages", "lengths", "--resume", "--extend-methods", "none"])
+    monkeypatch.undo()
+    assert list(json.loads((out / "lengths-none.partial.json").read_text())["lengths"]) == ["32"]
+    evaluated: list[int] = []
+
+    def count(models, corpus, length, *rest):  # noqa: ANN001, ANN002, ANN202
+        evaluated.append(length)
+        return at_length(models, corpus, length, *rest)
+
+    at_length = lengths_module._evaluate_at
+    monkeypatch.setattr(lengths_module, "_evaluate_at", count)
+    capsys.readouterr()
+    assert main([*common, "--stages", "lengths", "--resume", "--extend-methods", "none"]) == 0
+    monkeypatch.undo()
+    assert evaluated == [64]
+    assert "4 run(s) (1 length(s) kept from lengths-none.partial.json)" in capsys.readouterr().out
+    again = json.loads((out / "lengths-none.json").read_text())
+    assert again["by_length"] == whole["by_length"] and again["lengths"] == whole["lengths"] == [32, 64]
+    assert [r["length"] for r in again["runs"]] == [32, 64] and again["text"] == whole["text"]
+    assert not (out / "lengths-none.partial.json").exists()
+
     # CoLA and SST-2 for the seed-0 runs only, whole training sets, one learning rate and two fine-tuning seeds
     # (time), two `tupe glue` processes at a time; the summary gains a column per task. It starts while a seed-1
     # run is unfinished (no config.json yet), which the evaluation stages refuse by name
@@ -290,21 +328,27 @@ def test_glue_data_folders_are_found_as_tupe_glue_finds_them(tmp_path: Path) -> 
         check_inputs(parse_args([*base, "--glue-tasks", "CoLA,MRPC"]), ["glue"], [0, 1])
 
 
-def test_a_passkey_partial_file_is_kept_only_when_whole_and_made_with_the_same_settings(
+def test_a_partial_file_is_kept_only_when_whole_and_made_with_the_same_settings(
     tmp_path: Path,
 ) -> None:
-    from tupe.comparison.study import _partial_models
+    from tupe.comparison.study import _read_partial
 
     said: list[str] = []
     key = {"distances": [16, 64], "blocks": 100, "extend": "none", "text": "built-in"}
     partial = tmp_path / "passkey-none.partial.json"
-    assert _partial_models(partial, key, said.append) == {} and said == []  # none yet: nothing to say
+    assert _read_partial(partial, key, "models", said.append) == {} and said == []  # none yet: nothing to say
     models = {"rope/seed-0": [{"model": "rope/seed-0", "distance": 16}]}
     partial.write_text(json.dumps({"key": key, "models": models}))
-    assert _partial_models(partial, key, said.append) == models
-    assert _partial_models(partial, {**key, "blocks": 50}, said.append) == {}
-    assert "made with other settings or text; the method is probed again" in said[-1]
+    assert _read_partial(partial, key, "models", said.append) == models
+    assert _read_partial(partial, {**key, "blocks": 50}, "models", said.append) == {}
+    assert "made with other runs, settings or text; the method starts again" in said[-1]
     for damaged in ('{"key": {}, "models": [1]}', '{"key": ', ""):
         partial.write_text(damaged)
-        assert _partial_models(partial, key, said.append) == {}
-        assert "is unreadable; the method is probed again from the first model" in said[-1]
+        assert _read_partial(partial, key, "models", said.append) == {}
+        assert "is unreadable; the method starts again from its first model" in said[-1]
+    lengths = tmp_path / "lengths-none.partial.json"  # the lengths stage's file: its lengths by number
+    lengths.write_text(json.dumps({"key": key, "lengths": {"128": {"run": None, "entries": []}}}))
+    assert list(_read_partial(lengths, key, "lengths", said.append)) == ["128"]
+    lengths.write_text(json.dumps({"key": key, "lengths": []}))
+    assert _read_partial(lengths, key, "lengths", said.append) == {}
+    assert "is unreadable; the method starts again from its first length" in said[-1]

@@ -475,26 +475,55 @@ class _StageModels:
 
 
 def _lengths(args: argparse.Namespace, stage_models: _StageModels, log: Any) -> None:
-    """The lengths stage: loss at each --length-factors multiple of the trained length, per method."""
+    """The lengths stage: loss at each --length-factors multiple of the trained length, per method
+    (`_lengths_method`)."""
+    for ext, path, models in stage_models.per_method("lengths"):
+        _lengths_method(args, ext, path, models, log)
+
+
+def _lengths_method(args: argparse.Namespace, ext: str, path: Path, models: list[Any], log: Any) -> None:
+    """The lengths with one --extend-positions method. Each finished length goes to `lengths-<method>.partial.json`
+    at once, and `--resume` evaluates only the lengths it lacks (same runs, settings and text, else it starts
+    over), so a stage cut short by a session's end loses one length's work, not the method's."""
     from tupe.evaluation.evaluate import Settings
     from tupe.evaluation.lengths import evaluate_lengths, plot_lengths
     from tupe.evaluation.runs import resolve_text
+    from tupe.io.files import atomic_write_text
 
-    for ext, path, models in stage_models.per_method("lengths"):
-        base_len = min(m.train_length or m.max_length for m in models)
-        lengths = [base_len * f for f in args.length_factors]
-        log(f"lengths {lengths}, --extend-positions {ext}: {len(models)} run(s)")
-        settings = Settings(
-            pppl_tokens=0,
-            max_blocks=args.max_blocks,
-            masked_tokens=args.masked_tokens,
-            cache_dir=args.cache_dir,
-            progress=args.progress,
-        )
-        corpus = resolve_text(args.length_text)
-        result = evaluate_lengths(models, corpus, lengths, settings, ext, log=log)
-        result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
-        _write(path, result)
+    base_len = min(m.train_length or m.max_length for m in models)
+    lengths = [base_len * f for f in args.length_factors]
+    settings = Settings(
+        pppl_tokens=0,
+        max_blocks=args.max_blocks,
+        masked_tokens=args.masked_tokens,
+        cache_dir=args.cache_dir,
+        progress=args.progress,
+    )
+    corpus = resolve_text(args.length_text)
+    partial = path.with_name(f"{path.stem}.partial.json")
+    key = {
+        "runs": [m.name for m in models],
+        "lengths": lengths,
+        "max_blocks": args.max_blocks,
+        "masked_tokens": args.masked_tokens,
+        "extend": ext,
+        "text": corpus.describe(),
+    }
+    found = _read_partial(partial, key, "lengths", log) if args.resume else {}
+    kept = {int(n): share for n, share in found.items() if str(n).isdigit()}
+    log(
+        f"lengths {lengths}, --extend-positions {ext}: {len(models)} run(s)"
+        + (f" ({len(kept)} length(s) kept from {partial.name})" if kept else "")
+    )
+
+    def keep(length: int, share: dict[str, Any]) -> None:
+        kept[length] = share
+        atomic_write_text(partial, json.dumps({"key": key, "lengths": kept}) + "\n")
+
+    result = evaluate_lengths(models, corpus, lengths, settings, ext, log=log, kept=kept, on_length=keep)
+    result["plot"] = str(plot_lengths(result, path.with_suffix(".png")))
+    _write(path, result)
+    partial.unlink(missing_ok=True)
 
 
 def _passkey(args: argparse.Namespace, stage_models: _StageModels, log: Any) -> None:
@@ -530,7 +559,7 @@ def _passkey_method(args: argparse.Namespace, ext: str, path: Path, models: list
         "extend": ext,
         "text": corpus.describe(),
     }
-    kept = _partial_models(partial, key, log) if args.resume else {}
+    kept = _read_partial(partial, key, "models", log) if args.resume else {}
     todo = [m for m in models if m.name not in kept]
     log(
         f"passkey at distances {args.probe_distances}, --extend-positions {ext}: {len(todo)} run(s)"
@@ -547,23 +576,24 @@ def _passkey_method(args: argparse.Namespace, ext: str, path: Path, models: list
     partial.unlink(missing_ok=True)
 
 
-def _partial_models(partial: Path, key: dict[str, Any], log: Any) -> dict[str, list[dict[str, Any]]]:
-    """The models an interrupted passkey stage finished, by name; none if the file is absent, unreadable or made
-    with other settings (said in a line)."""
+def _read_partial(partial: Path, key: dict[str, Any], field: str, log: Any) -> dict[str, Any]:
+    """What an interrupted stage's method finished (the mapping `field` of its partial file: the passkey stage's
+    models by name, the lengths stage's lengths); none if the file is absent, unreadable or made with other
+    settings (said in a line)."""
     if not partial.exists():
         return {}
     try:
         found = json.loads(partial.read_text(encoding="utf-8"))
-        models = found["models"]
-        if not isinstance(models, dict):
-            raise TypeError("models is not a mapping")
+        pieces = found[field]
+        if not isinstance(pieces, dict):
+            raise TypeError(f"{field} is not a mapping")
     except (OSError, ValueError, KeyError, TypeError):
-        log(f"--resume: {partial} is unreadable; the method is probed again from the first model")
+        log(f"--resume: {partial} is unreadable; the method starts again from its first {field[:-1]}")
         return {}
     if found.get("key") != key:
-        log(f"--resume: {partial} was made with other settings or text; the method is probed again")
+        log(f"--resume: {partial} was made with other runs, settings or text; the method starts again")
         return {}
-    return models
+    return pieces
 
 
 def _mean_std(values: list[float | None], unit: str = "seed") -> str:

@@ -217,8 +217,14 @@ def evaluate_lengths(
     settings: Settings | None = None,
     extend: str = "none",
     log: Callable[[str], None] = print,
+    kept: dict[int, dict[str, Any]] | None = None,
+    on_length: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """`evaluate()` at every length; `by_length` has one entry per model and length (a skipped one says why)."""
+    """`evaluate()` at every length; `by_length` has one entry per model and length (a skipped one says why).
+
+    Resuming: each finished length's share of the result (`{"run", "entries", "text", "settings"}`) is handed to
+    `on_length(length, share)`, and a length found in `kept` (such shares, from an interrupted call with the same
+    models and settings) is taken from there instead of evaluated again."""
     settings = settings or Settings()
     lengths = _checked_lengths(models, lengths, extend)
     first = models[0].name
@@ -226,13 +232,23 @@ def evaluate_lengths(
     text: dict[str, Any] | None = None
     used: dict[str, Any] = {}
     for length in lengths:
-        result, notes = _evaluate_at(models, corpus, length, settings, extend, log)
-        if result is not None:
-            text, used = result["text"], result["settings"]
-            runs.append(
-                {"length": length, **{k: result[k] for k in ("tokenizer_groups", "models", "seconds")}}
-            )
-        entries += _length_entries(models, length, extend, result, notes, first)
+        share = (kept or {}).get(length)
+        if share is None:
+            result, notes = _evaluate_at(models, corpus, length, settings, extend, log)
+            share = {
+                "run": None
+                if result is None
+                else {"length": length, **{k: result[k] for k in ("tokenizer_groups", "models", "seconds")}},
+                "entries": _length_entries(models, length, extend, result, notes, first),
+                "text": None if result is None else result["text"],
+                "settings": None if result is None else result["settings"],
+            }
+            if on_length is not None:
+                on_length(length, share)
+        if share["run"] is not None:
+            text, used = share["text"], share["settings"]
+            runs.append(share["run"])
+        entries += share["entries"]
     if text is None:
         raise TupeError(
             f"nothing to evaluate at --lengths {','.join(map(str, lengths))}: "
