@@ -124,7 +124,10 @@ def test_study_stages_on_tiny_runs(
     with pytest.raises(KeyboardInterrupt):
         main([*common, "--stages", "lengths", "--resume", "--extend-methods", "none"])
     monkeypatch.undo()
-    assert list(json.loads((out / "lengths-none.partial.json").read_text())["lengths"]) == ["32"]
+    partial = json.loads((out / "lengths-none.partial.json").read_text())
+    assert list(partial["lengths"]) == ["32"]
+    partial["lengths"]["64"] = {"run": None}  # a damaged share: evaluated again, not read
+    (out / "lengths-none.partial.json").write_text(json.dumps(partial))
     evaluated: list[int] = []
 
     def count(models, corpus, length, *rest):  # noqa: ANN001, ANN002, ANN202
@@ -348,7 +351,9 @@ def test_a_partial_file_is_kept_only_when_whole_and_made_with_the_same_settings(
         assert "is unreadable; the method starts again from its first model" in said[-1]
     lengths = tmp_path / "lengths-none.partial.json"  # the lengths stage's file: its lengths by number
     lengths.write_text(json.dumps({"key": key, "lengths": {"128": {"run": None, "entries": []}}}))
-    assert list(_read_partial(lengths, key, "lengths", said.append)) == ["128"]
+    assert list(_read_partial(lengths, key, "lengths", said.append)) == [
+        "128"
+    ]  # the stage redoes a damaged share
     lengths.write_text(json.dumps({"key": key, "lengths": []}))
     assert _read_partial(lengths, key, "lengths", said.append) == {}
     assert "is unreadable; the method starts again from its first length" in said[-1]

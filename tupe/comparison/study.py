@@ -510,7 +510,15 @@ def _lengths_method(args: argparse.Namespace, ext: str, path: Path, models: list
         "text": corpus.describe(),
     }
     found = _read_partial(partial, key, "lengths", log) if args.resume else {}
-    kept = {int(n): share for n, share in found.items() if str(n).isdigit()}
+    whole = {
+        "run",
+        "entries",
+        "text",
+        "settings",
+    }  # a length's share (evaluate_lengths); a damaged one is redone
+    kept = {
+        int(n): sh for n, sh in found.items() if n.isdigit() and isinstance(sh, dict) and whole <= sh.keys()
+    }
     log(
         f"lengths {lengths}, --extend-positions {ext}: {len(models)} run(s)"
         + (f" ({len(kept)} length(s) kept from {partial.name})" if kept else "")
