@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 47 item 1: RESULTS Part E's passkey stage again, with the order-aware probe, in four chunks of four schemes
 # x seeds 0-4. Each chunk retrains E.1's models from their command (on the kind of CPU that made them the retrained
-# losses equal E.2's to the last digit; on another they are close, not equal: RESULTS E.5) and probes them. Every step resumes what it finds: rerun the same command after an interruption.
+# losses equal E.2's to the last digit; on another they are close, not equal: RESULTS E.5) and probes them. Every
+# step resumes what it finds: rerun the same command after an interruption.
 #
 #   W=$(realpath ..)                               # worktrees and run folders beside the checkout
 #   git worktree add --detach $W/wt-eval e19f6c3

@@ -510,12 +510,8 @@ def _lengths_method(args: argparse.Namespace, ext: str, path: Path, models: list
         "text": corpus.describe(),
     }
     found = _read_partial(partial, key, "lengths", log) if args.resume else {}
-    whole = {
-        "run",
-        "entries",
-        "text",
-        "settings",
-    }  # a length's share (evaluate_lengths); a damaged one is redone
+    # a length's share as evaluate_lengths hands it over; a damaged one is evaluated again
+    whole = {"run", "entries", "text", "settings"}
     kept = {
         int(n): sh for n, sh in found.items() if n.isdigit() and isinstance(sh, dict) and whole <= sh.keys()
     }
